@@ -1,0 +1,745 @@
+/* Stdio/signal relay between local fds and the framed agent channel.
+ *
+ * Shim mode (listen_fd >= 0): chan_fd is the guest's virtio-serial port. Frames
+ * for channel 0 go to the local stdio; other channels belong to exec proxies
+ * and control clients that connect to listen_fd.
+ * Proxy mode: chan_fd is a connection to the shim; everything is channel 0.
+ *
+ * Everything the guest sends is hostile: headers are checked before any use,
+ * buffers are fixed-size, and queues are bounded with backpressure instead of
+ * growing. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../guest/agent/protocol.h"
+#include "relay.h"
+
+#define FRAME_MAX (PC_HDR_LEN + PC_MAX_PAYLOAD)
+#define INBUF_CAP (2 * FRAME_MAX)
+/* A sink may hold this much before the relay stops reading what feeds it. */
+#define QUEUE_LIMIT (4u << 20)
+#define MAX_CLIENTS 256
+#define CLIENT_GRACE_MS 2000
+#define FLUSH_LIMIT_MS 60000
+
+enum sink_kind { SINK_NONE, SINK_NONBLOCK, SINK_SOCKET, SINK_BLOCKING };
+
+struct sink {
+    int fd;
+    int owned;  /* fd was opened here and must be closed here */
+    enum sink_kind kind;
+    char *buf;
+    size_t off, len, cap;
+    int dead;   /* the reader went away: drop further output, as a broken pipe would */
+};
+
+struct inbuf {
+    char *buf;
+    size_t len;
+};
+
+struct client {
+    int fd;
+    int chan;  /* 0 until the client binds a process with SPEC */
+    int closing;
+    struct inbuf in;
+    struct sink out;
+};
+
+struct relay {
+    const struct pc_relay_cfg *cfg;
+    struct pc_relay_result *res;
+    int shim;
+    int chan_fd;
+    struct inbuf chan_in;
+    struct sink to_chan;
+    struct sink out, err;
+    int in_fd, in_owned, in_is_socket, in_open;
+    int sig_fd;
+    sigset_t old_mask;
+    struct client *clients[MAX_CLIENTS];
+    int chan_owner[PC_MAX_CHAN + 1]; /* client index, -1 free, -2 busy without client */
+    int done;
+    int init_exited;
+    long long grace_deadline;
+};
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void put_le32(char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (char)(v >> (8 * i));
+}
+
+static void put_le16(char *p, uint16_t v)
+{
+    p[0] = (char)v;
+    p[1] = (char)(v >> 8);
+}
+
+static uint32_t get_le32(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24;
+}
+
+static uint16_t get_le16(const char *p)
+{
+    const unsigned char *u = (const unsigned char *)p;
+    return (uint16_t)(u[0] | u[1] << 8);
+}
+
+static void end_with(struct relay *r, int end, const char *fmt, const char *detail)
+{
+    if (r->done) return;
+    r->done = 1;
+    r->res->end = end;
+    snprintf(r->res->message, sizeof r->res->message, fmt, detail);
+}
+
+/* --- sinks ------------------------------------------------------------- */
+
+/* Pipes and ttys we were handed are shared with other processes (the caller's
+ * terminal, containerd's pipes): setting O_NONBLOCK on them would change them
+ * for everyone. Reopening through /proc gives a private open file description
+ * that can be non-blocking on its own. */
+static int private_nonblocking(int fd, int flags, int *owned, enum sink_kind *kind)
+{
+    struct stat st;
+    char path[64];
+    *owned = 0;
+    if (fstat(fd, &st) < 0) return -1;
+    if (S_ISSOCK(st.st_mode)) {
+        *kind = SINK_SOCKET;
+        return fd;
+    }
+    if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        int nfd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (nfd >= 0) {
+            *owned = 1;
+            *kind = SINK_NONBLOCK;
+            return nfd;
+        }
+    }
+    *kind = SINK_BLOCKING;
+    return fd;
+}
+
+static void sink_init_local(struct sink *s, int fd)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    s->kind = SINK_NONE;
+    if (fd < 0) return;
+    s->fd = private_nonblocking(fd, O_WRONLY, &s->owned, &s->kind);
+    if (s->fd < 0) s->kind = SINK_NONE;
+}
+
+static void sink_init_socket(struct sink *s, int fd)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->kind = SINK_NONBLOCK;
+}
+
+static size_t sink_pending(const struct sink *s)
+{
+    return s->len - s->off;
+}
+
+static int sink_has_room(const struct sink *s)
+{
+    return s->kind == SINK_NONE || s->dead || s->kind == SINK_BLOCKING ||
+           sink_pending(s) + INBUF_CAP <= QUEUE_LIMIT;
+}
+
+static ssize_t sink_write(struct sink *s, const char *p, size_t n)
+{
+    if (s->kind == SINK_SOCKET) return send(s->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return write(s->fd, p, n);
+}
+
+/* Writes as much as the fd takes now; returns -1 when the reader is gone. */
+static int sink_flush(struct sink *s)
+{
+    while (sink_pending(s) > 0) {
+        ssize_t w = sink_write(s, s->buf + s->off, sink_pending(s));
+        if (w > 0) {
+            s->off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        s->dead = 1;
+        s->off = s->len = 0;
+        return -1;
+    }
+    s->off = s->len = 0;
+    return 0;
+}
+
+static int sink_append(struct sink *s, const char *p, size_t n)
+{
+    if (s->kind == SINK_NONE || s->dead || n == 0) return 0;
+    if (s->kind == SINK_BLOCKING) {
+        while (n > 0) {
+            ssize_t w = write(s->fd, p, n);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                s->dead = 1;
+                return -1;
+            }
+            p += w;
+            n -= (size_t)w;
+        }
+        return 0;
+    }
+    if (s->off > 0 && s->off == s->len) s->off = s->len = 0;
+    if (s->len + n > s->cap) {
+        if (s->off > 0) {
+            memmove(s->buf, s->buf + s->off, s->len - s->off);
+            s->len -= s->off;
+            s->off = 0;
+        }
+        if (s->len + n > s->cap) {
+            size_t cap = s->cap ? s->cap : 65536;
+            while (cap < s->len + n) cap *= 2;
+            char *nb = realloc(s->buf, cap);
+            if (!nb) return -1;
+            s->buf = nb;
+            s->cap = cap;
+        }
+    }
+    memcpy(s->buf + s->len, p, n);
+    s->len += n;
+    return 0;
+}
+
+static int sink_frame(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n)
+{
+    char hdr[PC_HDR_LEN];
+    put_le32(hdr, (uint32_t)n);
+    put_le16(hdr + 4, (uint16_t)type);
+    put_le16(hdr + 6, (uint16_t)chan);
+    if (sink_append(s, hdr, sizeof hdr) < 0) return -1;
+    return sink_append(s, p, n);
+}
+
+static void sink_release(struct sink *s)
+{
+    if (s->owned && s->fd >= 0) close(s->fd);
+    free(s->buf);
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
+
+/* --- frame parsing ----------------------------------------------------- */
+
+/* Calls handle() for every complete frame; returns -1 when a header is invalid. */
+typedef int (*frame_fn)(struct relay *r, void *who, unsigned type, unsigned chan,
+                        const char *p, uint32_t n);
+
+static int parse_frames(struct relay *r, void *who, struct inbuf *in, frame_fn handle)
+{
+    size_t pos = 0;
+    while (in->len - pos >= PC_HDR_LEN) {
+        const char *h = in->buf + pos;
+        uint32_t n = get_le32(h);
+        unsigned type = get_le16(h + 4), chan = get_le16(h + 6);
+        if (n > PC_MAX_PAYLOAD || chan > PC_MAX_CHAN) return -1;
+        if (in->len - pos < PC_HDR_LEN + n) break;
+        if (handle(r, who, type, chan, h + PC_HDR_LEN, n) < 0) return -1;
+        pos += PC_HDR_LEN + n;
+        if (r->done) break;
+    }
+    memmove(in->buf, in->buf + pos, in->len - pos);
+    in->len -= pos;
+    return 0;
+}
+
+/* Returns bytes read, 0 on EOF, -1 on EAGAIN, -2 on error. */
+static ssize_t fill(int fd, struct inbuf *in)
+{
+    ssize_t n = read(fd, in->buf + in->len, INBUF_CAP - in->len);
+    if (n > 0) in->len += (size_t)n;
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return -1;
+    if (n < 0) return errno == EIO ? 0 : -2;
+    return n;
+}
+
+/* --- clients (shim mode) ------------------------------------------------ */
+
+static void client_drop(struct relay *r, int idx)
+{
+    struct client *c = r->clients[idx];
+    if (!c) return;
+    /* A proxy that vanished while its process runs was killed by its owner:
+     * the process goes with it, as an exec'd process dies with runc's. */
+    if (c->chan > 0 && r->chan_owner[c->chan] == idx) {
+        uint32_t sig[2] = {SIGKILL, 0};
+        char buf[8];
+        put_le32(buf, sig[0]);
+        put_le32(buf + 4, sig[1]);
+        sink_frame(&r->to_chan, PC_SIGNAL, (unsigned)c->chan, buf, sizeof buf);
+        r->chan_owner[c->chan] = -2;
+    }
+    close(c->fd);
+    free(c->in.buf);
+    free(c->out.buf);
+    free(c);
+    r->clients[idx] = NULL;
+}
+
+static int free_chan(struct relay *r)
+{
+    for (int ch = 1; ch <= (int)PC_MAX_CHAN; ch++)
+        if (r->chan_owner[ch] == -1) return ch;
+    return -1;
+}
+
+static void client_ack(struct client *c)
+{
+    sink_frame(&c->out, PC_HOST_ACK, 0, NULL, 0);
+    c->closing = 1;
+}
+
+static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned chan,
+                           const char *p, uint32_t n)
+{
+    int idx = (int)(intptr_t)who;
+    struct client *c = r->clients[idx];
+    (void)chan;
+    if (c->chan == 0) {
+        if (type == PC_SPEC) {
+            int ch = r->init_exited ? -1 : free_chan(r);
+            if (ch < 0) {
+                const char *msg = r->init_exited ? "container not running"
+                                                 : "too many processes in this container";
+                sink_frame(&c->out, PC_ERROR, 0, msg, strlen(msg));
+                c->closing = 1;
+                return 0;
+            }
+            c->chan = ch;
+            r->chan_owner[ch] = idx;
+            return sink_frame(&r->to_chan, PC_SPEC, (unsigned)ch, p, n);
+        }
+        if (type == PC_START || type == PC_SIGNAL) {
+            if (sink_frame(&r->to_chan, type, 0, p, n) < 0) return -1;
+            client_ack(c);
+            return 0;
+        }
+        c->closing = 1; /* not a request we serve: hang up on that client */
+        return 0;
+    }
+    if (type == PC_START || type == PC_STDIN || type == PC_SIGNAL || type == PC_RESIZE)
+        return sink_frame(&r->to_chan, type, (unsigned)c->chan, p, n);
+    c->closing = 1;
+    return 0;
+}
+
+static void accept_client(struct relay *r)
+{
+    int fd = accept4(r->cfg->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    for (int i = 0; i < MAX_CLIENTS; i++) {
+        if (r->clients[i]) continue;
+        struct client *c = calloc(1, sizeof *c);
+        char *buf = malloc(INBUF_CAP);
+        if (!c || !buf) {
+            free(c);
+            free(buf);
+            break;
+        }
+        c->fd = fd;
+        c->in.buf = buf;
+        sink_init_socket(&c->out, fd);
+        r->clients[i] = c;
+        return;
+    }
+    close(fd);
+}
+
+/* --- channel frames ------------------------------------------------------ */
+
+static int to_client(struct relay *r, unsigned chan, unsigned type, const char *p, uint32_t n,
+                     int finished)
+{
+    int idx = r->chan_owner[chan];
+    if (idx >= 0 && r->clients[idx]) {
+        struct client *c = r->clients[idx];
+        sink_frame(&c->out, type, 0, p, n);
+        if (finished) {
+            c->closing = 1;
+            c->chan = 0;
+        }
+    }
+    if (finished) r->chan_owner[chan] = -1;
+    return 0;
+}
+
+static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned chan,
+                         const char *p, uint32_t n)
+{
+    (void)who;
+    if (r->shim && chan > 0) {
+        switch (type) {
+        case PC_STDOUT: case PC_STDERR: case PC_CREATED:
+            return to_client(r, chan, type, p, n, 0);
+        case PC_EXIT: case PC_ERROR:
+            return to_client(r, chan, type, p, n, 1);
+        case PC_READY:
+            return 0;
+        default:
+            return -1;
+        }
+    }
+    switch (type) {
+    case PC_STDOUT:
+        sink_append(&r->out, p, n);
+        return 0;
+    case PC_STDERR:
+        sink_append(&r->err, p, n);
+        return 0;
+    case PC_EXIT:
+        if (n != 4) return -1;
+        r->res->status = (int32_t)get_le32(p);
+        r->res->end = PC_END_EXIT;
+        r->init_exited = 1;
+        r->grace_deadline = now_ms() + CLIENT_GRACE_MS;
+        return 0;
+    case PC_ERROR: {
+        char text[200];
+        size_t k = n < sizeof text - 1 ? n : sizeof text - 1;
+        memcpy(text, p, k);
+        text[k] = 0;
+        for (size_t i = 0; i < k; i++)
+            if ((unsigned char)text[i] < 0x20) text[i] = ' ';
+        end_with(r, PC_END_ERROR, "%s", text);
+        return 0;
+    }
+    case PC_READY: case PC_CREATED:
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* --- local input and signals -------------------------------------------- */
+
+static void read_stdin(struct relay *r)
+{
+    char buf[PC_MAX_PAYLOAD];
+    ssize_t n = r->in_is_socket ? recv(r->in_fd, buf, sizeof buf, MSG_DONTWAIT)
+                                : read(r->in_fd, buf, sizeof buf);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+    if (n <= 0) {
+        /* EOF (or a hung-up tty): the process sees its stdin close. */
+        sink_frame(&r->to_chan, PC_STDIN, 0, NULL, 0);
+        r->in_open = 0;
+        return;
+    }
+    sink_frame(&r->to_chan, PC_STDIN, 0, buf, (size_t)n);
+}
+
+static void send_winsize(struct relay *r)
+{
+    struct winsize ws;
+    char buf[4];
+    if (r->cfg->tty_fd < 0 || ioctl(r->cfg->tty_fd, TIOCGWINSZ, &ws) < 0) return;
+    put_le16(buf, ws.ws_row);
+    put_le16(buf + 2, ws.ws_col);
+    sink_frame(&r->to_chan, PC_RESIZE, 0, buf, sizeof buf);
+}
+
+static void read_signals(struct relay *r)
+{
+    struct signalfd_siginfo si;
+    while (read(r->sig_fd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if ((int)si.ssi_signo == SIGWINCH) {
+            send_winsize(r);
+            continue;
+        }
+        char buf[8];
+        put_le32(buf, si.ssi_signo);
+        put_le32(buf + 4, 0);
+        sink_frame(&r->to_chan, PC_SIGNAL, 0, buf, sizeof buf);
+    }
+}
+
+static int setup_signals(struct relay *r)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    if (r->cfg->forward_signals) {
+        static const int never[] = {SIGKILL, SIGSTOP, SIGCHLD, SIGPIPE, SIGSEGV, SIGBUS,
+                                    SIGILL, SIGFPE, SIGTRAP, SIGSYS, SIGURG, SIGTTIN, SIGTTOU};
+        for (int s = 1; s < 32; s++) sigaddset(&set, s);
+        for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) sigdelset(&set, never[i]);
+    }
+    if (r->cfg->tty_fd >= 0) sigaddset(&set, SIGWINCH);
+    r->sig_fd = -1;
+    if (sigprocmask(SIG_BLOCK, &set, &r->old_mask) < 0) return -1;
+    r->sig_fd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+    return r->sig_fd < 0 ? -1 : 0;
+}
+
+/* --- main loop ------------------------------------------------------------ */
+
+static int all_sinks_have_room(struct relay *r)
+{
+    if (!sink_has_room(&r->out) || !sink_has_room(&r->err)) return 0;
+    for (int i = 0; i < MAX_CLIENTS; i++)
+        if (r->clients[i] && !sink_has_room(&r->clients[i]->out)) return 0;
+    return 1;
+}
+
+static int live_exec_clients(struct relay *r)
+{
+    for (int i = 0; i < MAX_CLIENTS; i++)
+        if (r->clients[i] && r->clients[i]->chan > 0) return 1;
+    return 0;
+}
+
+enum { P_CHAN, P_LISTEN, P_STDIN, P_SIG, P_OUT, P_ERR, P_FIXED };
+
+static void add_pollfd(struct pollfd *pfd, int slot, int fd, short events)
+{
+    pfd[slot].fd = events ? fd : -1;
+    pfd[slot].events = events;
+    pfd[slot].revents = 0;
+}
+
+static void run_loop(struct relay *r)
+{
+    struct pollfd pfd[P_FIXED + MAX_CLIENTS];
+    int chan_open = 1;
+    while (!r->done) {
+        if (r->init_exited && (!live_exec_clients(r) || now_ms() >= r->grace_deadline)) break;
+        int room_to_chan = sink_has_room(&r->to_chan);
+        short chan_ev = 0;
+        if (chan_open && all_sinks_have_room(r)) chan_ev |= POLLIN;
+        if (sink_pending(&r->to_chan)) chan_ev |= POLLOUT;
+        add_pollfd(pfd, P_CHAN, r->chan_fd, chan_ev);
+        add_pollfd(pfd, P_LISTEN, r->cfg->listen_fd,
+                   r->shim && room_to_chan && !r->init_exited ? POLLIN : 0);
+        add_pollfd(pfd, P_STDIN, r->in_fd, r->in_open && room_to_chan ? POLLIN : 0);
+        add_pollfd(pfd, P_SIG, r->sig_fd, r->sig_fd >= 0 && room_to_chan ? POLLIN : 0);
+        add_pollfd(pfd, P_OUT, r->out.fd,
+                   sink_pending(&r->out) && r->out.kind == SINK_NONBLOCK ? POLLOUT : 0);
+        add_pollfd(pfd, P_ERR, r->err.fd,
+                   sink_pending(&r->err) && r->err.kind == SINK_NONBLOCK ? POLLOUT : 0);
+        for (int i = 0; i < MAX_CLIENTS; i++) {
+            struct client *c = r->clients[i];
+            short ev = 0;
+            if (c && !c->closing && room_to_chan) ev |= POLLIN;
+            if (c && sink_pending(&c->out)) ev |= POLLOUT;
+            add_pollfd(pfd, P_FIXED + i, c ? c->fd : -1, ev);
+        }
+        int timeout = r->init_exited ? 100 : 1000;
+        if (poll(pfd, P_FIXED + MAX_CLIENTS, timeout) < 0) {
+            if (errno == EINTR) continue;
+            end_with(r, PC_END_ERROR, "poll: %s", strerror(errno));
+            break;
+        }
+        if (pfd[P_CHAN].revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t n = fill(r->chan_fd, &r->chan_in);
+            if (n == 0 || n == -2) {
+                chan_open = 0;
+                if (!r->init_exited)
+                    end_with(r, PC_END_HANGUP, "%s", r->shim ? "virtual machine exited unexpectedly"
+                                                              : "container shim went away");
+                break;
+            }
+            if (n > 0 && parse_frames(r, NULL, &r->chan_in, on_chan_frame) < 0) {
+                end_with(r, PC_END_VIOLATION, "agent protocol violation: %s",
+                         r->shim ? "malformed frame from the guest" : "malformed frame from the shim");
+                break;
+            }
+        }
+        if (pfd[P_CHAN].revents & POLLOUT) sink_flush(&r->to_chan);
+        if (pfd[P_OUT].revents) sink_flush(&r->out);
+        if (pfd[P_ERR].revents) sink_flush(&r->err);
+        if (pfd[P_STDIN].revents) read_stdin(r);
+        if (pfd[P_SIG].revents) read_signals(r);
+        if (pfd[P_LISTEN].revents & POLLIN) accept_client(r);
+        for (int i = 0; i < MAX_CLIENTS; i++) {
+            struct client *c = r->clients[i];
+            short ev = pfd[P_FIXED + i].revents;
+            if (!c) continue;
+            if (ev & POLLOUT) sink_flush(&c->out);
+            if (ev & (POLLIN | POLLHUP | POLLERR) && !c->closing) {
+                ssize_t n = fill(c->fd, &c->in);
+                if (n == 0 || n == -2 ||
+                    (n > 0 && parse_frames(r, (void *)(intptr_t)i, &c->in, on_client_frame) < 0)) {
+                    client_drop(r, i);
+                    continue;
+                }
+            }
+            if (c->out.dead || (c->closing && sink_pending(&c->out) == 0)) client_drop(r, i);
+        }
+        if (r->to_chan.dead && !r->done) {
+            end_with(r, PC_END_HANGUP, "%s", "virtual machine exited unexpectedly");
+            break;
+        }
+    }
+}
+
+/* Output that arrived before the exit must reach the caller before we report it. */
+static void drain_local(struct relay *r)
+{
+    long long deadline = now_ms() + FLUSH_LIMIT_MS;
+    while ((sink_pending(&r->out) || sink_pending(&r->err)) && now_ms() < deadline) {
+        struct pollfd pfd[2];
+        add_pollfd(pfd, 0, r->out.fd, sink_pending(&r->out) ? POLLOUT : 0);
+        add_pollfd(pfd, 1, r->err.fd, sink_pending(&r->err) ? POLLOUT : 0);
+        if (poll(pfd, 2, 1000) < 0 && errno != EINTR) break;
+        if (pfd[0].revents) sink_flush(&r->out);
+        if (pfd[1].revents) sink_flush(&r->err);
+    }
+}
+
+int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
+{
+    struct relay *r = calloc(1, sizeof *r);
+    if (!r) return -1;
+    memset(res, 0, sizeof *res);
+    res->end = PC_END_HANGUP;
+    res->status = -1;
+    r->cfg = cfg;
+    r->res = res;
+    r->shim = cfg->listen_fd >= 0;
+    r->chan_fd = cfg->chan_fd;
+    for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) r->chan_owner[ch] = -1;
+    r->chan_in.buf = malloc(INBUF_CAP);
+    fcntl(r->chan_fd, F_SETFL, fcntl(r->chan_fd, F_GETFL) | O_NONBLOCK);
+    sink_init_socket(&r->to_chan, r->chan_fd);
+    sink_init_local(&r->out, cfg->out_fd);
+    sink_init_local(&r->err, cfg->err_fd);
+    r->in_fd = -1;
+    if (cfg->in_fd >= 0) {
+        enum sink_kind kind;
+        r->in_fd = private_nonblocking(cfg->in_fd, O_RDONLY, &r->in_owned, &kind);
+        r->in_is_socket = kind == SINK_SOCKET;
+        r->in_open = r->in_fd >= 0;
+    }
+    if (!r->chan_in.buf || setup_signals(r) < 0) {
+        end_with(r, PC_END_ERROR, "relay setup: %s", strerror(errno));
+    } else {
+        if (cfg->tty_fd >= 0) send_winsize(r);
+        run_loop(r);
+        sink_flush(&r->to_chan);
+        drain_local(r);
+    }
+    for (int i = 0; i < MAX_CLIENTS; i++) client_drop(r, i);
+    if (r->sig_fd >= 0) close(r->sig_fd);
+    sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
+    if (r->in_owned) close(r->in_fd);
+    sink_release(&r->out);
+    sink_release(&r->err);
+    free(r->to_chan.buf);
+    free(r->chan_in.buf);
+    free(r);
+    return 0;
+}
+
+/* --- blocking control I/O -------------------------------------------------- */
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == ENOTSOCK) w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && errno == EAGAIN) {
+            struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+            poll(&pfd, 1, 1000);
+            continue;
+        }
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int pc_send_frame(int fd, unsigned type, unsigned chan, const char *buf, unsigned len)
+{
+    char hdr[PC_HDR_LEN];
+    if (len > PC_MAX_PAYLOAD || chan > PC_MAX_CHAN) {
+        errno = EMSGSIZE;
+        return -1;
+    }
+    put_le32(hdr, len);
+    put_le16(hdr + 4, (uint16_t)type);
+    put_le16(hdr + 6, (uint16_t)chan);
+    if (write_all(fd, hdr, sizeof hdr) < 0) return -1;
+    return write_all(fd, buf, len);
+}
+
+static int read_exact(int fd, char *p, size_t n, long long deadline)
+{
+    while (n > 0) {
+        int wait = deadline < 0 ? -1 : (int)(deadline - now_ms());
+        if (deadline >= 0 && wait <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, wait);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) return -1;
+        if (pr == 0) continue;
+        ssize_t got = read(fd, p, n);
+        if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (got < 0) return -1;
+        if (got == 0) return -2;
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+int pc_recv_frame(int fd, unsigned *type, unsigned *chan, char *buf, unsigned cap,
+                  int timeout_ms)
+{
+    char hdr[PC_HDR_LEN];
+    long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
+    int rc = read_exact(fd, hdr, sizeof hdr, deadline);
+    if (rc < 0) return rc;
+    uint32_t n = get_le32(hdr);
+    *type = get_le16(hdr + 4);
+    *chan = get_le16(hdr + 6);
+    if (n > PC_MAX_PAYLOAD || n > cap || *chan > PC_MAX_CHAN) {
+        errno = EPROTO;
+        return -1;
+    }
+    rc = read_exact(fd, buf, n, deadline);
+    if (rc < 0) return rc == -2 ? -2 : -1;
+    return (int)n;
+}
+
+int pc_set_pdeathsig(int sig)
+{
+    return prctl(PR_SET_PDEATHSIG, sig);
+}

@@ -1,0 +1,43 @@
+/* Host-side hot path of ParaCell: frame I/O and the stdio/signal relay that the
+ * shim and the exec proxies run for the whole life of a process. Loaded from
+ * Python with cffi; the declarations below are also cffi's cdef. */
+#ifndef PARACELL_RELAY_H
+#define PARACELL_RELAY_H
+
+/* Host-only frame type: the shim's answer to a control client (start, kill). */
+#define PC_HOST_ACK 40
+
+/* How a relay ended. */
+#define PC_END_EXIT 0       /* the process exited; status is valid */
+#define PC_END_HANGUP 1     /* the channel closed before an EXIT frame */
+#define PC_END_VIOLATION 2  /* the peer broke the protocol; message says how */
+#define PC_END_ERROR 3      /* a local I/O error; message says which */
+
+struct pc_relay_cfg {
+    int chan_fd;    /* guest port (shim mode) or shim socket (proxy mode) */
+    int listen_fd;  /* shim mode: exec/control socket; -1 in proxy mode */
+    int in_fd;      /* process stdin source, -1 for none */
+    int out_fd;     /* process stdout sink, -1 to discard */
+    int err_fd;     /* process stderr sink, -1 to discard */
+    int tty_fd;     /* host pty slave whose size follows SIGWINCH, -1 for none */
+    int forward_signals;  /* relay catchable signals to the process */
+};
+
+struct pc_relay_result {
+    int end;
+    int status;
+    char message[256];
+};
+
+int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res);
+
+/* Blocking frame I/O for the short control exchanges around a relay.
+ * pc_recv_frame returns the payload length, -1 on error/timeout (errno set;
+ * EPROTO for a frame over PC_MAX_PAYLOAD or larger than cap), -2 on EOF. */
+int pc_send_frame(int fd, unsigned type, unsigned chan, const char *buf, unsigned len);
+int pc_recv_frame(int fd, unsigned *type, unsigned *chan, char *buf, unsigned cap,
+                  int timeout_ms);
+
+int pc_set_pdeathsig(int sig);
+
+#endif

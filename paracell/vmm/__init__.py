@@ -1,0 +1,1 @@
+"""Host side of the micro-VM: probe, QEMU command line, QMP, RAM backing."""
