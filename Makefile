@@ -1,0 +1,37 @@
+# Two entry points for a fresh Debian 12 machine (run as root):
+#   make demo   installs everything, builds the guest, runs the example container
+#   make test   installs everything, builds the guest, runs the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PARACELL := $(VENV)/bin/paracell
+STAMP := $(VENV)/.installed
+
+.PHONY: deps venv guest demo test lint bench clean
+
+deps:
+	./scripts/install-deps.sh
+
+$(STAMP): pyproject.toml setup.py csrc/relay.c csrc/relay.h csrc/build_native.py guest/agent/protocol.h
+	$(MAKE) deps
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+venv: deps $(STAMP)
+
+guest: venv
+	$(PARACELL) guest build
+
+demo: guest
+	$(PARACELL) demo
+
+test: guest
+	$(VENV)/bin/ruff check paracell tests csrc
+	$(VENV)/bin/pytest -ra
+
+bench: guest
+	$(PARACELL) bench start
+	$(PARACELL) bench cli
+
+clean:
+	rm -rf $(VENV) build *.egg-info paracell/_native*.so

@@ -1,0 +1,215 @@
+/* Framing on the virtio-serial port and the two bounded queues around it.
+ *
+ * Outgoing bytes live in one ring so that process output can be read straight
+ * into place behind a reserved header (no second copy, which matters under
+ * TCG).  Incoming bytes live in a linear buffer big enough for a whole frame
+ * plus what arrives behind it; a frame stays there until the agent can act on
+ * it, which is how a full stdin buffer holds back the port. */
+#include "agent.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+static unsigned char *oq;
+static size_t oq_head, oq_len;
+
+#define INQ_CAP (2 * (PC_HDR_LEN + PC_MAX_PAYLOAD))
+static unsigned char *iq;
+static size_t iq_off, iq_len;
+
+int chan_init(void)
+{
+    oq = malloc(OUTQ_CAP);
+    iq = malloc(INQ_CAP);
+    return oq && iq ? 0 : -1;
+}
+
+size_t outq_free(void) { return OUTQ_CAP - oq_len; }
+size_t outq_pending(void) { return oq_len; }
+
+int outq_has_data_room(void)
+{
+    return outq_free() >= PC_HDR_LEN + PC_MAX_PAYLOAD + OUTQ_CTRL_RESERVE;
+}
+
+/* pos is counted from the oldest queued byte. */
+static void oq_put_at(size_t pos, const void *src, size_t n)
+{
+    size_t at = (oq_head + pos) % OUTQ_CAP;
+    size_t first = OUTQ_CAP - at;
+    if (first > n)
+        first = n;
+    memcpy(oq + at, src, first);
+    memcpy(oq, (const unsigned char *)src + first, n - first);
+}
+
+static void put_hdr(size_t pos, uint32_t len, uint16_t type, uint16_t chan)
+{
+    unsigned char h[PC_HDR_LEN] = {
+        (unsigned char)len, (unsigned char)(len >> 8), (unsigned char)(len >> 16),
+        (unsigned char)(len >> 24), (unsigned char)type, (unsigned char)(type >> 8),
+        (unsigned char)chan, (unsigned char)(chan >> 8),
+    };
+    oq_put_at(pos, h, sizeof h);
+}
+
+int chan_send(uint16_t type, uint16_t chan, const void *payload, size_t len)
+{
+    if (len > PC_MAX_PAYLOAD || PC_HDR_LEN + len > outq_free()) {
+        /* Only reachable if the reserve arithmetic is wrong; losing a frame
+         * beats overwriting queued output. */
+        logmsg("outgoing queue full, dropped frame type %u chan %u", type, chan);
+        return -1;
+    }
+    put_hdr(oq_len, (uint32_t)len, type, chan);
+    if (len)
+        oq_put_at(oq_len + PC_HDR_LEN, payload, len);
+    oq_len += PC_HDR_LEN + len;
+    return 0;
+}
+
+int chan_send_text(uint16_t type, uint16_t chan, const char *text)
+{
+    /* The text may quote container-controlled names; the host gets one line. */
+    char line[ERRTEXT_MAX];
+    size_t n = strnlen(text, sizeof line);
+    for (size_t i = 0; i < n; i++)
+        line[i] = (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? '?' : text[i];
+    return chan_send(type, chan, line, n);
+}
+
+ssize_t outq_read_frame(int fd, uint16_t type, uint16_t chan)
+{
+    size_t room = outq_free();
+    if (room <= PC_HDR_LEN) {
+        errno = EAGAIN;
+        return -1;
+    }
+    room -= PC_HDR_LEN;
+    if (room > PC_MAX_PAYLOAD)
+        room = PC_MAX_PAYLOAD;
+
+    size_t at = (oq_head + oq_len + PC_HDR_LEN) % OUTQ_CAP;
+    size_t first = OUTQ_CAP - at;
+    struct iovec iov[2];
+    int cnt = 1;
+    iov[0].iov_base = oq + at;
+    if (first >= room) {
+        iov[0].iov_len = room;
+    } else {
+        iov[0].iov_len = first;
+        iov[1].iov_base = oq;
+        iov[1].iov_len = room - first;
+        cnt = 2;
+    }
+    ssize_t n;
+    do
+        n = readv(fd, iov, cnt);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0)
+        return n;
+    put_hdr(oq_len, (uint32_t)n, type, chan);
+    oq_len += PC_HDR_LEN + (size_t)n;
+    return n;
+}
+
+int outq_flush(int port)
+{
+    while (oq_len) {
+        size_t first = OUTQ_CAP - oq_head;
+        if (first > oq_len)
+            first = oq_len;
+        /* The driver takes at most 32 KiB per write; a nonblocking port never
+         * spins in the kernel waiting for the host to consume the buffer. */
+        ssize_t n = write(port, oq + oq_head, first);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN ? 0 : -1;
+        }
+        if (n == 0)
+            return 0;
+        oq_head = (oq_head + (size_t)n) % OUTQ_CAP;
+        oq_len -= (size_t)n;
+    }
+    /* Restarting at 0 keeps later frames contiguous, so fewer split reads. */
+    oq_head = 0;
+    return 0;
+}
+
+int inq_has_room(void)
+{
+    return iq_len < INQ_CAP;
+}
+
+ssize_t inq_fill(int port)
+{
+    /* The driver hands out at most a page per read; keep at least that much
+     * contiguous room by sliding the unparsed tail down. */
+    if (iq_off && INQ_CAP - iq_off - iq_len < 4096) {
+        memmove(iq, iq + iq_off, iq_len);
+        iq_off = 0;
+    }
+    size_t room = INQ_CAP - iq_off - iq_len;
+    if (!room) {
+        errno = EAGAIN;
+        return -1;
+    }
+    ssize_t n;
+    do
+        n = read(port, iq + iq_off + iq_len, room);
+    while (n < 0 && errno == EINTR);
+    if (n > 0)
+        iq_len += (size_t)n;
+    return n;
+}
+
+static uint32_t le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint16_t le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+int inq_peek(struct frame *f)
+{
+    if (iq_len >= PC_HDR_LEN) {
+        const unsigned char *p = iq + iq_off;
+        uint32_t len = le32(p);
+        if (len > PC_MAX_PAYLOAD) {
+            /* The length is the only way to find the next frame, so the stream
+             * cannot be resynchronised: drop what is buffered. */
+            logmsg("protocol: frame length %u over the limit, discarding %zu buffered bytes",
+                   len, iq_len);
+            inq_reset();
+            return 0;
+        }
+        if (iq_len < PC_HDR_LEN + len)
+            return 0;
+        f->len = len;
+        f->type = le16(p + 4);
+        f->chan = le16(p + 6);
+        f->payload = iq + iq_off + PC_HDR_LEN;
+        return 1;
+    }
+    return 0;
+}
+
+void inq_consume(const struct frame *f)
+{
+    iq_off += PC_HDR_LEN + f->len;
+    iq_len -= PC_HDR_LEN + f->len;
+    if (!iq_len)
+        iq_off = 0;
+}
+
+void inq_reset(void)
+{
+    iq_off = iq_len = 0;
+}

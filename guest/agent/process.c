@@ -1,0 +1,528 @@
+/* The agent's side of container processes: one slot per channel holding the
+ * process's pid, the agent's ends of its stdio, and its exit status.
+ *
+ * A slot lives until the process has been reaped AND its output fds and
+ * status pipe have reached EOF; only then is EXIT queued, so EXIT always
+ * follows the last byte of output on the wire. */
+#include "agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <termios.h>
+#include <unistd.h>
+
+int cap_last_cap = 40;
+
+/* Bigger pipes mean fewer wakeups per MiB of output under TCG. */
+#define PIPE_SIZE (256 * 1024)
+/* Holds at least one whole STDIN frame, so a frame is taken or left whole. */
+#define STDIN_CAP (2 * PC_MAX_PAYLOAD)
+/* Room a control frame (ERROR text, EXIT) may need beyond process output. */
+#define CTRL_ROOM (16u * 1024)
+#define SETUP_TIMEOUT_MS 30000
+
+enum { P_FREE, P_CREATED, P_RUNNING };
+
+struct proc {
+    int state;
+    pid_t pid;
+    int tty;
+    int out_fd, err_fd; /* agent's read ends; -1 once at EOF */
+    int in_fd;          /* agent's write end of stdin; -1 once closed */
+    int status_fd;      /* reports a failed execve; -1 once at EOF */
+    int start_fd;       /* -1 once START was given */
+    int exited, status;
+    unsigned char *inbuf;
+    size_t in_off, in_len;
+    int in_eof;
+};
+
+static struct proc procs[PC_MAX_CHAN + 1];
+static int self_pidns = -1;
+/* The container init's namespaces, for exec processes to join. */
+enum { NS_PID, NS_MNT, NS_UTS, NS_IPC, NS_COUNT };
+static const char *const ns_names[NS_COUNT] = {"pid", "mnt", "uts", "ipc"};
+static int init_ns[NS_COUNT] = {-1, -1, -1, -1};
+static int init_gone;
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+}
+
+static void close_init_ns(void)
+{
+    for (int i = 0; i < NS_COUNT; i++)
+        close_fd(&init_ns[i]);
+}
+
+static void close_stdin(struct proc *p)
+{
+    close_fd(&p->in_fd);
+    free(p->inbuf);
+    p->inbuf = NULL;
+    p->in_off = p->in_len = 0;
+}
+
+int proc_init_exists(void) { return init_ns[NS_PID] >= 0; }
+int proc_init_gone(void) { return init_gone; }
+
+int proc_active(void)
+{
+    int n = 0;
+    for (unsigned c = 0; c <= PC_MAX_CHAN; c++)
+        n += procs[c].state != P_FREE;
+    return n;
+}
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* A pty from the agent's devpts; the child gets the slave as stdio. */
+static int open_pty(const struct spec *s, int ours[3], int theirs[3])
+{
+    int unlock = 0;
+    int m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    if (m < 0)
+        return -1;
+    ours[0] = m;
+    if (ioctl(m, TIOCSPTLCK, &unlock) < 0)
+        return -1;
+    /* The peer ioctl avoids a lookup of /dev/pts/N by name. */
+    int sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (sl < 0)
+        return -1;
+    theirs[0] = theirs[1] = theirs[2] = sl;
+    if (s->rows || s->cols) {
+        struct winsize ws = {(unsigned short)s->rows, (unsigned short)s->cols, 0, 0};
+        ioctl(m, TIOCSWINSZ, &ws);
+    }
+    /* A separate fd for input, so stdin EOF and output EOF close independently. */
+    ours[2] = fcntl(m, F_DUPFD_CLOEXEC, 3);
+    return ours[2] < 0 ? -1 : 0;
+}
+
+static int open_pipes(int ours[3], int theirs[3])
+{
+    int fds[2];
+    for (int i = 0; i < 3; i++) {
+        if (pipe2(fds, O_CLOEXEC) < 0)
+            return -1;
+        if (i == 0) {
+            theirs[0] = fds[0];
+            ours[2] = fds[1];
+        } else {
+            ours[i - 1] = fds[0];
+            theirs[i] = fds[1];
+            fcntl(fds[0], F_SETPIPE_SZ, PIPE_SIZE);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        if (set_nonblock(ours[i]) < 0)
+            return -1;
+    return 0;
+}
+
+/* The child's first word: "O" when it is ready to exec, "E<text>" when not. */
+static int wait_setup(int fd, char *err, size_t errlen)
+{
+    char buf[ERRTEXT_MAX];
+    struct pollfd q = {fd, POLLIN, 0};
+    int r;
+    do
+        r = poll(&q, 1, SETUP_TIMEOUT_MS);
+    while (r < 0 && errno == EINTR);
+    if (r == 0) {
+        snprintf(err, errlen, "process setup timed out");
+        return -1;
+    }
+    ssize_t n;
+    do
+        n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1 && buf[0] == 'O')
+        return 0;
+    if (n > 1 && buf[0] == 'E') {
+        buf[n] = 0;
+        snprintf(err, errlen, "%s", buf + 1);
+    } else {
+        snprintf(err, errlen, "process died during setup");
+    }
+    return -1;
+}
+
+static int open_init_ns(pid_t pid)
+{
+    char path[64];
+    for (int i = 0; i < NS_COUNT; i++) {
+        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)pid, ns_names[i]);
+        init_ns[i] = open(path, O_RDONLY | O_CLOEXEC);
+        if (init_ns[i] < 0) {
+            close_init_ns();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
+{
+    struct proc *p = &procs[chan];
+    int is_init = chan == 0;
+    int ours[3] = {-1, -1, -1}, theirs[3] = {-1, -1, -1};
+    int st[2] = {-1, -1}, go[2] = {-1, -1};
+    pid_t pid = -1;
+
+    if (p->state != P_FREE) {
+        snprintf(err, errlen, "channel %u is already in use", chan);
+        return -1;
+    }
+    if (is_init && init_gone) {
+        snprintf(err, errlen, "the container has already exited");
+        return -1;
+    }
+    if (!is_init && !proc_init_exists()) {
+        snprintf(err, errlen, "the container is not running");
+        return -1;
+    }
+    if (self_pidns < 0 && (self_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0) {
+        snprintf(err, errlen, "open /proc/self/ns/pid: %s", strerror(errno));
+        return -1;
+    }
+
+    if ((s->terminal ? open_pty(s, ours, theirs) : open_pipes(ours, theirs)) < 0 ||
+        pipe2(st, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0) {
+        snprintf(err, errlen, "%s: %s", s->terminal ? "open pty" : "create pipes", strerror(errno));
+        goto fail;
+    }
+
+    /* Both calls only change the pid namespace of the agent's next child;
+     * the agent itself stays where it is and switches back right after. */
+    if ((is_init ? unshare(CLONE_NEWPID) : setns(init_ns[NS_PID], CLONE_NEWPID)) < 0) {
+        snprintf(err, errlen, "%s pid namespace: %s", is_init ? "create" : "join", strerror(errno));
+        goto fail;
+    }
+    pid = fork();
+    if (pid == 0) {
+        struct child_ctx c = {
+            .spec = s, .is_init = is_init, .stdio = {theirs[0], theirs[1], theirs[2]},
+            .tty = s->terminal, .status_fd = st[1], .start_fd = go[0],
+            .ns_mnt = init_ns[NS_MNT], .ns_uts = init_ns[NS_UTS], .ns_ipc = init_ns[NS_IPC],
+        };
+        child_main(&c);
+    }
+    int fork_errno = errno;
+    if (setns(self_pidns, CLONE_NEWPID) < 0)
+        logmsg("cannot return to the agent's pid namespace: %s", strerror(errno));
+    if (pid < 0) {
+        snprintf(err, errlen, "fork: %s", strerror(fork_errno));
+        goto fail;
+    }
+
+    close_fd(&theirs[0]);
+    if (!s->terminal) {
+        close_fd(&theirs[1]);
+        close_fd(&theirs[2]);
+    }
+    close_fd(&st[1]);
+    close_fd(&go[0]);
+    if (wait_setup(st[0], err, errlen) < 0 || (is_init && open_init_ns(pid) < 0)) {
+        if (!err[0])
+            snprintf(err, errlen, "open namespaces of pid %d: %s", (int)pid, strerror(errno));
+        goto fail;
+    }
+    set_nonblock(st[0]);
+
+    memset(p, 0, sizeof *p);
+    p->state = P_CREATED;
+    p->pid = pid;
+    p->tty = s->terminal;
+    p->out_fd = ours[0];
+    p->err_fd = ours[1];
+    p->in_fd = ours[2];
+    p->status_fd = st[0];
+    p->start_fd = go[1];
+    return pid;
+
+fail:
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, __WALL);
+    }
+    close_fd(&theirs[0]);
+    if (!s->terminal) {
+        close_fd(&theirs[1]);
+        close_fd(&theirs[2]);
+    }
+    for (int i = 0; i < 3; i++)
+        close_fd(&ours[i]);
+    close_fd(&st[0]);
+    close_fd(&st[1]);
+    close_fd(&go[0]);
+    close_fd(&go[1]);
+    return -1;
+}
+
+void proc_start(unsigned chan)
+{
+    struct proc *p = &procs[chan];
+    if (p->state != P_CREATED) {
+        logmsg("START for chan %u, which has no created process", chan);
+        return;
+    }
+    if (write(p->start_fd, "S", 1) < 0) {
+        /* The process is already gone; its EXIT will follow. */
+    }
+    close_fd(&p->start_fd);
+    p->state = P_RUNNING;
+}
+
+int proc_stdin(unsigned chan, const unsigned char *data, size_t len)
+{
+    struct proc *p = &procs[chan];
+    /* Input after EOF, or for a process that is gone, is a normal race. */
+    if (p->state == P_FREE || p->in_fd < 0 || p->in_eof)
+        return 0;
+    if (!len) {
+        p->in_eof = 1;
+        if (!p->in_len)
+            close_stdin(p);
+        return 0;
+    }
+    if (!p->in_len) {
+        /* Straight into the pipe when nothing is queued ahead; since the
+         * buffer is empty, any rest below always fits. */
+        ssize_t n = write(p->in_fd, data, len);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            close_stdin(p);
+            return 0;
+        }
+        if (n > 0) {
+            data += n;
+            len -= (size_t)n;
+        }
+        if (!len)
+            return 0;
+    }
+    if (!p->inbuf && !(p->inbuf = malloc(STDIN_CAP))) {
+        logmsg("out of memory: dropping stdin of chan %u", chan);
+        close_stdin(p);
+        return 0;
+    }
+    if (STDIN_CAP - p->in_len < len)
+        return 1;
+    if (p->in_off + p->in_len + len > STDIN_CAP) {
+        memmove(p->inbuf, p->inbuf + p->in_off, p->in_len);
+        p->in_off = 0;
+    }
+    memcpy(p->inbuf + p->in_off + p->in_len, data, len);
+    p->in_len += len;
+    return 0;
+}
+
+static void flush_stdin(struct proc *p)
+{
+    while (p->in_len) {
+        ssize_t n = write(p->in_fd, p->inbuf + p->in_off, p->in_len);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EINTR)
+                return;
+            /* The reader is gone (EPIPE): what is left has nowhere to go. */
+            close_stdin(p);
+            return;
+        }
+        p->in_off += (size_t)n;
+        p->in_len -= (size_t)n;
+    }
+    p->in_off = 0;
+    if (p->in_eof)
+        close_stdin(p);
+}
+
+void proc_signal(unsigned chan, uint32_t signo, uint32_t flags)
+{
+    struct proc *p = &procs[chan];
+    if (signo < 1 || signo > 64) {
+        logmsg("ignoring signal with bad number %u", signo);
+        return;
+    }
+    if (flags & PC_SIGNAL_ALL) {
+        /* The agent is the VM's PID 1: -1 reaches every process but itself,
+         * and every other process belongs to the container. */
+        if (proc_init_exists() && kill(-1, (int)signo) < 0 && errno != ESRCH)
+            logmsg("signal %u to all: %s", signo, strerror(errno));
+        return;
+    }
+    if (p->state == P_FREE || p->exited)
+        return;
+    if (kill(p->pid, (int)signo) < 0 && errno != ESRCH)
+        logmsg("signal %u to chan %u: %s", signo, chan, strerror(errno));
+}
+
+void proc_resize(unsigned chan, unsigned rows, unsigned cols)
+{
+    struct proc *p = &procs[chan];
+    if (p->state == P_FREE || !p->tty || p->out_fd < 0)
+        return;
+    struct winsize ws = {(unsigned short)rows, (unsigned short)cols, 0, 0};
+    ioctl(p->out_fd, TIOCSWINSZ, &ws);
+}
+
+void proc_reap(void)
+{
+    int st;
+    pid_t pid;
+    /* Orphans end up here too; they have no slot and are simply reaped. */
+    while ((pid = waitpid(-1, &st, WNOHANG | __WALL)) > 0) {
+        for (unsigned c = 0; c <= PC_MAX_CHAN; c++) {
+            struct proc *p = &procs[c];
+            if (p->state == P_FREE || p->exited || p->pid != pid)
+                continue;
+            p->exited = 1;
+            p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            close_stdin(p);
+            close_fd(&p->start_fd);
+            if (c == 0) {
+                logmsg("container init exited with status %d", p->status);
+                close_init_ns();
+            }
+            break;
+        }
+    }
+}
+
+/* Which fd of which process a pollfd entry stands for. */
+enum { W_OUT, W_ERR, W_STATUS, W_IN };
+static struct {
+    uint16_t chan;
+    uint8_t which;
+} tags[4 * (PC_MAX_CHAN + 1)];
+static int first_tag;
+
+int proc_poll_prepare(struct pollfd *pfd, int n, int max)
+{
+    int data = outq_has_data_room();
+    int ctrl = outq_free() >= CTRL_ROOM + OUTQ_CTRL_RESERVE / 2;
+    first_tag = n;
+
+#define ADD(fd_, ev_, which_)                          \
+    do {                                               \
+        if (n < max) {                                 \
+            pfd[n].fd = (fd_);                         \
+            pfd[n].events = (ev_);                     \
+            pfd[n].revents = 0;                        \
+            tags[n - first_tag].chan = (uint16_t)c;    \
+            tags[n - first_tag].which = (which_);      \
+            n++;                                       \
+        }                                              \
+    } while (0)
+
+    for (unsigned c = 0; c <= PC_MAX_CHAN; c++) {
+        struct proc *p = &procs[c];
+        if (p->state == P_FREE)
+            continue;
+        /* Output fds are left out, not just muted, while the queue is full:
+         * a hung-up pipe would report POLLHUP every time and spin the loop. */
+        if (data && p->out_fd >= 0)
+            ADD(p->out_fd, POLLIN, W_OUT);
+        if (data && p->err_fd >= 0)
+            ADD(p->err_fd, POLLIN, W_ERR);
+        if (ctrl && p->status_fd >= 0)
+            ADD(p->status_fd, POLLIN, W_STATUS);
+        if (p->in_fd >= 0 && p->in_len)
+            ADD(p->in_fd, POLLOUT, W_IN);
+    }
+#undef ADD
+    return n;
+}
+
+static void read_output(unsigned chan, int *fd, uint16_t type)
+{
+    /* A few frames per fd per round keeps one busy process from starving
+     * the others while still doing big reads. */
+    for (int i = 0; i < 4 && *fd >= 0 && outq_has_data_room(); i++) {
+        ssize_t n = outq_read_frame(*fd, type, (uint16_t)chan);
+        if (n > 0)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EINTR))
+            return;
+        /* EOF; a pty master reports EIO once every slave fd is closed. */
+        if (n < 0 && errno != EIO)
+            logmsg("read output of chan %u: %s", chan, strerror(errno));
+        close_fd(fd);
+    }
+}
+
+static void read_status(unsigned chan, struct proc *p)
+{
+    char buf[ERRTEXT_MAX];
+    ssize_t n = read(p->status_fd, buf, sizeof buf - 1);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n > 1 && buf[0] == 'E') {
+        /* execve failed after CREATED; EXIT 127 follows. */
+        buf[n] = 0;
+        chan_send_text(PC_ERROR, (uint16_t)chan, buf + 1);
+        return;
+    }
+    /* EOF: execve succeeded (the pipe is close-on-exec) or the process died. */
+    close_fd(&p->status_fd);
+}
+
+void proc_poll_handle(const struct pollfd *pfd, int n)
+{
+    for (int i = first_tag; i < n; i++) {
+        if (!pfd[i].revents)
+            continue;
+        unsigned c = tags[i - first_tag].chan;
+        struct proc *p = &procs[c];
+        switch (tags[i - first_tag].which) {
+        case W_OUT:
+            read_output(c, &p->out_fd, PC_STDOUT);
+            break;
+        case W_ERR:
+            read_output(c, &p->err_fd, PC_STDERR);
+            break;
+        case W_STATUS:
+            if (p->status_fd >= 0)
+                read_status(c, p);
+            break;
+        case W_IN:
+            if (p->in_fd >= 0)
+                flush_stdin(p);
+            break;
+        }
+    }
+}
+
+void proc_collect(void)
+{
+    for (unsigned c = 0; c <= PC_MAX_CHAN; c++) {
+        struct proc *p = &procs[c];
+        if (p->state == P_FREE || !p->exited || p->out_fd >= 0 || p->err_fd >= 0 || p->status_fd >= 0)
+            continue;
+        uint32_t v = (uint32_t)p->status;
+        unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                              (unsigned char)(v >> 24)};
+        chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
+        close_stdin(p);
+        close_fd(&p->start_fd);
+        memset(p, 0, sizeof *p);
+        p->state = P_FREE;
+        if (c == 0)
+            init_gone = 1;
+    }
+}

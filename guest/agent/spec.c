@@ -1,0 +1,241 @@
+/* Launch-spec parsing: NUL-terminated key=value records (docs/agent-protocol.md).
+ *
+ * Everything is checked here, before a process exists, so that the child's
+ * setup code can trust the struct.  Unknown keys are rejected rather than
+ * skipped: a key we do not understand may be a security setting the host
+ * expects us to apply. */
+#include "agent.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    int n = snprintf(err, errlen, "spec: ");
+    va_start(ap, fmt);
+    vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* Digits only: no sign, no spaces, no empty string, no overflow past max. */
+static int parse_uint(const char *s, unsigned base, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (base == 16 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X'))
+        s += 2;
+    if (!*s)
+        return -1;
+    for (; *s; s++) {
+        unsigned d;
+        if (*s >= '0' && *s <= '9')
+            d = (unsigned)(*s - '0');
+        else if (*s >= 'a' && *s <= 'f')
+            d = (unsigned)(*s - 'a' + 10);
+        else if (*s >= 'A' && *s <= 'F')
+            d = (unsigned)(*s - 'A' + 10);
+        else
+            return -1;
+        if (d >= base || v > (max - d) / base)
+            return -1;
+        v = v * base + d;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, int *out)
+{
+    if (strcmp(s, "0") && strcmp(s, "1"))
+        return -1;
+    *out = s[0] == '1';
+    return 0;
+}
+
+/* "resource soft hard", single spaces. */
+static int parse_rlimit(char *v, struct spec_rlimit *r)
+{
+    char *f[3];
+    uint64_t res;
+    for (int i = 0; i < 3; i++) {
+        f[i] = v;
+        v = strchr(v, ' ');
+        if (i < 2) {
+            if (!v)
+                return -1;
+            *v++ = 0;
+        } else if (v) {
+            return -1;
+        }
+    }
+    if (parse_uint(f[0], 10, RLIM_NLIMITS - 1, &res) || parse_uint(f[1], 10, UINT64_MAX, &r->soft) ||
+        parse_uint(f[2], 10, UINT64_MAX, &r->hard) || r->soft > r->hard)
+        return -1;
+    r->resource = (int)res;
+    return 0;
+}
+
+/* dest \x1f type \x1f source \x1f flags \x1f data */
+static int parse_mount(char *v, struct spec_mount *m)
+{
+    char *f[5];
+    uint64_t flags;
+    for (int i = 0; i < 5; i++) {
+        f[i] = v;
+        v = strchr(v, '\x1f');
+        if (i < 4) {
+            if (!v)
+                return -1;
+            *v++ = 0;
+        } else if (v) {
+            return -1;
+        }
+    }
+    if (f[0][0] != '/' || !f[1][0] || parse_uint(f[3], 10, (unsigned long)-1, &flags))
+        return -1;
+    m->dest = f[0];
+    m->type = f[1];
+    m->source = f[2];
+    m->flags = (unsigned long)flags;
+    m->data = f[4];
+    return 0;
+}
+
+enum {
+    ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
+    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CAP0,
+};
+
+static const char *const cap_keys[SC_COUNT] = {
+    "cap.bounding", "cap.effective", "cap.permitted", "cap.inheritable", "cap.ambient",
+};
+
+int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
+{
+    unsigned seen = 0;
+    uint64_t n;
+
+    memset(s, 0, sizeof *s);
+    if (!len || buf[len - 1])
+        return fail(err, errlen, "records must each end with a NUL byte");
+
+    for (char *p = buf, *end = buf + len; p < end;) {
+        char *key = p;
+        p += strlen(p) + 1;
+        char *val = strchr(key, '=');
+        if (!val)
+            return fail(err, errlen, "record without '='");
+        *val++ = 0;
+
+#define ONCE(bit)                                                       \
+    do {                                                                \
+        if (seen & (1u << (bit)))                                       \
+            return fail(err, errlen, "duplicate key %.40s", key);       \
+        seen |= 1u << (bit);                                            \
+    } while (0)
+#define BAD() return fail(err, errlen, "bad value for %.40s", key)
+
+        if (!strcmp(key, "arg")) {
+            if (s->argc >= SPEC_MAX_ARGS)
+                return fail(err, errlen, "more than %d args", SPEC_MAX_ARGS);
+            s->argv[s->argc++] = val;
+        } else if (!strcmp(key, "env")) {
+            if (s->envc >= SPEC_MAX_ENV)
+                return fail(err, errlen, "more than %d env entries", SPEC_MAX_ENV);
+            if (val[0] == '=' || !strchr(val, '='))
+                BAD();
+            s->envp[s->envc++] = val;
+        } else if (!strcmp(key, "cwd")) {
+            ONCE(ONCE_CWD);
+            if (val[0] != '/')
+                BAD();
+            s->cwd = val;
+        } else if (!strcmp(key, "uid")) {
+            ONCE(ONCE_UID);
+            if (parse_uint(val, 10, UINT32_MAX - 1, &n))
+                BAD();
+            s->uid = (uint32_t)n;
+        } else if (!strcmp(key, "gid")) {
+            ONCE(ONCE_GID);
+            if (parse_uint(val, 10, UINT32_MAX - 1, &n))
+                BAD();
+            s->gid = (uint32_t)n;
+        } else if (!strcmp(key, "gid+")) {
+            if (s->ngids >= SPEC_MAX_GIDS)
+                return fail(err, errlen, "more than %d additional gids", SPEC_MAX_GIDS);
+            if (parse_uint(val, 10, UINT32_MAX - 1, &n))
+                BAD();
+            s->gids[s->ngids++] = (uint32_t)n;
+        } else if (!strcmp(key, "umask")) {
+            ONCE(ONCE_UMASK);
+            if (parse_uint(val, 8, 0777, &n))
+                BAD();
+            s->umask = (unsigned)n;
+            s->has_umask = 1;
+        } else if (!strcmp(key, "rlimit")) {
+            if (s->nrlimits >= SPEC_MAX_RLIMITS)
+                return fail(err, errlen, "more than %d rlimits", SPEC_MAX_RLIMITS);
+            if (parse_rlimit(val, &s->rlimits[s->nrlimits]))
+                BAD();
+            s->nrlimits++;
+        } else if (!strcmp(key, "nnp")) {
+            ONCE(ONCE_NNP);
+            if (parse_bool(val, &s->nnp))
+                BAD();
+        } else if (!strncmp(key, "cap.", 4)) {
+            int i;
+            for (i = 0; i < SC_COUNT && strcmp(key, cap_keys[i]); i++)
+                ;
+            if (i == SC_COUNT)
+                return fail(err, errlen, "unknown key %.40s", key);
+            ONCE(ONCE_CAP0 + i);
+            if (parse_uint(val, 16, UINT64_MAX, &s->caps[i]))
+                BAD();
+            s->caps_given |= 1u << i;
+        } else if (!strcmp(key, "terminal")) {
+            ONCE(ONCE_TERMINAL);
+            if (parse_bool(val, &s->terminal))
+                BAD();
+        } else if (!strcmp(key, "rows")) {
+            ONCE(ONCE_ROWS);
+            if (parse_uint(val, 10, UINT16_MAX, &n))
+                BAD();
+            s->rows = (unsigned)n;
+        } else if (!strcmp(key, "cols")) {
+            ONCE(ONCE_COLS);
+            if (parse_uint(val, 10, UINT16_MAX, &n))
+                BAD();
+            s->cols = (unsigned)n;
+        } else if (!strcmp(key, "hostname")) {
+            ONCE(ONCE_HOSTNAME);
+            if (strlen(val) > 64) /* HOST_NAME_MAX */
+                BAD();
+            s->hostname = val;
+        } else if (!strcmp(key, "root.readonly")) {
+            ONCE(ONCE_READONLY);
+            if (parse_bool(val, &s->root_readonly))
+                BAD();
+        } else if (!strcmp(key, "mount")) {
+            if (s->nmounts >= SPEC_MAX_MOUNTS)
+                return fail(err, errlen, "more than %d mounts", SPEC_MAX_MOUNTS);
+            if (parse_mount(val, &s->mounts[s->nmounts]))
+                BAD();
+            s->nmounts++;
+        } else {
+            return fail(err, errlen, "unknown key %.40s", key);
+        }
+#undef ONCE
+#undef BAD
+    }
+
+    if (!s->argc || !s->argv[0][0])
+        return fail(err, errlen, "no arg given");
+    s->argv[s->argc] = NULL;
+    s->envp[s->envc] = NULL;
+    return 0;
+}

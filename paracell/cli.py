@@ -1,0 +1,307 @@
+"""The `paracell` command: runc-compatible verbs plus check, guest and bench.
+
+Imports stay inside the commands: containerd runs `state`, `kill` and `delete`
+often, and they must not pay for QEMU, cffi or the bench code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from paracell import OCI_VERSION, __version__
+from paracell.errors import ParacellError
+from paracell.runtime.lifecycle import Context
+from paracell.runtime.log import RuntimeLog
+from paracell.settings import DEFAULT_ROOT
+
+
+def _version_text() -> str:
+    return (
+        f"paracell version {__version__}\nspec: {OCI_VERSION}\n"
+        f"python: {sys.version.split()[0]}"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--root", default=DEFAULT_ROOT, show_default=True, help="state directory")
+@click.option("--log", "log_path", default=None, help="log file (default: stderr only)")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--debug", is_flag=True, help="log debug messages")
+@click.option("--systemd-cgroup", is_flag=True, help="not applicable to a VM runtime")
+@click.option("--rootless", default="auto", hidden=True)
+@click.option("--criu", default=None, hidden=True)
+@click.option("--engine", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
+              help="accelerator; default auto, or $PARACELL_ENGINE")
+@click.version_option(__version__, "-v", "--version", message=_version_text())
+@click.pass_context
+def main(
+    ctx: click.Context, root: str, log_path: str | None, log_format: str, debug: bool,
+    systemd_cgroup: bool, rootless: str, criu: str | None, engine: str | None,
+) -> None:
+    """ParaCell: an OCI runtime that runs every container in its own micro-VM."""
+    from paracell import settings
+
+    log = RuntimeLog(log_path, log_format, debug)
+    if systemd_cgroup:
+        raise ParacellError(
+            "--systemd-cgroup: the container's cgroups live inside its VM; "
+            "configure the runtime without systemd cgroups"
+        )
+    ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto")
+
+
+def _ctx() -> Context:
+    return click.get_current_context().obj
+
+
+@main.command()
+@click.option("--bundle", "-b", default=".", help="bundle directory")
+@click.option("--pid-file", default=None)
+@click.option("--console-socket", default=None)
+@click.option("--no-pivot", is_flag=True, hidden=True)
+@click.option("--no-new-keyring", is_flag=True, hidden=True)
+@click.option("--preserve-fds", default=0, type=int, hidden=True)
+@click.argument("container_id")
+def create(bundle: str, pid_file: str | None, console_socket: str | None, no_pivot: bool,
+           no_new_keyring: bool, preserve_fds: int, container_id: str) -> None:
+    """Create a container: boot its VM and prepare its process."""
+    from paracell.runtime import lifecycle
+
+    lifecycle.create(_ctx(), container_id, bundle, pid_file, console_socket)
+
+
+@main.command()
+@click.argument("container_id")
+def start(container_id: str) -> None:
+    """Start the process of a created container."""
+    from paracell.runtime import lifecycle
+
+    lifecycle.start(_ctx(), container_id)
+
+
+@main.command()
+@click.option("--bundle", "-b", default=".")
+@click.option("--pid-file", default=None)
+@click.option("--console-socket", default=None)
+@click.option("--detach", "-d", is_flag=True)
+@click.option("--keep", is_flag=True, help="do not delete the container after it exits")
+@click.option("--no-pivot", is_flag=True, hidden=True)
+@click.option("--no-new-keyring", is_flag=True, hidden=True)
+@click.argument("container_id")
+def run(bundle: str, pid_file: str | None, console_socket: str | None, detach: bool, keep: bool,
+        no_pivot: bool, no_new_keyring: bool, container_id: str) -> None:
+    """Create and start a container, and wait for it unless --detach."""
+    from paracell.runtime import lifecycle
+
+    status = lifecycle.run(_ctx(), container_id, bundle, pid_file, console_socket, detach, keep)
+    sys.exit(status)
+
+
+@main.command()
+@click.argument("container_id")
+def state(container_id: str) -> None:
+    """Print the OCI state of a container."""
+    from paracell.runtime import lifecycle
+
+    st = _ctx().store.load(container_id)
+    click.echo(json.dumps(lifecycle.oci_state(st), indent=2))
+
+
+@main.command()
+@click.option("--all", "-a", "all_processes", is_flag=True)
+@click.argument("container_id")
+@click.argument("signal_name", default="SIGTERM")
+def kill(all_processes: bool, container_id: str, signal_name: str) -> None:
+    """Send a signal to the container's init (or every process with --all)."""
+    from paracell.runtime import lifecycle
+
+    lifecycle.kill(_ctx(), container_id, lifecycle.parse_signal(signal_name), all_processes)
+
+
+@main.command()
+@click.option("--force", "-f", is_flag=True)
+@click.argument("container_id")
+def delete(force: bool, container_id: str) -> None:
+    """Delete a stopped container (any container with --force)."""
+    from paracell.runtime import lifecycle
+
+    lifecycle.delete(_ctx(), container_id, force)
+
+
+@main.command("exec")
+@click.option("--process", "-p", "process_file", default=None, help="process.json")
+@click.option("--detach", "-d", is_flag=True)
+@click.option("--pid-file", default=None)
+@click.option("--console-socket", default=None)
+@click.option("--tty", "-t", is_flag=True)
+@click.option("--cwd", default=None)
+@click.option("--env", "-e", multiple=True)
+@click.option("--user", "-u", default=None, help="UID[:GID]")
+@click.option("--additional-gids", "-g", multiple=True, type=int)
+@click.option("--no-new-privs", is_flag=True)
+@click.option("--cap", "-c", multiple=True)
+@click.option("--preserve-fds", default=0, type=int, hidden=True)
+@click.argument("container_id")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def exec_(process_file: str | None, detach: bool, pid_file: str | None,
+          console_socket: str | None, tty: bool, cwd: str | None, env: tuple[str, ...],
+          user: str | None, additional_gids: tuple[int, ...], no_new_privs: bool,
+          cap: tuple[str, ...], preserve_fds: int, container_id: str,
+          command: tuple[str, ...]) -> None:
+    """Run another process inside a running container."""
+    from paracell.runtime import execproc
+
+    process = execproc.process_from_args(
+        _ctx(), container_id, process_file, command, tty, cwd, env, user,
+        additional_gids, no_new_privs, cap,
+    )
+    status = execproc.exec_process(_ctx(), container_id, process, detach, pid_file,
+                                   console_socket)
+    sys.exit(status)
+
+
+@main.command()
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.argument("container_id")
+@click.argument("ps_args", nargs=-1)
+def ps(fmt: str, container_id: str, ps_args: tuple[str, ...]) -> None:
+    """List the host pids that stand for the container's processes."""
+    from paracell.runtime import inspect
+
+    click.echo(inspect.ps(_ctx(), container_id, fmt))
+
+
+@main.command("list")
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.option("--quiet", "-q", is_flag=True)
+def list_(fmt: str, quiet: bool) -> None:
+    """List containers."""
+    from paracell.runtime import inspect
+
+    click.echo(inspect.list_containers(_ctx(), fmt, quiet))
+
+
+@main.command()
+@click.argument("container_id")
+def pause(container_id: str) -> None:
+    """Pause every process of the container (stops its vCPUs)."""
+    from paracell.runtime import inspect
+
+    inspect.pause(_ctx(), container_id)
+
+
+@main.command()
+@click.argument("container_id")
+def resume(container_id: str) -> None:
+    """Resume a paused container."""
+    from paracell.runtime import inspect
+
+    inspect.resume(_ctx(), container_id)
+
+
+@main.command()
+def features() -> None:
+    """Print what this runtime supports, as runc features does."""
+    from paracell.runtime import inspect
+
+    click.echo(json.dumps(inspect.features(), indent=2))
+
+
+@main.command()
+@click.option("--bundle", "-b", default=".")
+@click.option("--rootless", is_flag=True)
+def spec(bundle: str, rootless: bool) -> None:
+    """Write a default config.json into the bundle."""
+    from paracell.runtime import defaultspec
+
+    defaultspec.write(bundle)
+
+
+@main.command()
+@click.option("--resources", "-r", default=None, help="JSON file, or - for stdin")
+@click.option("--memory", default=None)
+@click.option("--cpu-shares", default=None)
+@click.option("--cpu-quota", default=None)
+@click.option("--pids-limit", default=None)
+@click.argument("container_id")
+def update(resources: str | None, memory: str | None, cpu_shares: str | None,
+           cpu_quota: str | None, pids_limit: str | None, container_id: str) -> None:
+    """Update resource limits (those a VM can apply)."""
+    from paracell.runtime import inspect
+
+    inspect.update(_ctx(), container_id, resources,
+                   {"memory": memory, "cpu-shares": cpu_shares, "cpu-quota": cpu_quota,
+                    "pids-limit": pids_limit})
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("container_id", required=False)
+def checkpoint(container_id: str | None) -> None:
+    """Not supported yet."""
+    raise ParacellError("checkpoint is not supported by paracell yet")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("container_id", required=False)
+def restore(container_id: str | None) -> None:
+    """Not supported yet."""
+    raise ParacellError("restore is not supported by paracell yet")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def check(as_json: bool) -> None:
+    """Probe the host: KVM kind, PKU, QEMU, guest artifacts and the engine."""
+    from paracell.vmm import hostreport
+
+    click.echo(hostreport.render(_ctx().engine, as_json))
+
+
+@main.group()
+def guest() -> None:
+    """Build the guest kernel, agent and initramfs."""
+
+
+@guest.command("build")
+def guest_build() -> None:
+    """Build what is missing; cached by a hash of every input."""
+    from paracell.guest import artifacts
+
+    built = artifacts.build_all()
+    click.echo(f"kernel: {built.kernel}\ninitramfs: {built.initramfs}")
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks: ratios against baselines measured in the same run."""
+
+
+@bench.command("start")
+@click.option("--runs", default=10, show_default=True)
+@click.option("--output", "-o", default="bench-results/start.json")
+def bench_start(runs: int, output: str) -> None:
+    """Median start-to-exit of /bin/true vs raw QEMU boot and runc."""
+    from paracell.bench import start as bench_start_mod
+
+    click.echo(bench_start_mod.run(_ctx(), runs, output))
+
+
+@bench.command("cli")
+@click.option("--runs", default=30, show_default=True)
+@click.option("--output", "-o", default="bench-results/cli.json")
+def bench_cli(runs: int, output: str) -> None:
+    """Median wall time of state and kill vs runc's."""
+    from paracell.bench import cli as bench_cli_mod
+
+    click.echo(bench_cli_mod.run(_ctx(), runs, output))
+
+
+@main.command()
+def demo() -> None:
+    """Run the bundled example container in a micro-VM and show memory figures."""
+    from paracell import demo as demo_mod
+
+    sys.exit(demo_mod.run_demo(_ctx()))

@@ -1,0 +1,47 @@
+"""Console-script entry: runs the click group and turns every failure into one
+line on stderr (and in --log), with a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _log_from_argv(argv: list[str]) -> object:
+    from paracell.runtime.log import RuntimeLog
+
+    opts: dict[str, str] = {}
+    it = iter(argv)
+    for arg in it:
+        if arg in ("--log", "--log-format"):
+            opts[arg] = next(it, "")
+        elif arg.startswith(("--log=", "--log-format=")):
+            key, _, value = arg.partition("=")
+            opts[key] = value
+        elif not arg.startswith("-"):
+            break  # global options end at the verb
+    return RuntimeLog(opts.get("--log") or None, opts.get("--log-format", "text"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    import click
+
+    from paracell.cli import main as group
+    from paracell.errors import ParacellError
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        group.main(args=args, prog_name="paracell", standalone_mode=False)
+    except ParacellError as err:
+        _log_from_argv(args).error(str(err))  # type: ignore[attr-defined]
+        sys.exit(err.exit_code)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.ClickException as err:
+        _log_from_argv(args).error(err.format_message())  # type: ignore[attr-defined]
+        sys.exit(err.exit_code)
+    except (click.Abort, KeyboardInterrupt):
+        sys.exit(130)
+    except OSError as err:
+        where = f" {err.filename}" if err.filename else ""
+        _log_from_argv(args).error(f"{err.strerror or err}{':' if where else ''}{where}")  # type: ignore[attr-defined]
+        sys.exit(1)

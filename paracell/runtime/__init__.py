@@ -1,0 +1,1 @@
+"""OCI runtime: bundle validation, state, lifecycle verbs and the host shim."""

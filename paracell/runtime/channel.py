@@ -1,0 +1,111 @@
+"""Short blocking exchanges on the agent channel, around the C relay.
+
+The per-message work of a running container happens in csrc/relay.c; this is
+only the handful of frames before and after it (READY, SPEC, CREATED, START).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from paracell.errors import ParacellError
+
+SPEC, START, STDIN, SIGNAL, RESIZE, POWEROFF = 1, 2, 3, 4, 5, 6
+READY, CREATED, STDOUT, STDERR, EXIT, ERROR = 16, 17, 18, 19, 20, 21
+HOST_ACK = 40
+MAX_PAYLOAD = 65536
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: int
+    chan: int
+    payload: bytes
+
+
+def send(fd: int, ftype: int, chan: int = 0, payload: bytes = b"") -> None:
+    from paracell._native import lib
+
+    if lib.pc_send_frame(fd, ftype, chan, payload, len(payload)) < 0:
+        raise ParacellError(f"agent channel: send failed: {os.strerror(_errno())}")
+
+
+def _errno() -> int:
+    from paracell._native import ffi
+
+    return ffi.errno
+
+
+def recv(fd: int, timeout_s: float, what: str) -> Frame:
+    from paracell._native import ffi, lib
+
+    ftype, chan = ffi.new("unsigned *"), ffi.new("unsigned *")
+    buf = ffi.new("char[]", MAX_PAYLOAD)
+    n = lib.pc_recv_frame(fd, ftype, chan, buf, MAX_PAYLOAD, int(timeout_s * 1000))
+    if n == -2:
+        raise ParacellError(f"{what}: the channel closed")
+    if n < 0:
+        err = _errno()
+        reason = "timed out" if err == 110 else os.strerror(err)
+        raise ParacellError(f"{what}: {reason}")
+    return Frame(ftype[0], chan[0], bytes(ffi.buffer(buf, n)))
+
+
+def expect_created(fd: int, timeout_s: float) -> int:
+    """Waits for CREATED (the guest pid) or ERROR (the reason, as our error)."""
+    frame = recv(fd, timeout_s, "waiting for the container process")
+    if frame.type == ERROR:
+        raise ParacellError(printable(frame.payload))
+    if frame.type != CREATED or len(frame.payload) != 4:
+        raise ParacellError(f"agent protocol violation: expected CREATED, got type {frame.type}")
+    return struct.unpack("<I", frame.payload)[0]
+
+
+def printable(data: bytes, limit: int = 300) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else " " for c in text).strip() or "unknown error"
+
+
+def connect_unix(path: Path) -> socket.socket:
+    """Connects through /proc/self/fd so long --root paths never hit the 108-byte limit."""
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
+        except OSError:
+            sock.close()
+            raise
+        return sock
+    finally:
+        os.close(dir_fd)
+
+
+def listen_unix(path: Path) -> socket.socket:
+    dir_fd = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
+        sock.listen(64)
+        return sock
+    finally:
+        os.close(dir_fd)
+
+
+def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None:
+    """One request to a container's shim (start, signal), answered by HOST_ACK."""
+    try:
+        sock = connect_unix(socket_path)
+    except OSError as err:
+        raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
+    with sock:
+        send(sock.fileno(), ftype, 0, payload)
+        frame = recv(sock.fileno(), 10, "waiting for the container shim")
+        if frame.type == ERROR:
+            raise ParacellError(printable(frame.payload))
+        if frame.type != HOST_ACK:
+            raise ParacellError(f"container shim answered with unexpected type {frame.type}")

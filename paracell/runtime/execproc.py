@@ -1,0 +1,156 @@
+"""`paracell exec`: another process in a running container.
+
+Each exec gets a host proxy process: its pid is what --pid-file gets, it
+relays the process's stdio and the signals it receives, and it exits with the
+process's status, so containerd can reap and signal it like a runc exec.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import NotRunningError, ParacellError
+from paracell.runtime import channel, spawn, spec
+from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
+
+MAX_PROCESS_JSON = 1 << 20
+EXECS_DIR = "execs"
+CREATE_TIMEOUT_S = 60.0
+
+
+def _load_process_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_PROCESS_JSON + 1)
+    except OSError as err:
+        raise ParacellError(f"open {path}: {err.strerror}") from None
+    if len(raw) > MAX_PROCESS_JSON:
+        raise ParacellError(f"{path} is larger than {MAX_PROCESS_JSON} bytes")
+    try:
+        process = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ParacellError(f"{path} is not valid JSON: {err}") from None
+    if not isinstance(process, dict):
+        raise ParacellError(f"{path}: the process must be a JSON object")
+    return process
+
+
+def _parse_user(user: str) -> dict[str, int]:
+    uid, _, gid = user.partition(":")
+    try:
+        return {"uid": int(uid), "gid": int(gid or 0)}
+    except ValueError:
+        raise ParacellError(f"invalid --user {user!r}: use UID[:GID]") from None
+
+
+def process_from_args(
+    ctx: Context, container_id: str, process_file: str | None, command: tuple[str, ...],
+    tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
+    additional_gids: tuple[int, ...], no_new_privs: bool, caps: tuple[str, ...],
+) -> dict[str, Any]:
+    if process_file:
+        process = _load_process_file(process_file)
+    else:
+        if not command:
+            raise ParacellError("exec: a command or --process is required")
+        state = ctx.store.load(container_id)
+        try:
+            base = json.loads((Path(state.bundle) / "config.json").read_text())["process"]
+        except (OSError, ValueError, KeyError, TypeError):
+            base = {}
+        # runc starts from the container's own process and overrides what was given.
+        process = copy.deepcopy(base) if isinstance(base, dict) else {}
+        process["args"] = list(command)
+        process["terminal"] = tty
+        process["env"] = list(process.get("env") or []) + list(env)
+        if cwd:
+            process["cwd"] = cwd
+        if user:
+            process["user"] = _parse_user(user)
+        if additional_gids:
+            process.setdefault("user", {})["additionalGids"] = list(additional_gids)
+        if no_new_privs:
+            process["noNewPrivileges"] = True
+        if caps:
+            merged = process.setdefault("capabilities", {})
+            for kind in ("bounding", "effective", "permitted", "ambient"):
+                merged[kind] = sorted(set(merged.get(kind, [])) | set(caps))
+    spec.check_process(process)
+    return process
+
+
+def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
+                execs_dir: Path) -> Callable[[int], int]:
+    def body(ready_fd: int) -> int:
+        from paracell._native import ffi, lib
+        from paracell.runtime import console
+
+        try:
+            conn = channel.connect_unix(shim_socket)
+            channel.send(conn.fileno(), channel.SPEC, 0, launch)
+            channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+            tty_fd = console.open_for_container(console_socket) if terminal else -1
+        except (ParacellError, OSError) as err:
+            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            spawn.report_ready(ready_fd, f"error {text}")
+            return 255
+        # `ps` lists the live exec proxies from these markers.
+        marker = execs_dir / str(os.getpid())
+        execs_dir.mkdir(exist_ok=True)
+        marker.touch()
+        spawn.report_ready(ready_fd, f"ok {os.getpid()}")
+        try:
+            channel.send(conn.fileno(), channel.START)
+            cfg = ffi.new("struct pc_relay_cfg *")
+            cfg.chan_fd, cfg.listen_fd = conn.fileno(), -1
+            if tty_fd >= 0:
+                cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
+                cfg.err_fd = -1
+            else:
+                cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
+            cfg.forward_signals = 1
+            res = ffi.new("struct pc_relay_result *")
+            lib.pc_relay(cfg, res)
+            if res.end == lib.PC_END_EXIT:
+                return res.status & 0xFF
+            # The container (or its VM) went away under this process.
+            return 137
+        finally:
+            marker.unlink(missing_ok=True)
+
+    return body
+
+
+def exec_process(
+    ctx: Context, container_id: str, process: dict[str, Any], detach: bool,
+    pid_file: str | None, console_socket: str | None,
+) -> int:
+    terminal = bool(process.get("terminal"))
+    if terminal and not console_socket and detach:
+        raise ParacellError("cannot allocate tty if paracell will detach without setting console socket")
+    launch = spec.exec_launch_spec(process)
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        if state.status not in ("running", "created"):
+            raise ParacellError("cannot exec in a stopped container") if state.status == "stopped" \
+                else NotRunningError()
+    state_dir = store.dir(container_id)
+    body = _proxy_body(state_dir / "shim.sock", launch, terminal, console_socket,
+                       state_dir / EXECS_DIR)
+    pid, line = spawn.spawn(body, detach, ctx.log.background_error)
+    problem = spawn.ready_error(line)
+    if problem:
+        if not detach and pid:
+            os.waitpid(pid, 0)
+        raise ParacellError(problem)
+    if pid_file:
+        write_pid_file(pid_file, pid)
+    if detach:
+        return 0
+    return wait_child(pid)

@@ -1,0 +1,149 @@
+"""Verbs that look at or adjust a container without making or ending it:
+ps, list, pause, resume, update, features."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from paracell import OCI_VERSION
+from paracell.errors import NotRunningError, ParacellError
+from paracell.runtime.lifecycle import Context, oci_state
+from paracell.runtime.state import ContainerState, process_start_time
+from paracell.runtime import spec
+
+
+def host_pids(ctx: Context, state: ContainerState) -> list[int]:
+    """The shim stands for init; each exec proxy for its process. These are the
+    pids a client can wait on and signal; guest pids are not host processes."""
+    if state.status == "stopped":
+        return []
+    pids = [state.shim_pid]
+    execs = ctx.store.dir(state.id) / "execs"
+    if execs.is_dir():
+        for entry in execs.iterdir():
+            if entry.name.isdigit() and process_start_time(int(entry.name)) is not None:
+                pids.append(int(entry.name))
+    return pids
+
+
+def ps(ctx: Context, container_id: str, fmt: str) -> str:
+    state = ctx.store.load(container_id)
+    if state.status == "stopped":
+        raise NotRunningError()
+    pids = host_pids(ctx, state)
+    if fmt == "json":
+        return json.dumps(pids)
+    import psutil
+
+    rows = ["PID    ROLE    COMMAND"]
+    for i, pid in enumerate(pids):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())[:60]
+        except psutil.Error:
+            cmd = "?"
+        rows.append(f"{pid:<6} {'init' if i == 0 else 'exec':<7} {cmd}")
+    return "\n".join(rows)
+
+
+def list_containers(ctx: Context, fmt: str, quiet: bool) -> str:
+    states = []
+    for cid in ctx.store.list_ids():
+        try:
+            states.append(ctx.store.load(cid))
+        except ParacellError:
+            continue
+    if quiet:
+        return "\n".join(s.id for s in states)
+    if fmt == "json":
+        return json.dumps([oci_state(s) for s in states])
+    rows = [f"{'ID':<24} {'PID':<8} {'STATUS':<10} {'BUNDLE':<40} CREATED"]
+    for s in states:
+        pid = s.shim_pid if s.status != "stopped" else 0
+        rows.append(f"{s.id:<24} {pid:<8} {s.status:<10} {s.bundle:<40} {s.created}")
+    return "\n".join(rows)
+
+
+def _qmp(ctx: Context, container_id: str, command: str) -> None:
+    import asyncio
+
+    from qemu.qmp import QMPClient
+
+    from paracell.runtime.channel import connect_unix
+
+    sock = connect_unix(ctx.store.dir(container_id) / "qmp.sock")
+
+    async def talk() -> None:
+        client = QMPClient("paracell")
+        await client.connect(sock)
+        try:
+            await client.execute(command)
+        finally:
+            await client.disconnect()
+
+    try:
+        asyncio.run(talk())
+    except Exception as err:  # qemu.qmp raises several unrelated types
+        raise ParacellError(f"QMP {command}: {err}") from None
+
+
+def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        want_from = "running" if paused else "paused"
+        if state.status != want_from:
+            raise ParacellError(f"container not {want_from}" if paused else "container not paused")
+        _qmp(ctx, container_id, "stop" if paused else "cont")
+        state.status = "paused" if paused else "running"
+        store.save(state)
+
+
+def pause(ctx: Context, container_id: str) -> None:
+    _set_paused(ctx, container_id, True)
+
+
+def resume(ctx: Context, container_id: str) -> None:
+    _set_paused(ctx, container_id, False)
+
+
+def update(ctx: Context, container_id: str, resources: str | None,
+           flags: dict[str, str | None]) -> None:
+    state = ctx.store.load(container_id)
+    if state.status == "stopped":
+        raise NotRunningError()
+    asked: dict[str, Any] = {}
+    if resources:
+        raw = sys.stdin.read() if resources == "-" else Path(resources).read_text()
+        try:
+            asked = json.loads(raw) if raw.strip() else {}
+        except ValueError as err:
+            raise ParacellError(f"update: resources are not valid JSON: {err}") from None
+    asked.update({k: v for k, v in flags.items() if v is not None})
+    if asked:
+        # The VM's size is fixed at boot and its cgroups are the guest's own;
+        # saying so beats pretending a limit took effect.
+        raise ParacellError(
+            f"update of {', '.join(sorted(asked))} is not supported: the micro-VM's "
+            "resources are fixed when it boots"
+        )
+
+
+def features() -> dict[str, Any]:
+    return {
+        "ociVersionMin": "1.0.0",
+        "ociVersionMax": OCI_VERSION,
+        "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
+        "mountOptions": sorted(set(spec.MOUNT_FLAGS) | spec.IGNORED_OPTIONS),
+        "linux": {
+            "namespaces": ["mount", "pid", "uts", "ipc"],
+            "capabilities": [f"CAP_{name}" for name in spec.CAPABILITIES],
+            "cgroup": {"v1": False, "v2": False, "systemd": False},
+            "seccomp": {"enabled": False},
+            "apparmor": {"enabled": False},
+            "selinux": {"enabled": False},
+        },
+        "annotations": {"io.paracell.engine": "tcg|kvm", "io.paracell.isolation": "micro-vm"},
+    }

@@ -1,0 +1,282 @@
+"""The runc-compatible verbs that make and end containers: create, start, run,
+kill, delete. Each verb takes the container's lock for as long as it changes
+state, so concurrent verbs on one ID serialise instead of racing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from paracell.errors import NotExistError, NotRunningError, ParacellError
+from paracell.runtime import channel
+from paracell.runtime.log import RuntimeLog, rfc3339_now
+from paracell.runtime.state import ContainerState, StateStore, process_start_time, shim_alive
+
+SHIM_DEATH_WAIT_S = 10.0
+
+
+@dataclass
+class Context:
+    root: str
+    log: RuntimeLog
+    engine: str = "auto"
+
+    @property
+    def store(self) -> StateStore:
+        return StateStore(self.root)
+
+
+def oci_state(state: ContainerState) -> dict[str, object]:
+    out: dict[str, object] = {
+        "ociVersion": "1.0.2",
+        "id": state.id,
+        "pid": state.shim_pid if state.status != "stopped" else 0,
+        "status": state.status,
+        "bundle": state.bundle,
+        "rootfs": state.rootfs,
+        "created": state.created,
+        "annotations": state.annotations,
+        "owner": "",
+    }
+    return out
+
+
+def write_pid_file(path: str, pid: int) -> None:
+    """containerd reads it with Atoi and treats its appearance as 'created': bare
+    decimal, no newline, renamed into place."""
+    target = Path(path).absolute()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(str(pid))
+    os.replace(tmp, target)
+
+
+def _choose_engine(ctx: Context) -> tuple[str, str]:
+    from paracell.vmm import probe
+
+    facts = probe.probe_host()
+    if facts.qemu_path is None:
+        raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
+    choice = probe.choose_engine(ctx.engine, facts)
+    if choice.notice:
+        print(choice.notice, file=sys.stderr)
+    return choice.engine, facts.qemu_path
+
+
+def create(
+    ctx: Context,
+    container_id: str,
+    bundle_dir: str,
+    pid_file: str | None,
+    console_socket: str | None,
+    detach: bool = True,
+) -> ContainerState:
+    from paracell.guest import artifacts
+    from paracell.runtime import hooks, shim, spawn, spec
+    from paracell.runtime.shim import ShimPlan
+    from paracell.vmm import memory
+    from paracell import settings
+
+    store = ctx.store
+    bundle = spec.load_bundle(bundle_dir)
+    hooks.check_hooks(bundle.config)
+    launch = spec.init_launch_spec(bundle)
+    terminal = bool(bundle.config["process"].get("terminal"))
+    if terminal and not console_socket:
+        raise ParacellError("cannot allocate tty if paracell will detach without setting console socket")
+    guest = artifacts.current()
+    engine, qemu = _choose_engine(ctx)
+    state_dir = store.create_dir(container_id)
+    state = ContainerState(
+        id=container_id, bundle=str(bundle.path), status="creating", created=rfc3339_now(),
+        annotations=bundle.annotations, rootfs=str(bundle.rootfs),
+        memory_file=str(memory.path_for(ctx.root, container_id)),
+    )
+    try:
+        with store.locked(container_id, must_exist=False):
+            store.save(state)
+            hooks.run_hooks(bundle.config, "prestart", oci_state(state))
+            hooks.run_hooks(bundle.config, "createRuntime", oci_state(state))
+            plan = ShimPlan(
+                state_dir=state_dir, bundle=bundle, launch_spec=launch, engine=engine, qemu=qemu,
+                kernel=guest.kernel, initramfs=guest.initramfs,
+                memory_file=Path(state.memory_file), memory_mib=settings.guest_memory_mib(),
+                vcpus=1, console_socket=console_socket, terminal=terminal,
+            )
+            shim_pid, line = spawn.spawn(
+                lambda ready_fd: shim.serve(plan, ready_fd, ctx.log.background_error),
+                detach, ctx.log.background_error,
+            )
+            problem = spawn.ready_error(line)
+            if problem:
+                raise ParacellError(problem)
+            state.shim_pid = shim_pid
+            state.shim_start = process_start_time(shim_pid) or 0
+            state.status = "created"
+            _, _, qemu_pid, qemu_start = line.split()[:4]
+            state.config_extra = {"qemu_pid": int(qemu_pid), "qemu_start": int(qemu_start)}
+            store.save(state)
+            if pid_file:
+                write_pid_file(pid_file, shim_pid)
+    except BaseException:
+        _destroy(ctx, state, force=True)
+        raise
+    return state
+
+
+def start(ctx: Context, container_id: str) -> None:
+    from paracell.runtime import hooks
+
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        if state.status == "stopped":
+            raise ParacellError("cannot start a container that has stopped")
+        if state.status != "created":
+            raise ParacellError(f"cannot start an already running container")
+        channel.control_request(store.dir(container_id) / "shim.sock", channel.START)
+        state.status = "running"
+        store.save(state)
+        config = _bundle_config(state)
+    hooks.run_hooks(config, "poststart", oci_state(state))
+
+
+def _bundle_config(state: ContainerState) -> dict[str, object]:
+    try:
+        return json.loads((Path(state.bundle) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def parse_signal(value: str) -> int:
+    text = value.strip().upper()
+    if text.isdigit():
+        number = int(text)
+    else:
+        name = text if text.startswith("SIG") else f"SIG{text}"
+        member = getattr(signal.Signals, name, None) if name.isidentifier() else None
+        if member is None:
+            raise ParacellError(f"invalid signal: {value}")
+        number = int(member)
+    if not 0 < number < 65:
+        raise ParacellError(f"invalid signal: {value}")
+    return number
+
+
+def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None:
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        if state.status not in ("created", "running", "paused"):
+            raise NotRunningError()
+        if sig == signal.SIGKILL and state.status in ("paused", "created"):
+            # A paused guest cannot act on a frame, and a created process has not
+            # run yet: SIGKILL of the shim takes the whole VM down at once.
+            _kill_shim(state)
+            return
+        payload = sig.to_bytes(4, "little") + (1 if all_processes else 0).to_bytes(4, "little")
+        channel.control_request(store.dir(container_id) / "shim.sock", channel.SIGNAL, payload)
+
+
+def _kill_shim(state: ContainerState) -> None:
+    if shim_alive(state):
+        try:
+            os.kill(state.shim_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_shim_gone(state: ContainerState) -> None:
+    deadline = time.monotonic() + SHIM_DEATH_WAIT_S
+    while shim_alive(state) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def delete(ctx: Context, container_id: str, force: bool) -> None:
+    store = ctx.store
+    try:
+        lock = store.locked(container_id)
+        lock.__enter__()
+    except NotExistError:
+        if force:
+            return
+        raise
+    try:
+        state = store.load(container_id)
+        if state.status in ("running", "paused") and not force:
+            raise ParacellError(
+                f"cannot delete container {container_id} that is not stopped: {state.status}"
+            )
+        _destroy(ctx, state, force=True)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _destroy(ctx: Context, state: ContainerState, force: bool) -> None:
+    """Kills whatever still runs and removes every file and mount the container had."""
+    from paracell.runtime import hooks
+    from paracell.runtime.shim import release_vm_files
+    from paracell.vmm import machine
+
+    if force:
+        _kill_shim(state)
+        _wait_shim_gone(state)
+    extra = state.config_extra or {}
+    machine.kill_pid(int(extra.get("qemu_pid", 0)), int(extra.get("qemu_start", 0)))
+    state_dir = ctx.store.dir(state.id)
+    release_vm_files(state_dir, Path(state.memory_file)) if state.memory_file else None
+    was_started = state.status != "creating"
+    state.status = "stopped"
+    shutil.rmtree(state_dir, ignore_errors=True)
+    if was_started:
+        try:
+            hooks.run_hooks(_bundle_config(state), "poststop", oci_state(state))
+        except ParacellError as err:
+            ctx.log.error(f"poststop hook: {err}", to_stderr=False)
+
+
+def run(
+    ctx: Context,
+    container_id: str,
+    bundle_dir: str,
+    pid_file: str | None,
+    console_socket: str | None,
+    detach: bool,
+    keep: bool,
+) -> int:
+    state = create(ctx, container_id, bundle_dir, pid_file, console_socket, detach=detach)
+    try:
+        start(ctx, container_id)
+    except BaseException:
+        delete(ctx, container_id, force=True)
+        raise
+    if detach:
+        return 0
+    status = wait_child(state.shim_pid)
+    if not keep:
+        delete(ctx, container_id, force=True)
+    return status
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
+             signal.SIGUSR1, signal.SIGUSR2)
+
+
+def wait_child(pid: int) -> int:
+    """Waits for a foreground shim, passing on the signals meant for the container."""
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+    while True:
+        try:
+            _, raw = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(raw):
+        return 128 + os.WTERMSIG(raw)
+    return os.WEXITSTATUS(raw)

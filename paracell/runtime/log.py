@@ -1,0 +1,52 @@
+"""runc-style logging: errors go to stderr and, with --log, to a file in text or
+JSON lines (`{"level":"error","msg":...,"time":...}`), which containerd reads."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+
+def rfc3339_now() -> str:
+    now = time.time()
+    frac = f"{now % 1:.9f}"[1:]
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + frac + "Z"
+
+
+@dataclass
+class RuntimeLog:
+    path: str | None = None
+    fmt: str = "text"
+    debug: bool = False
+
+    def write(self, level: str, msg: str) -> None:
+        if not self.path:
+            return
+        if self.fmt == "json":
+            line = json.dumps({"level": level, "msg": msg, "time": rfc3339_now()})
+        else:
+            line = f'time="{rfc3339_now()}" level={level} msg="{msg}"'
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def error(self, msg: str, to_stderr: bool = True) -> None:
+        self.write("error", msg)
+        if to_stderr:
+            print(f"paracell: {msg}", file=sys.stderr)
+
+    def background_error(self, msg: str) -> None:
+        """For shims and proxies: their stderr is the container's, not ours."""
+        self.error(msg, to_stderr=False)
+
+    def info(self, msg: str) -> None:
+        if self.debug:
+            self.write("debug", msg)

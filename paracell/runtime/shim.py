@@ -1,0 +1,162 @@
+"""The per-container host shim: owns the VM, and its pid stands for the container.
+
+containerd and conmon wait on this pid and signal it, so it lives as long as
+the container, forwards the signals it gets, and exits with the container's
+status. While it runs, the C relay moves stdio and serves exec proxies and
+control requests (start, kill) on `shim.sock`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paracell.errors import ParacellError
+from paracell.runtime import channel, console, hostshare, spawn
+from paracell.runtime.spec import Bundle
+from paracell.runtime.state import EXIT_FILE, process_start_time
+from paracell.vmm import machine, memory
+from paracell.vmm.qemu import VmSpec
+
+BOOT_TIMEOUT_S = 60.0
+POWEROFF_GRACE_S = 5.0
+EXIT_VM_DIED = 128 + signal.SIGKILL
+EXIT_RUNTIME_ERROR = 255
+
+
+@dataclass
+class ShimPlan:
+    state_dir: Path
+    bundle: Bundle
+    launch_spec: bytes
+    engine: str
+    qemu: str
+    kernel: Path
+    initramfs: Path
+    memory_file: Path
+    memory_mib: int
+    vcpus: int
+    console_socket: str | None
+    terminal: bool
+
+
+class Shim:
+    def __init__(self, plan: ShimPlan) -> None:
+        self.plan = plan
+        self.vm: subprocess.Popen[bytes] | None = None
+        self.agent: socket.socket | None = None
+        self.listener: socket.socket | None = None
+        self.tty_fd = -1
+
+    def boot(self) -> str:
+        """Everything up to a created (not yet started) process; returns the ready line."""
+        plan = self.plan
+        d = plan.state_dir
+        share = hostshare.mount_binds(d, plan.bundle.host_binds)
+        memory.create_at(plan.memory_file, plan.memory_mib)
+        shim_end, vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        qmp = channel.listen_unix(d / "qmp.sock")
+        self.listener = channel.listen_unix(d / "shim.sock")
+        self.agent = shim_end
+        spec = VmSpec(
+            qemu=plan.qemu, engine=plan.engine, kernel=plan.kernel, initramfs=plan.initramfs,
+            memory_mib=plan.memory_mib, vcpus=plan.vcpus, memory_file=plan.memory_file,
+            rootfs=plan.bundle.rootfs, rootfs_readonly=plan.bundle.rootfs_readonly,
+            console_log=d / "console.log", agent_fd=vm_end.fileno(), qmp_fd=qmp.fileno(),
+            hostshare=share,
+        )
+        try:
+            self.vm = machine.launch(spec, d / "qemu.log")
+        finally:
+            vm_end.close()
+            qmp.close()
+        fd = shim_end.fileno()
+        frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
+        if frame.type != channel.READY:
+            raise ParacellError(f"agent protocol violation: expected READY, got {frame.type}")
+        channel.send(fd, channel.SPEC, 0, plan.launch_spec)
+        channel.expect_created(fd, BOOT_TIMEOUT_S)
+        if plan.terminal:
+            self.tty_fd = console.open_for_container(plan.console_socket)
+        start = process_start_time(self.vm.pid) or 0
+        return f"ok {os.getpid()} {self.vm.pid} {start}"
+
+    def relay(self) -> tuple[int, str]:
+        from paracell._native import ffi, lib
+
+        cfg = ffi.new("struct pc_relay_cfg *")
+        cfg.chan_fd = self.agent.fileno()
+        cfg.listen_fd = self.listener.fileno()
+        if self.tty_fd >= 0:
+            cfg.in_fd = cfg.out_fd = cfg.tty_fd = self.tty_fd
+            cfg.err_fd = -1
+        else:
+            cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
+        cfg.forward_signals = 1
+        res = ffi.new("struct pc_relay_result *")
+        lib.pc_relay(cfg, res)
+        message = ffi.string(res.message).decode("utf-8", "replace")
+        if res.end == lib.PC_END_EXIT:
+            return res.status & 0xFF, ""
+        if res.end == lib.PC_END_HANGUP and self.vm is not None:
+            code = machine.stop(self.vm, 1.0)
+            message = f"{message} (qemu exit {code})"
+            return (EXIT_VM_DIED if code == -signal.SIGKILL else EXIT_RUNTIME_ERROR), message
+        return EXIT_RUNTIME_ERROR, message
+
+    def shutdown(self) -> None:
+        """Powers the VM off and removes what only a live VM needs."""
+        if self.agent is not None:
+            try:
+                channel.send(self.agent.fileno(), channel.POWEROFF)
+            except ParacellError:
+                pass
+        if self.vm is not None:
+            machine.stop(self.vm, POWEROFF_GRACE_S)
+        for sock in (self.agent, self.listener):
+            if sock is not None:
+                sock.close()
+        if self.tty_fd >= 0:
+            os.close(self.tty_fd)
+        release_vm_files(self.plan.state_dir, self.plan.memory_file)
+
+
+def release_vm_files(state_dir: Path, memory_file: Path) -> None:
+    """Idempotent cleanup shared by the shim's exit and `delete`."""
+    for name in ("qmp.sock", "shim.sock"):
+        try:
+            os.unlink(state_dir / name)
+        except FileNotFoundError:
+            pass
+    hostshare.unmount_binds(state_dir)
+    memory.remove(memory_file)
+
+
+def write_exit(state_dir: Path, status: int, message: str) -> None:
+    tmp = state_dir / f".{EXIT_FILE}.tmp"
+    tmp.write_text(f"{status}\n{message}\n")
+    os.replace(tmp, state_dir / EXIT_FILE)
+
+
+def serve(plan: ShimPlan, ready_fd: int, report: Callable[[str], None]) -> int:
+    """Runs the shim to the end; returns the exit status."""
+    shim = Shim(plan)
+    try:
+        line = shim.boot()
+    except (ParacellError, OSError) as err:
+        text = str(err) if isinstance(err, ParacellError) else f"starting the VM: {err}"
+        spawn.report_ready(ready_fd, f"error {text}")
+        shim.shutdown()
+        return EXIT_RUNTIME_ERROR
+    spawn.report_ready(ready_fd, line)
+    status, message = shim.relay()
+    write_exit(plan.state_dir, status, message)
+    if message:
+        report(message)
+    shim.shutdown()
+    return status

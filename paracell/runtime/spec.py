@@ -1,0 +1,331 @@
+"""OCI bundle validation and the agent's launch spec.
+
+Everything in config.json is untrusted: each field is type-checked and bounded
+here, on the host, and turned into the flat `key=value` records the guest agent
+reads (docs/agent-protocol.md). Errors are one line, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+
+MAX_CONFIG_BYTES = 4 << 20
+MAX_PAYLOAD = 65536
+MAX_LIST = 4096
+MAX_MOUNTS = 256
+MAX_ID_VALUE = 2**32 - 2
+RLIM_INFINITY = 2**64 - 1
+
+RLIMITS = {
+    "RLIMIT_CPU": 0, "RLIMIT_FSIZE": 1, "RLIMIT_DATA": 2, "RLIMIT_STACK": 3,
+    "RLIMIT_CORE": 4, "RLIMIT_RSS": 5, "RLIMIT_NPROC": 6, "RLIMIT_NOFILE": 7,
+    "RLIMIT_MEMLOCK": 8, "RLIMIT_AS": 9, "RLIMIT_LOCKS": 10, "RLIMIT_SIGPENDING": 11,
+    "RLIMIT_MSGQUEUE": 12, "RLIMIT_NICE": 13, "RLIMIT_RTPRIO": 14, "RLIMIT_RTTIME": 15,
+}
+
+CAPABILITIES = {
+    name: number
+    for number, name in enumerate(
+        """CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP
+        LINUX_IMMUTABLE NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK
+        IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT SYS_PTRACE SYS_PACCT SYS_ADMIN
+        SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE AUDIT_WRITE
+        AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND
+        AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE""".split()
+    )
+}
+
+# MS_* bits for the options that are flags; anything else is filesystem data.
+MOUNT_FLAGS = {
+    "ro": (0x1, True), "rw": (0x1, False), "nosuid": (0x2, True), "suid": (0x2, False),
+    "nodev": (0x4, True), "dev": (0x4, False), "noexec": (0x8, True), "exec": (0x8, False),
+    "sync": (0x10, True), "async": (0x10, False), "remount": (0x20, True),
+    "mand": (0x40, True), "nomand": (0x40, False), "dirsync": (0x80, True),
+    "noatime": (0x400, True), "atime": (0x400, False), "nodiratime": (0x800, True),
+    "diratime": (0x800, False), "bind": (0x1000, True), "rbind": (0x5000, True),
+    "relatime": (0x200000, True), "norelatime": (0x200000, False),
+    "strictatime": (0x1000000, True),
+}
+MS_BIND = 0x1000
+# Propagation is meaningless inside a VM that has one mount namespace per container.
+IGNORED_OPTIONS = {
+    "private", "rprivate", "shared", "rshared", "slave", "rslave",
+    "unbindable", "runbindable", "tmpcopyup", "copy-symlink", "idmap", "ridmap",
+}
+MOUNT_TYPES = {"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind", "none"}
+
+
+@dataclass(frozen=True)
+class HostBind:
+    """A bind mount whose source is outside the rootfs: shared through hostshare."""
+
+    source: Path
+    slot: str
+
+
+@dataclass
+class Bundle:
+    path: Path
+    config: dict[str, Any]
+    rootfs: Path
+    rootfs_readonly: bool
+    annotations: dict[str, str]
+    host_binds: list[HostBind] = field(default_factory=list)
+
+
+def _fail(msg: str) -> ParacellError:
+    return ParacellError(f"invalid config.json: {msg}")
+
+
+def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
+    if isinstance(value, bool) and kind is int:
+        raise _fail(f"{where} must be an integer")
+    if not isinstance(value, kind):
+        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise _fail(f"{where} must be of type {name}")
+    return value
+
+
+def _str_list(value: Any, where: str, limit: int = MAX_LIST) -> list[str]:
+    _expect(value, list, where)
+    if len(value) > limit:
+        raise _fail(f"{where} has more than {limit} entries")
+    for i, item in enumerate(value):
+        _expect(item, str, f"{where}[{i}]")
+    return value
+
+
+def _id_value(value: Any, where: str) -> int:
+    _expect(value, int, where)
+    if not 0 <= value <= MAX_ID_VALUE:
+        raise _fail(f"{where} {value} is out of range")
+    return value
+
+
+def load_bundle(bundle_dir: str | os.PathLike[str]) -> Bundle:
+    path = Path(bundle_dir).absolute()
+    if not path.is_dir():
+        raise ParacellError(f"bundle {path} is not a directory")
+    config_path = path / "config.json"
+    try:
+        with config_path.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ParacellError(f"open {config_path}: no such file or directory") from None
+    except OSError as err:
+        raise ParacellError(f"open {config_path}: {err.strerror}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ParacellError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ParacellError(f"{config_path} is not valid JSON: {err}") from None
+    _expect(config, dict, "the top level")
+    return validate(path, config)
+
+
+def validate(path: Path, config: dict[str, Any]) -> Bundle:
+    _expect(config.get("ociVersion", ""), str, "ociVersion")
+    root = config.get("root")
+    _expect(root, dict, "root")
+    root_path = _expect(root.get("path"), str, "root.path")
+    readonly = _expect(root.get("readonly", False), bool, "root.readonly")
+    rootfs = Path(root_path) if os.path.isabs(root_path) else path / root_path
+    if not rootfs.is_dir():
+        raise ParacellError(f"rootfs ({rootfs}) does not exist")
+    annotations = config.get("annotations") or {}
+    _expect(annotations, dict, "annotations")
+    for key, value in annotations.items():
+        _expect(value, str, f"annotations[{key!r}]")
+    process = config.get("process")
+    _expect(process, dict, "process")
+    bundle = Bundle(path, config, rootfs.resolve(), readonly, annotations)
+    check_process(process)
+    hostname = _expect(config.get("hostname", ""), str, "hostname")
+    if len(hostname) > 64:
+        raise _fail("hostname is longer than 64 characters")
+    mounts = config.get("mounts") or []
+    _expect(mounts, list, "mounts")
+    if len(mounts) > MAX_MOUNTS:
+        raise _fail(f"more than {MAX_MOUNTS} mounts")
+    for i, mount in enumerate(mounts):
+        _mount_record(bundle, mount, f"mounts[{i}]")
+    return bundle
+
+
+def check_process(process: dict[str, Any]) -> None:
+    """Validates an OCI process object (init's, or an exec's --process file)."""
+    _process_records(process)
+
+
+def _user_records(user: Any) -> list[tuple[str, str]]:
+    _expect(user, dict, "process.user")
+    if "username" in user:
+        raise _fail(f"process.user.username {user['username']!r}: unknown user (Windows only)")
+    records = [
+        ("uid", str(_id_value(user.get("uid", 0), "process.user.uid"))),
+        ("gid", str(_id_value(user.get("gid", 0), "process.user.gid"))),
+    ]
+    gids = user.get("additionalGids") or []
+    _expect(gids, list, "process.user.additionalGids")
+    if len(gids) > 256:
+        raise _fail("process.user.additionalGids has more than 256 entries")
+    records += [("gid+", str(_id_value(g, "process.user.additionalGids[]"))) for g in gids]
+    if "umask" in user:
+        umask = _expect(user["umask"], int, "process.user.umask")
+        if not 0 <= umask <= 0o777:
+            raise _fail("process.user.umask must be between 0 and 0777")
+        records.append(("umask", f"{umask:o}"))
+    return records
+
+
+def _rlimit_records(rlimits: Any) -> list[tuple[str, str]]:
+    _expect(rlimits, list, "process.rlimits")
+    records = []
+    for i, rl in enumerate(rlimits):
+        _expect(rl, dict, f"process.rlimits[{i}]")
+        kind = rl.get("type")
+        if kind not in RLIMITS:
+            raise _fail(f"process.rlimits[{i}].type {kind!r} is not a known rlimit")
+        soft = _expect(rl.get("soft"), int, f"process.rlimits[{i}].soft")
+        hard = _expect(rl.get("hard"), int, f"process.rlimits[{i}].hard")
+        if not (0 <= soft <= RLIM_INFINITY and 0 <= hard <= RLIM_INFINITY) or soft > hard:
+            raise _fail(f"process.rlimits[{i}]: need 0 <= soft <= hard")
+        records.append(("rlimit", f"{RLIMITS[kind]} {soft} {hard}"))
+    return records
+
+
+def _cap_records(caps: Any) -> list[tuple[str, str]]:
+    _expect(caps, dict, "process.capabilities")
+    records = []
+    for kind in ("bounding", "effective", "permitted", "inheritable", "ambient"):
+        if kind not in caps:
+            continue
+        mask = 0
+        for name in _str_list(caps[kind], f"process.capabilities.{kind}", 64):
+            number = CAPABILITIES.get(name.removeprefix("CAP_"))
+            if number is None or not name.startswith("CAP_"):
+                raise _fail(f"unknown capability {name!r}")
+            mask |= 1 << number
+        records.append((f"cap.{kind}", f"{mask:x}"))
+    return records
+
+
+def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
+    args = _str_list(process.get("args"), "process.args")
+    if not args or not args[0]:
+        raise _fail("process.args must not be empty")
+    records = [("arg", a) for a in args]
+    for i, item in enumerate(_str_list(process.get("env") or [], "process.env")):
+        if "=" not in item:
+            raise _fail(f"process.env[{i}] {item!r} is not NAME=value")
+        records.append(("env", item))
+    cwd = _expect(process.get("cwd", "/"), str, "process.cwd")
+    if not cwd.startswith("/"):
+        raise _fail(f"process.cwd {cwd!r} must be an absolute path")
+    records.append(("cwd", cwd))
+    records += _user_records(process.get("user") or {})
+    records += _rlimit_records(process.get("rlimits") or [])
+    if _expect(process.get("noNewPrivileges", False), bool, "process.noNewPrivileges"):
+        records.append(("nnp", "1"))
+    if "capabilities" in process:
+        records += _cap_records(process["capabilities"])
+    if _expect(process.get("terminal", False), bool, "process.terminal"):
+        records.append(("terminal", "1"))
+        size = process.get("consoleSize") or {}
+        _expect(size, dict, "process.consoleSize")
+        for key, rec in (("height", "rows"), ("width", "cols")):
+            if key in size:
+                value = _expect(size[key], int, f"process.consoleSize.{key}")
+                records.append((rec, str(max(0, min(value, 65535)))))
+    return records
+
+
+def _escapes_root(dest: str) -> bool:
+    depth = 0
+    for part in dest.split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
+
+
+def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
+    _expect(mount, dict, where)
+    dest = _expect(mount.get("destination"), str, f"{where}.destination")
+    if not dest.startswith("/"):
+        raise _fail(f"{where}.destination {dest!r} must be an absolute path")
+    if _escapes_root(dest):
+        raise _fail(f"{where}.destination {dest!r} escapes the container's rootfs")
+    dest = posixpath.normpath(dest)
+    kind = _expect(mount.get("type", "none"), str, f"{where}.type")
+    source = _expect(mount.get("source", kind), str, f"{where}.source")
+    flags, data = 0, []
+    for opt in _str_list(mount.get("options") or [], f"{where}.options", 64):
+        if opt in MOUNT_FLAGS:
+            bit, on = MOUNT_FLAGS[opt]
+            flags = flags | bit if on else flags & ~bit
+        elif opt not in IGNORED_OPTIONS:
+            data.append(opt)
+    if kind not in MOUNT_TYPES:
+        raise _fail(f"{where}.type {kind!r} is not supported in the guest")
+    if kind == "bind" or flags & MS_BIND:
+        kind, source = "bind", _bind_source(bundle, source, where)
+    if any("\x1f" in s or "\0" in s for s in (dest, kind, source, *data)):
+        raise _fail(f"{where} contains a control character")
+    value = "\x1f".join([dest, kind, source, str(flags), ",".join(data)])
+    return ("mount", value)
+
+
+def _bind_source(bundle: Bundle, source: str, where: str) -> str:
+    """Guest path of a bind source: inside the rootfs, or a hostshare slot."""
+    host = Path(source if os.path.isabs(source) else bundle.path / source)
+    if not host.exists():
+        raise ParacellError(f"{where}.source {source}: no such file or directory")
+    real = host.resolve()
+    if real == bundle.rootfs or bundle.rootfs in real.parents:
+        return "/rootfs/" + str(real.relative_to(bundle.rootfs))
+    slot = str(len(bundle.host_binds))
+    bundle.host_binds.append(HostBind(real, slot))
+    return f"/hostshare/{slot}"
+
+
+def encode_records(records: list[tuple[str, str]]) -> bytes:
+    out = bytearray()
+    for key, value in records:
+        if "\0" in value:
+            raise _fail(f"{key} contains a NUL byte")
+        out += f"{key}={value}".encode() + b"\0"
+    if len(out) > MAX_PAYLOAD:
+        raise ParacellError(
+            f"process spec is too large for the agent channel ({len(out)} > {MAX_PAYLOAD} bytes)"
+        )
+    return bytes(out)
+
+
+def init_launch_spec(bundle: Bundle) -> bytes:
+    """Records for the container's init: its process plus the container-wide keys."""
+    config = bundle.config
+    bundle.host_binds.clear()
+    records = _process_records(config["process"])
+    if config.get("hostname"):
+        records.append(("hostname", config["hostname"]))
+    if bundle.rootfs_readonly:
+        records.append(("root.readonly", "1"))
+    for i, mount in enumerate(config.get("mounts") or []):
+        records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
+    return encode_records(records)
+
+
+def exec_launch_spec(process: dict[str, Any]) -> bytes:
+    return encode_records(_process_records(process))

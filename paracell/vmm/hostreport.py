@@ -1,0 +1,54 @@
+"""`paracell check`: the host facts, the guest artifacts and the engine choice."""
+
+from __future__ import annotations
+
+import json
+
+from paracell.errors import ParacellError
+from paracell.vmm import probe
+
+KIND_TEXT = {
+    "hardware": "hardware KVM",
+    "pvm-host": "PVM host (kvm_pvm): cannot run our guest without a PVM guest kernel",
+    "none": "no KVM",
+}
+
+
+def collect(engine: str) -> dict[str, object]:
+    from paracell.guest import artifacts
+
+    facts = probe.probe_host()
+    report: dict[str, object] = {"host": probe.facts_as_dict(facts)}
+    report["guest"] = artifacts.freshness()
+    try:
+        choice = probe.choose_engine(engine, facts)
+        report["engine"] = {"requested": engine, "engine": choice.engine, "reason": choice.reason}
+    except ParacellError as err:
+        report["engine"] = {"requested": engine, "engine": None, "reason": str(err)}
+    report["xgates"] = {
+        "host_pku": facts.host_pku,
+        "guest_pku": "available under TCG with -cpu max" if not facts.host_pku else "host PKU",
+    }
+    return report
+
+
+def render(engine: str, as_json: bool) -> str:
+    report = collect(engine)
+    if as_json:
+        return json.dumps(report, indent=2)
+    host = report["host"]
+    guest = report["guest"]
+    chosen = report["engine"]
+    assert isinstance(host, dict) and isinstance(guest, dict) and isinstance(chosen, dict)
+    if guest.get("built"):
+        guest_line = "built" + ("" if guest.get("up_to_date") else " (stale: rebuild)")
+    else:
+        guest_line = f"not built ({guest.get('detail')})"
+    lines = [
+        f"kvm:     {KIND_TEXT[host['kvm_kind']]} — {host['kvm_detail']}",
+        f"pku:     {'yes' if host['host_pku'] else 'no'} on the host CPU",
+        f"qemu:    {host['qemu_path'] or 'not found'} {host['qemu_version'] or ''}".rstrip(),
+        f"guest:   {guest_line}",
+        f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
+    ]
+    return "\n".join(lines)

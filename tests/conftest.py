@@ -1,0 +1,99 @@
+"""Shared fixtures: the real `paracell` binary, a private state root and
+memory directory per test, and busybox bundles built from Debian's busybox-static."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PARACELL = str(Path(sys.executable).with_name("paracell"))
+
+sys.path.insert(0, str(REPO))
+from paracell.runtime import defaultspec  # noqa: E402
+
+
+@dataclass
+class Runtime:
+    root: Path
+    memory_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, *args: str, input: bytes | None = None, timeout: float = 120,
+                 check: bool = False, **kw) -> subprocess.CompletedProcess[bytes]:
+        result = subprocess.run(
+            [PARACELL, "--root", str(self.root), *args], input=input, capture_output=True,
+            timeout=timeout, env=self.env, **kw,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"paracell {' '.join(args)} failed: {result.stderr.decode()}")
+        return result
+
+    def qemu_processes(self) -> list[int]:
+        """QEMU processes whose guest RAM lives in this test's memory directory."""
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "qemu-system" in cmd and str(self.memory_dir) in cmd:
+                found.append(proc.pid)
+        return found
+
+    def assert_no_leaks(self) -> None:
+        assert self.qemu_processes() == [], "a QEMU process was left running"
+        leftovers = list(self.memory_dir.glob("*")) if self.memory_dir.exists() else []
+        assert leftovers == [], f"guest memory files left behind: {leftovers}"
+        states = [p for p in self.root.iterdir()] if self.root.exists() else []
+        assert states == [], f"state left behind: {states}"
+
+
+@pytest.fixture
+def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
+    base = tmp_path_factory.mktemp("rt")
+    memory_dir = Path("/dev/shm") / f"paracell-test-{os.getpid()}-{base.name}"
+    env = dict(os.environ, PARACELL_MEMORY_DIR=str(memory_dir), PARACELL_ENGINE="auto")
+    rt = Runtime(base / "state", memory_dir, env)
+    yield rt
+    for cid in (rt.root.iterdir() if rt.root.exists() else []):
+        rt("delete", "--force", cid.name)
+    shutil.rmtree(memory_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def busybox_rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return defaultspec.busybox_rootfs(tmp_path_factory.mktemp("busybox") / "rootfs")
+
+
+@pytest.fixture
+def make_bundle(tmp_path: Path, busybox_rootfs: Path):
+    """make_bundle(args, **process overrides) -> bundle dir sharing one read-only rootfs."""
+    counter = iter(range(1000))
+
+    def make(args: list[str], *, rootfs: Path | None = None, readonly: bool = True,
+             mutate=None, **process) -> Path:
+        bundle = tmp_path / f"bundle{next(counter)}"
+        bundle.mkdir()
+        config = defaultspec.default_config(args)
+        config["root"] = {"path": str(rootfs or busybox_rootfs), "readonly": readonly}
+        config["process"].update(process)
+        if mutate:
+            mutate(config)
+        (bundle / "config.json").write_text(json.dumps(config))
+        return bundle
+
+    return make
+
+
+@pytest.fixture
+def writable_rootfs(tmp_path: Path, busybox_rootfs: Path) -> Path:
+    target = tmp_path / "rwrootfs"
+    shutil.copytree(busybox_rootfs, target, symlinks=True)
+    return target
