@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,11 +28,18 @@ class Runtime:
     env: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, *args: str, input: bytes | None = None, timeout: float = 120,
-                 check: bool = False, **kw) -> subprocess.CompletedProcess[bytes]:
-        result = subprocess.run(
-            [PARACELL, "--root", str(self.root), *args], input=input, capture_output=True,
-            timeout=timeout, env=self.env, **kw,
-        )
+                 check: bool = False) -> subprocess.CompletedProcess[bytes]:
+        # Files, not pipes: a detached shim keeps the container's stdio open
+        # for its whole life, as containerd expects, and a pipe would never hit EOF.
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            proc = subprocess.run(
+                [PARACELL, "--root", str(self.root), *args], input=input,
+                stdin=subprocess.DEVNULL if input is None else None, stdout=out, stderr=err,
+                timeout=timeout, env=self.env,
+            )
+            out.seek(0)
+            err.seek(0)
+            result = subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
         if check and result.returncode != 0:
             raise AssertionError(f"paracell {' '.join(args)} failed: {result.stderr.decode()}")
         return result

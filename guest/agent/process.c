@@ -186,6 +186,7 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
     int st[2] = {-1, -1}, go[2] = {-1, -1};
     pid_t pid = -1;
 
+    err[0] = 0;
     if (p->state != P_FREE) {
         snprintf(err, errlen, "channel %u is already in use", chan);
         return -1;

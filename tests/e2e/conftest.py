@@ -1,0 +1,191 @@
+"""Real containerd and real podman from Debian, each with private state in a
+temp dir, and a busybox image built offline from Debian's busybox-static."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PARACELL
+
+IMAGE = "localhost/bb:latest"
+
+
+def _layer_tar(rootfs: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in sorted(rootfs.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(rootfs)), recursive=False)
+    return buf.getvalue()
+
+
+def _blob(blobs: Path, data: bytes) -> dict[str, object]:
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def oci_image_tar(rootfs: Path, out: Path) -> Path:
+    """An OCI image layout, tarred, as `ctr images import` takes it."""
+    layout = out.with_suffix(".d")
+    blobs = layout / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    layer = _layer_tar(rootfs)
+    layer_desc = _blob(blobs, gzip.compress(layer, mtime=0))
+    config = {
+        "architecture": "amd64", "os": "linux",
+        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
+    }
+    config_desc = _blob(blobs, json.dumps(config).encode())
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", **layer_desc}],
+    }
+    manifest_desc = _blob(blobs, json.dumps(manifest).encode())
+    index = {
+        "schemaVersion": 2,
+        "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
+            "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"io.containerd.image.name": IMAGE,
+                            "org.opencontainers.image.ref.name": "latest"},
+        }],
+    }
+    (layout / "index.json").write_text(json.dumps(index))
+    (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    with tarfile.open(out, "w") as tar:
+        for path in sorted(layout.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(layout)), recursive=False)
+    return out
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.1)
+
+
+def e2e_env(memory_dir: Path) -> dict[str, str]:
+    return dict(os.environ, PARACELL_MEMORY_DIR=str(memory_dir))
+
+
+@dataclass
+class Containerd:
+    socket: Path
+    runc_root: Path
+    env: dict[str, str]
+
+    def ctr(self, *args: str, timeout: float = 180, input: bytes | None = None,
+            tty: bool = False) -> subprocess.CompletedProcess[bytes]:
+        cmd = ["ctr", "--address", str(self.socket), *args]
+        if tty:
+            cmd = ["script", "-qfec", " ".join(cmd), "/dev/null"]
+        return subprocess.run(cmd, capture_output=True, timeout=timeout, env=self.env,
+                              input=input, stdin=None if input is not None else subprocess.DEVNULL)
+
+    def run_args(self) -> list[str]:
+        return ["--runtime", "io.containerd.runc.v2", "--runc-binary", PARACELL,
+                "--runc-root", str(self.runc_root)]
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path):
+    if not shutil.which("containerd"):
+        pytest.fail("containerd is not installed: run `make deps`")
+    base = tmp_path_factory.mktemp("containerd")
+    sock = base / "containerd.sock"
+    memory_dir = Path("/dev/shm") / f"paracell-ctr-{os.getpid()}"
+    config = base / "config.toml"
+    config.write_text(
+        f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
+        f'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
+        f'[debug]\n  address = "{base}/debug.sock"\n'
+    )
+    env = e2e_env(memory_dir)
+    log = open(base / "containerd.log", "wb")
+    proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
+                            env=env, start_new_session=True)
+    try:
+        _wait_for(sock, proc, "containerd")
+        daemon = Containerd(sock, base / "runc", env)
+        image = oci_image_tar(busybox_rootfs_module, base / "bb.tar")
+        imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(image))
+        assert imported.returncode == 0, imported.stderr
+        yield daemon
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        subprocess.run(["umount", "-R", "-l", str(base / "state")], capture_output=True)
+        shutil.rmtree(memory_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def busybox_rootfs_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from paracell.runtime import defaultspec
+
+    return defaultspec.busybox_rootfs(tmp_path_factory.mktemp("bbrootfs") / "rootfs")
+
+
+@dataclass
+class Podman:
+    base: Path
+    env: dict[str, str]
+
+    def __call__(self, *args: str, timeout: float = 180, tty: bool = False,
+                 input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        cmd = ["podman", "--root", str(self.base / "storage"), "--runroot",
+               str(self.base / "run"), "--runtime", PARACELL, "--cgroup-manager", "cgroupfs",
+               "--events-backend", "file", *args]
+        if tty:
+            cmd = ["script", "-qfec", " ".join(cmd), "/dev/null"]
+        return subprocess.run(cmd, capture_output=True, timeout=timeout, env=self.env,
+                              input=input, stdin=None if input is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def podman(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path):
+    if not shutil.which("podman"):
+        pytest.fail("podman is not installed: run `make deps`")
+    base = tmp_path_factory.mktemp("podman")
+    memory_dir = Path("/dev/shm") / f"paracell-podman-{os.getpid()}"
+    conf = base / "containers.conf"
+    conf.write_text(
+        '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
+        'netns = "none"\n'
+        '[engine]\nruntime_supports_json = ["crun", "runc", "paracell"]\n'
+    )
+    env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf))
+    daemon = Podman(base, env)
+    tar_path = base / "rootfs.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for path in sorted(busybox_rootfs_module.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(busybox_rootfs_module)), recursive=False)
+    imported = daemon("import", "--change", 'CMD ["/bin/sh"]', str(tar_path), IMAGE)
+    assert imported.returncode == 0, imported.stderr
+    try:
+        yield daemon
+    finally:
+        daemon("rm", "--all", "--force", timeout=120)
+        daemon("system", "reset", "--force", timeout=120)
+        shutil.rmtree(memory_dir, ignore_errors=True)

@@ -1,0 +1,57 @@
+"""containerd 1.6 (Debian) drives paracell through its runc v2 shim, unmodified."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.e2e.conftest import IMAGE
+
+pytestmark = pytest.mark.e2e
+
+
+def test_run_exit_code(containerd):
+    result = containerd.ctr("run", *containerd.run_args(), "--rm", IMAGE, "ctr-exit",
+                            "sh", "-c", "echo from-containerd; exit 3")
+    assert result.returncode == 3, result.stderr
+    assert b"from-containerd" in result.stdout
+
+
+def test_detached_exec_ps_kill_delete(containerd):
+    started = containerd.ctr("run", *containerd.run_args(), "-d", IMAGE, "ctr-d", "sleep", "300")
+    assert started.returncode == 0, started.stderr
+    try:
+        ex = containerd.ctr("task", "exec", "--exec-id", "e1", "ctr-d", "sh", "-c",
+                            "echo exec-out; exit 5")
+        assert ex.returncode == 5, ex.stderr
+        assert ex.stdout == b"exec-out\n"
+        ps = containerd.ctr("task", "ps", "ctr-d")
+        assert ps.returncode == 0, ps.stderr
+        assert len(ps.stdout.decode().strip().splitlines()) >= 2
+        assert containerd.ctr("task", "kill", "ctr-d").returncode == 0
+        deadline = time.monotonic() + 60
+        while b"STOPPED" not in containerd.ctr("task", "ls").stdout:
+            assert time.monotonic() < deadline, "task never stopped"
+            time.sleep(0.2)
+        deleted = containerd.ctr("task", "delete", "ctr-d")
+        assert deleted.returncode == 0, deleted.stderr
+    finally:
+        containerd.ctr("task", "delete", "--force", "ctr-d")
+        containerd.ctr("containers", "delete", "ctr-d")
+    assert containerd.ctr("task", "ls").stdout.count(b"\n") <= 1
+
+
+def test_run_rm_leaves_nothing(containerd):
+    result = containerd.ctr("run", *containerd.run_args(), "--rm", IMAGE, "ctr-rm", "true")
+    assert result.returncode == 0, result.stderr
+    assert b"ctr-rm" not in containerd.ctr("containers", "ls").stdout
+    runc_root = containerd.runc_root / "default"
+    assert not (runc_root / "ctr-rm").exists()
+
+
+def test_tty(containerd):
+    result = containerd.ctr("run", *containerd.run_args(), "-t", "--rm", IMAGE, "ctr-tty",
+                            "sh", "-c", "tty; stty size", tty=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert b"/dev/pts/" in result.stdout

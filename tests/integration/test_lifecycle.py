@@ -1,0 +1,207 @@
+"""The runc-compatible verbs on real micro-VMs: create/start/state/kill/delete,
+exec, ps, pause/resume, concurrency, and faults (QEMU or the shim killed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def state_of(runtime, cid):
+    result = runtime("state", cid, check=True)
+    return json.loads(result.stdout)
+
+
+def wait_status(runtime, cid, status, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if state_of(runtime, cid)["status"] == status:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{cid} never became {status}")
+
+
+def create_detached(runtime, bundle, cid, tmp_path):
+    pid_file = tmp_path / f"{cid}.pid"
+    result = runtime("create", "--bundle", str(bundle), "--pid-file", str(pid_file), cid)
+    assert result.returncode == 0, result.stderr
+    return int(pid_file.read_text())
+
+
+def test_create_start_state_delete(runtime, make_bundle, tmp_path):
+    bundle = make_bundle(["sh", "-c", "sleep 30"])
+    pid = create_detached(runtime, bundle, "lc", tmp_path)
+    assert (tmp_path / "lc.pid").read_text() == str(pid)  # bare decimal, no newline
+    st = state_of(runtime, "lc")
+    assert st["status"] == "created" and st["pid"] == pid and st["id"] == "lc"
+    assert st["bundle"] == str(bundle)
+    assert st["created"].endswith("Z") and "T" in st["created"]
+    os.kill(pid, 0)  # the shim pid is a live host process
+    assert runtime("start", "lc").returncode == 0
+    assert state_of(runtime, "lc")["status"] == "running"
+    again = runtime("start", "lc")
+    assert again.returncode != 0
+    refused = runtime("delete", "lc")
+    assert refused.returncode != 0 and b"not stopped" in refused.stderr
+    assert runtime("kill", "lc", "KILL").returncode == 0
+    wait_status(runtime, "lc", "stopped")
+    assert runtime("kill", "lc", "TERM").stderr.strip().endswith(b"container not running")
+    assert runtime("delete", "lc").returncode == 0
+    runtime.assert_no_leaks()
+
+
+def test_sigterm_to_the_shim_reaches_the_container(runtime, make_bundle, tmp_path):
+    script = "trap 'echo got-term > /dev/null; exit 42' TERM; while true; do sleep 0.1; done"
+    pid = create_detached(runtime, make_bundle(["sh", "-c", script]), "sig", tmp_path)
+    runtime("start", "sig", check=True)
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGTERM)
+    wait_status(runtime, "sig", "stopped")
+    runtime("delete", "sig", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_exec_ps_and_exit_codes(runtime, make_bundle, tmp_path):
+    create_detached(runtime, make_bundle(["sleep", "60"]), "ex", tmp_path)
+    runtime("start", "ex", check=True)
+    result = runtime("exec", "ex", "sh", "-c", "echo inside; hostname; exit 3")
+    assert result.returncode == 3
+    assert result.stdout == b"inside\nparacell\n"
+    proc = json.dumps({"args": ["cat"], "cwd": "/", "env": ["PATH=/bin"]})
+    (tmp_path / "p.json").write_text(proc)
+    result = runtime("exec", "--process", str(tmp_path / "p.json"), "ex", input=b"piped")
+    assert result.returncode == 0 and result.stdout == b"piped"
+    pids = json.loads(runtime("ps", "--format", "json", "ex", check=True).stdout)
+    assert pids == [state_of(runtime, "ex")["pid"]]
+    runtime("delete", "--force", "ex", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_detached_exec_gets_a_host_pid(runtime, make_bundle, tmp_path):
+    create_detached(runtime, make_bundle(["sleep", "60"]), "dex", tmp_path)
+    runtime("start", "dex", check=True)
+    pid_file = tmp_path / "exec.pid"
+    result = runtime("exec", "--detach", "--pid-file", str(pid_file), "dex", "sleep", "30")
+    assert result.returncode == 0, result.stderr
+    exec_pid = int(pid_file.read_text())
+    pids = json.loads(runtime("ps", "--format", "json", "dex", check=True).stdout)
+    assert exec_pid in pids
+    os.kill(exec_pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while exec_pid in json.loads(runtime("ps", "--format", "json", "dex").stdout):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    runtime("delete", "--force", "dex", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_pause_and_resume(runtime, make_bundle, tmp_path):
+    create_detached(runtime, make_bundle(["sleep", "60"]), "pr", tmp_path)
+    runtime("start", "pr", check=True)
+    runtime("pause", "pr", check=True)
+    assert state_of(runtime, "pr")["status"] == "paused"
+    runtime("resume", "pr", check=True)
+    assert state_of(runtime, "pr")["status"] == "running"
+    assert runtime("exec", "pr", "true").returncode == 0
+    runtime("delete", "--force", "pr", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_qemu_killed_means_stopped(runtime, make_bundle, tmp_path):
+    shim = create_detached(runtime, make_bundle(["sleep", "60"]), "fq", tmp_path)
+    runtime("start", "fq", check=True)
+    qemu = runtime.qemu_processes()
+    assert len(qemu) == 1
+    os.kill(qemu[0], signal.SIGKILL)
+    wait_status(runtime, "fq", "stopped")
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{shim}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    runtime("delete", "fq", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_shim_killed_means_stopped(runtime, make_bundle, tmp_path):
+    shim = create_detached(runtime, make_bundle(["sleep", "60"]), "fs", tmp_path)
+    runtime("start", "fs", check=True)
+    os.kill(shim, signal.SIGKILL)
+    wait_status(runtime, "fs", "stopped")
+    deadline = time.monotonic() + 10
+    while runtime.qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runtime.qemu_processes() == []
+    runtime("delete", "fs", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_ten_parallel_creates(runtime, make_bundle, tmp_path):
+    bundle = make_bundle(["sleep", "60"])
+    ids = [f"par{i}" for i in range(10)]
+    with ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(
+            lambda cid: runtime("create", "--bundle", str(bundle), cid,
+                                timeout=600), ids))
+    assert [r.returncode for r in results] == [0] * 10, [r.stderr for r in results]
+    listed = json.loads(runtime("list", "--format", "json", check=True).stdout)
+    assert sorted(s["id"] for s in listed) == ids
+    with ThreadPoolExecutor(10) as pool:
+        deleted = list(pool.map(lambda cid: runtime("delete", "--force", cid), ids))
+    assert [r.returncode for r in deleted] == [0] * 10
+    runtime.assert_no_leaks()
+
+
+def test_concurrent_verbs_on_one_id(runtime, make_bundle, tmp_path):
+    create_detached(runtime, make_bundle(["sleep", "60"]), "one", tmp_path)
+    verbs = [("start", "one"), ("state", "one"), ("start", "one"), ("state", "one"),
+             ("kill", "one", "KILL")]
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(lambda v: runtime(*v), verbs))
+    starts = [r.returncode for v, r in zip(verbs, results, strict=True) if v[0] == "start"]
+    assert sorted(starts) == [0, 1]  # exactly one start wins
+    for v, r in zip(verbs, results, strict=True):
+        if v[0] == "state":
+            assert json.loads(r.stdout)["id"] == "one"
+    runtime("delete", "--force", "one", check=True)
+    runtime.assert_no_leaks()
+
+
+@pytest.mark.parametrize("bad_id", ["../x", "a/b", "..", "with space", "x" * 256, ""])
+def test_invalid_ids_are_rejected(runtime, make_bundle, bad_id):
+    result = runtime("create", "--bundle", str(make_bundle(["true"])), bad_id)
+    assert result.returncode != 0
+    assert len(result.stderr.decode().strip().splitlines()) == 1
+    runtime.assert_no_leaks()
+
+
+def test_duplicate_id_is_rejected(runtime, make_bundle, tmp_path):
+    bundle = make_bundle(["sleep", "60"])
+    create_detached(runtime, bundle, "dup", tmp_path)
+    result = runtime("create", "--bundle", str(bundle), "dup")
+    assert result.returncode != 0 and b"container with id exists: dup" in result.stderr
+    assert state_of(runtime, "dup")["status"] == "created"
+    runtime("delete", "--force", "dup", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_verbs_on_missing_container(runtime):
+    for verb in (["state", "ghost"], ["start", "ghost"], ["kill", "ghost", "9"],
+                 ["delete", "ghost"]):
+        result = runtime(*verb)
+        assert result.returncode != 0
+        assert b"container ghost does not exist" in result.stderr
+    assert runtime("delete", "--force", "ghost").returncode == 0
+
+
+def test_json_log_has_runc_shaped_errors(runtime, tmp_path):
+    log = tmp_path / "log.json"
+    result = runtime("--log", str(log), "--log-format", "json", "state", "ghost")
+    assert result.returncode != 0
+    entry = json.loads(log.read_text().splitlines()[-1])
+    assert entry["level"] == "error" and "does not exist" in entry["msg"] and entry["time"]
