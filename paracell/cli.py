@@ -131,7 +131,7 @@ def delete(force: bool, container_id: str) -> None:
     lifecycle.delete(_ctx(), container_id, force)
 
 
-@main.command("exec")
+@main.command("exec", context_settings={"allow_interspersed_args": False})
 @click.option("--process", "-p", "process_file", default=None, help="process.json")
 @click.option("--detach", "-d", is_flag=True)
 @click.option("--pid-file", default=None)

@@ -6,13 +6,16 @@ from __future__ import annotations
 import sys
 
 
+VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
+
+
 def _log_from_argv(argv: list[str]) -> object:
     from paracell.runtime.log import RuntimeLog
 
     opts: dict[str, str] = {}
     it = iter(argv)
     for arg in it:
-        if arg in ("--log", "--log-format"):
+        if arg in VALUED_GLOBALS:
             opts[arg] = next(it, "")
         elif arg.startswith(("--log=", "--log-format=")):
             key, _, value = arg.partition("=")

@@ -33,7 +33,12 @@
 #define STUCK_OUTPUT_MS 30000
 /* Each frame answered may queue one control frame of at most this size. */
 #define FRAME_ROOM (16u * 1024)
-#define MAX_PROTO_LOGS 20
+/* A misbehaving host must not flood the console (slow under TCG). */
+#define LOGHOST_BURST 20
+#define LOGHOST_WINDOW_MS 10000
+/* Frames examined behind a blocked one per round: bounds the work when the
+ * buffer holds many tiny frames. */
+#define MAX_LOOKAHEAD 256
 
 void logmsg(const char *fmt, ...)
 {
@@ -45,6 +50,10 @@ void logmsg(const char *fmt, ...)
     va_end(ap);
     if (n > (int)sizeof buf - 2)
         n = (int)sizeof buf - 2;
+    /* Messages may quote host or container input: keep them one line. */
+    for (int i = 0; i < n; i++)
+        if ((unsigned char)buf[i] < 0x20 || buf[i] == 0x7f)
+            buf[i] = '?';
     buf[n++] = '\n';
     /* One write per line keeps lines whole on the console. */
     if (write(2, buf, (size_t)n) < 0) {
@@ -52,30 +61,35 @@ void logmsg(const char *fmt, ...)
     }
 }
 
-static void proto_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-/* A misbehaving host must not flood the console (slow under TCG). */
-static void proto_error(const char *fmt, ...)
-{
-    static unsigned count;
-    char buf[256];
-    va_list ap;
-    if (count++ >= MAX_PROTO_LOGS) {
-        if (count == MAX_PROTO_LOGS + 1)
-            logmsg("protocol: further errors not logged");
-        return;
-    }
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    logmsg("protocol: %s", buf);
-}
-
 static long long now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void loghost(const char *fmt, ...)
+{
+    static long long window;
+    static unsigned count, dropped;
+    char buf[512];
+    va_list ap;
+    long long now = now_ms();
+    if (now - window >= LOGHOST_WINDOW_MS) {
+        if (dropped)
+            logmsg("%u more messages about bad requests were not logged", dropped);
+        window = now;
+        count = dropped = 0;
+    }
+    if (count >= LOGHOST_BURST) {
+        dropped++;
+        return;
+    }
+    count++;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    logmsg("%s", buf);
 }
 
 static void power_off(unsigned code) __attribute__((noreturn));
@@ -168,7 +182,6 @@ static void boot(void)
     /* Our own instance: container ptys come from here, and the container's
      * devpts mounts (newinstance too) cannot see or reuse them. */
     mount_fs("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
-    mkdir("/tmp", 01777);
     mkdir(ROOTFS, 0755);
     read_cap_last_cap();
     /* PID 1 gets no default signal actions anyway; EPIPE is what we want. */
@@ -219,7 +232,6 @@ static int port = -1;
 /* The driver reports POLLHUP while no host is connected to the socket. */
 static int port_down;
 static int ever_connected;
-static int stalled;
 static struct spec spec;
 
 static uint32_t le32(const unsigned char *p)
@@ -256,7 +268,7 @@ static void handle_spec(const struct frame *f)
     }
     if (!err[0])
         snprintf(err, sizeof err, "process setup failed");
-    logmsg("chan %u: %s", f->chan, err);
+    loghost("chan %u: %s", f->chan, err);
     chan_send_text(PC_ERROR, f->chan, err);
 }
 
@@ -265,7 +277,7 @@ static int dispatch(const struct frame *f)
 {
     const unsigned char *p = f->payload;
     if (f->chan > PC_MAX_CHAN) {
-        proto_error("frame type %u for chan %u out of range", f->type, f->chan);
+        loghost("protocol: frame type %u for chan %u out of range", f->type, f->chan);
         return 0;
     }
     switch (f->type) {
@@ -279,35 +291,62 @@ static int dispatch(const struct frame *f)
         return proc_stdin(f->chan, p, f->len);
     case PC_SIGNAL:
         if (f->len != 8)
-            proto_error("SIGNAL with %u bytes", f->len);
+            loghost("protocol: SIGNAL with %u bytes", f->len);
         else
             proc_signal(f->chan, le32(p), le32(p + 4));
         break;
     case PC_RESIZE:
         if (f->len != 4)
-            proto_error("RESIZE with %u bytes", f->len);
+            loghost("protocol: RESIZE with %u bytes", f->len);
         else
             proc_resize(f->chan, (unsigned)(p[0] | p[1] << 8), (unsigned)(p[2] | p[3] << 8));
         break;
     case PC_POWEROFF:
         power_off(0);
     default:
-        proto_error("unknown frame type %u (chan %u, %u bytes)", f->type, f->chan, f->len);
+        loghost("protocol: unknown frame type %u (chan %u, %u bytes)", f->type, f->chan, f->len);
     }
     return 0;
 }
 
+/* Frames are handled in order, except that a STDIN frame whose process's
+ * buffer is full blocks only its own channel: later frames for other
+ * channels, and control frames (START, SIGNAL, RESIZE, POWEROFF) for any
+ * channel, go ahead, so a process that never reads its stdin can still be
+ * signalled.  Within one channel, STDIN and SPEC keep their order. */
 static void process_frames(void)
 {
+    static unsigned char blocked[(PC_MAX_CHAN + 1 + 7) / 8];
     struct frame f;
-    while (outq_free() >= FRAME_ROOM && inq_peek(&f)) {
-        if (dispatch(&f)) {
-            stalled = 1;
-            return;
+    size_t pos = 0;
+    int nblocked = 0, scanned = 0;
+
+    while (outq_free() >= FRAME_ROOM && scanned < MAX_LOOKAHEAD && inq_frame_at(pos, &f)) {
+        size_t next = pos + PC_HDR_LEN + f.len;
+        int in_order = f.type == PC_STDIN || f.type == PC_SPEC;
+        int chan_ok = f.chan <= PC_MAX_CHAN;
+        if (pos)
+            scanned++;
+        if (f.type == 0) {
+            /* already handled out of order */
+        } else if (in_order && chan_ok && (blocked[f.chan / 8] >> (f.chan % 8) & 1)) {
+            pos = next;
+            continue;
+        } else if (dispatch(&f)) {
+            blocked[f.chan / 8] |= (unsigned char)(1u << (f.chan % 8));
+            nblocked++;
+            pos = next;
+            continue;
         }
-        inq_consume(&f);
+        if (pos) {
+            inq_mark_done(&f);
+            pos = next;
+        } else {
+            inq_consume_head(&f);
+        }
     }
-    stalled = 0;
+    if (nblocked)
+        memset(blocked, 0, sizeof blocked);
 }
 
 static void host_down(void)
@@ -342,7 +381,6 @@ static void check_port_up(void)
     port_down = 0;
     /* A frame cut off by the disconnect would misparse everything after it. */
     inq_reset();
-    stalled = 0;
 }
 
 static void flush_port(long long *progress)
@@ -371,7 +409,7 @@ static void run(int sfd)
         pfd[n++] = (struct pollfd){sfd, POLLIN, 0};
         if (!port_down) {
             short ev = 0;
-            if (!stalled && inq_has_room() && outq_free() >= FRAME_ROOM)
+            if (inq_has_room() && outq_free() >= FRAME_ROOM)
                 ev |= POLLIN;
             if (outq_pending())
                 ev |= POLLOUT;
@@ -457,6 +495,9 @@ int main(void)
         logmsg("no virtio-serial port named %s", PORT_NAME);
         power_off(1);
     }
+    struct timespec up;
+    clock_gettime(CLOCK_BOOTTIME, &up);
+    logmsg("ready, %ld.%03ld s after kernel start", (long)up.tv_sec, up.tv_nsec / 1000000);
     chan_send(PC_READY, 0, AGENT_VERSION, strlen(AGENT_VERSION));
     run(sfd);
 }

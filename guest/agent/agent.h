@@ -24,6 +24,8 @@
 #define ERRTEXT_MAX 512
 
 void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* For problems caused by the host's requests: rate-limited. */
+void loghost(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- channel.c ---- */
 
@@ -33,6 +35,7 @@ void logmsg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 #define OUTQ_CTRL_RESERVE (32u * 1024)
 
 struct frame {
+    size_t pos; /* offset from the oldest unconsumed byte */
     uint16_t type;
     uint16_t chan;
     uint32_t len;
@@ -53,9 +56,11 @@ int outq_flush(int port);
 
 /* >0 bytes read, 0 host side closed, -1 errno (EAGAIN when empty or full). */
 ssize_t inq_fill(int port);
-/* 1 and *f filled when a whole frame is buffered, 0 when more is needed. */
-int inq_peek(struct frame *f);
-void inq_consume(const struct frame *f);
+/* 1 and *f filled when a whole frame starts at pos, 0 when more is needed. */
+int inq_frame_at(size_t pos, struct frame *f);
+void inq_consume_head(const struct frame *f);
+/* Marks a frame behind the head as handled; it is skipped when it gets there. */
+void inq_mark_done(const struct frame *f);
 void inq_reset(void);
 int inq_has_room(void);
 

@@ -4,7 +4,8 @@
  * into place behind a reserved header (no second copy, which matters under
  * TCG).  Incoming bytes live in a linear buffer big enough for a whole frame
  * plus what arrives behind it; a frame stays there until the agent can act on
- * it, which is how a full stdin buffer holds back the port. */
+ * it, which is how a full stdin buffer holds back the port (once this buffer
+ * is full too). */
 #include "agent.h"
 
 #include <errno.h>
@@ -16,7 +17,9 @@
 static unsigned char *oq;
 static size_t oq_head, oq_len;
 
-#define INQ_CAP (2 * (PC_HDR_LEN + PC_MAX_PAYLOAD))
+/* Beyond the frame at the head, room to look ahead for control frames while
+ * a full stdin buffer holds the head back. */
+#define INQ_CAP (512u * 1024)
 static unsigned char *iq;
 static size_t iq_off, iq_len;
 
@@ -177,36 +180,44 @@ static uint16_t le16(const unsigned char *p)
     return (uint16_t)(p[0] | p[1] << 8);
 }
 
-int inq_peek(struct frame *f)
+int inq_frame_at(size_t pos, struct frame *f)
 {
-    if (iq_len >= PC_HDR_LEN) {
-        const unsigned char *p = iq + iq_off;
-        uint32_t len = le32(p);
-        if (len > PC_MAX_PAYLOAD) {
-            /* The length is the only way to find the next frame, so the stream
-             * cannot be resynchronised: drop what is buffered. */
-            logmsg("protocol: frame length %u over the limit, discarding %zu buffered bytes",
-                   len, iq_len);
-            inq_reset();
-            return 0;
-        }
-        if (iq_len < PC_HDR_LEN + len)
-            return 0;
-        f->len = len;
-        f->type = le16(p + 4);
-        f->chan = le16(p + 6);
-        f->payload = iq + iq_off + PC_HDR_LEN;
-        return 1;
+    if (iq_len < pos + PC_HDR_LEN)
+        return 0;
+    unsigned char *p = iq + iq_off + pos;
+    uint32_t len = le32(p);
+    if (len > PC_MAX_PAYLOAD) {
+        /* The length is the only way to find the next frame, so the stream
+         * cannot be resynchronised: drop everything from here on. */
+        loghost("protocol: frame length %u over the limit, discarding %zu buffered bytes",
+               len, iq_len - pos);
+        iq_len = pos;
+        if (!iq_len)
+            iq_off = 0;
+        return 0;
     }
-    return 0;
+    if (iq_len < pos + PC_HDR_LEN + len)
+        return 0;
+    f->pos = pos;
+    f->len = len;
+    f->type = le16(p + 4);
+    f->chan = le16(p + 6);
+    f->payload = p + PC_HDR_LEN;
+    return 1;
 }
 
-void inq_consume(const struct frame *f)
+void inq_consume_head(const struct frame *f)
 {
     iq_off += PC_HDR_LEN + f->len;
     iq_len -= PC_HDR_LEN + f->len;
     if (!iq_len)
         iq_off = 0;
+}
+
+void inq_mark_done(const struct frame *f)
+{
+    unsigned char *p = iq + iq_off + f->pos;
+    p[4] = p[5] = 0; /* type 0 is no message: skipped when it reaches the head */
 }
 
 void inq_reset(void)

@@ -224,12 +224,19 @@ static void populate_dev(int rootfd, int tty_slave)
     close(dev);
 
     if (tty_slave >= 0) {
-        /* As runc does: /dev/console is the process's own terminal. */
-        char src[40];
+        /* As runc does: /dev/console is the process's own terminal.  The
+         * bind source must be a path: the fd's mount belongs to the agent's
+         * namespace, which a bind from here may not use, while the same
+         * path finds this namespace's copy of the agent's devpts. */
+        char src[64], fdpath[40];
+        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", tty_slave);
+        ssize_t n = readlink(fdpath, src, sizeof src - 1);
+        if (n <= 0 || (size_t)n >= sizeof src - 1)
+            die("mount /dev/console: cannot name the terminal");
+        src[n] = 0;
         int fd = open_target(rootfd, "/dev/console", 0);
         if (fd < 0)
             die("mount /dev/console: %s", strerror(errno));
-        snprintf(src, sizeof src, "/proc/self/fd/%d", tty_slave);
         if (mount_at_fd(src, fd, NULL, MS_BIND, NULL) < 0)
             die("mount /dev/console: %s", strerror(errno));
         close(fd);
@@ -388,6 +395,31 @@ static const char *lookup(const char *file, char *const envp[], char *buf, size_
     die("exec: \"%s\": executable file not found in $PATH", file);
 }
 
+/* The child starts with every fd of the agent: the agent port, other
+ * processes' pipes.  A container process could take them from it (through
+ * /proc/PID/fd or pidfd_getfd) while it waits for START, so they go first. */
+static void close_other_fds(const struct child_ctx *c)
+{
+    int keep[] = {c->stdio[0], c->stdio[1], c->stdio[2], c->status_fd, c->start_fd,
+                  c->ns_mnt, c->ns_uts, c->ns_ipc};
+    int n = (int)(sizeof keep / sizeof keep[0]);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
+            int t = keep[j];
+            keep[j] = keep[j - 1];
+            keep[j - 1] = t;
+        }
+    unsigned lo = 3; /* 0-2 are the console until stdio is set up */
+    for (int i = 0; i < n; i++) {
+        if (keep[i] < (int)lo)
+            continue;
+        if ((unsigned)keep[i] > lo)
+            close_range(lo, (unsigned)keep[i] - 1, 0);
+        lo = (unsigned)keep[i] + 1;
+    }
+    close_range(lo, ~0u, 0);
+}
+
 void child_main(const struct child_ctx *c)
 {
     const struct spec *s = c->spec;
@@ -395,6 +427,10 @@ void child_main(const struct child_ctx *c)
     char pathbuf[PATH_MAX];
 
     ctx = c;
+    /* Until execve, nobody in the container may ptrace this copy of the
+     * agent or open its /proc files (runc does the same). */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    close_other_fds(c);
     /* The agent blocks SIGCHLD for its signalfd and ignores SIGPIPE; both
      * survive execve and would confuse the container's programs. */
     sigemptyset(&none);
@@ -411,6 +447,9 @@ void child_main(const struct child_ctx *c)
         if (setns(c->ns_mnt, CLONE_NEWNS) < 0 || setns(c->ns_uts, CLONE_NEWUTS) < 0 ||
             setns(c->ns_ipc, CLONE_NEWIPC) < 0)
             die("join container namespaces: %s", strerror(errno));
+        close(c->ns_mnt);
+        close(c->ns_uts);
+        close(c->ns_ipc);
     }
     if (setsid() < 0)
         die("setsid: %s", strerror(errno));

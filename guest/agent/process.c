@@ -25,8 +25,6 @@ int cap_last_cap = 40;
 #define PIPE_SIZE (256 * 1024)
 /* Holds at least one whole STDIN frame, so a frame is taken or left whole. */
 #define STDIN_CAP (2 * PC_MAX_PAYLOAD)
-/* Room a control frame (ERROR text, EXIT) may need beyond process output. */
-#define CTRL_ROOM (16u * 1024)
 #define SETUP_TIMEOUT_MS 30000
 
 enum { P_FREE, P_CREATED, P_RUNNING };
@@ -281,7 +279,7 @@ void proc_start(unsigned chan)
 {
     struct proc *p = &procs[chan];
     if (p->state != P_CREATED) {
-        logmsg("START for chan %u, which has no created process", chan);
+        loghost("START for chan %u, which has no created process", chan);
         return;
     }
     if (write(p->start_fd, "S", 1) < 0) {
@@ -357,20 +355,20 @@ void proc_signal(unsigned chan, uint32_t signo, uint32_t flags)
 {
     struct proc *p = &procs[chan];
     if (signo < 1 || signo > 64) {
-        logmsg("ignoring signal with bad number %u", signo);
+        loghost("ignoring signal with bad number %u", signo);
         return;
     }
     if (flags & PC_SIGNAL_ALL) {
         /* The agent is the VM's PID 1: -1 reaches every process but itself,
          * and every other process belongs to the container. */
         if (proc_init_exists() && kill(-1, (int)signo) < 0 && errno != ESRCH)
-            logmsg("signal %u to all: %s", signo, strerror(errno));
+            loghost("signal %u to all: %s", signo, strerror(errno));
         return;
     }
     if (p->state == P_FREE || p->exited)
         return;
     if (kill(p->pid, (int)signo) < 0 && errno != ESRCH)
-        logmsg("signal %u to chan %u: %s", signo, chan, strerror(errno));
+        loghost("signal %u to chan %u: %s", signo, chan, strerror(errno));
 }
 
 void proc_resize(unsigned chan, unsigned rows, unsigned cols)
@@ -416,7 +414,8 @@ static int first_tag;
 int proc_poll_prepare(struct pollfd *pfd, int n, int max)
 {
     int data = outq_has_data_room();
-    int ctrl = outq_free() >= CTRL_ROOM + OUTQ_CTRL_RESERVE / 2;
+    /* A status pipe may carry an ERROR text: needs control-frame room. */
+    int ctrl = outq_free() >= OUTQ_CTRL_RESERVE;
     first_tag = n;
 
 #define ADD(fd_, ev_, which_)                          \

@@ -57,24 +57,28 @@ static int parse_bool(const char *s, int *out)
     return 0;
 }
 
+/* Splits s in place into exactly n fields separated by sep. */
+static int split(char *s, char sep, char **f, int n)
+{
+    for (int i = 0; i < n - 1; i++) {
+        f[i] = s;
+        s = strchr(s, sep);
+        if (!s)
+            return -1;
+        *s++ = 0;
+    }
+    f[n - 1] = s;
+    return strchr(s, sep) ? -1 : 0;
+}
+
 /* "resource soft hard", single spaces. */
 static int parse_rlimit(char *v, struct spec_rlimit *r)
 {
     char *f[3];
     uint64_t res;
-    for (int i = 0; i < 3; i++) {
-        f[i] = v;
-        v = strchr(v, ' ');
-        if (i < 2) {
-            if (!v)
-                return -1;
-            *v++ = 0;
-        } else if (v) {
-            return -1;
-        }
-    }
-    if (parse_uint(f[0], 10, RLIM_NLIMITS - 1, &res) || parse_uint(f[1], 10, UINT64_MAX, &r->soft) ||
-        parse_uint(f[2], 10, UINT64_MAX, &r->hard) || r->soft > r->hard)
+    if (split(v, ' ', f, 3) || parse_uint(f[0], 10, RLIM_NLIMITS - 1, &res) ||
+        parse_uint(f[1], 10, UINT64_MAX, &r->soft) || parse_uint(f[2], 10, UINT64_MAX, &r->hard) ||
+        r->soft > r->hard)
         return -1;
     r->resource = (int)res;
     return 0;
@@ -85,18 +89,8 @@ static int parse_mount(char *v, struct spec_mount *m)
 {
     char *f[5];
     uint64_t flags;
-    for (int i = 0; i < 5; i++) {
-        f[i] = v;
-        v = strchr(v, '\x1f');
-        if (i < 4) {
-            if (!v)
-                return -1;
-            *v++ = 0;
-        } else if (v) {
-            return -1;
-        }
-    }
-    if (f[0][0] != '/' || !f[1][0] || parse_uint(f[3], 10, (unsigned long)-1, &flags))
+    if (split(v, '\x1f', f, 5) || f[0][0] != '/' || !f[1][0] ||
+        parse_uint(f[3], 10, (unsigned long)-1, &flags))
         return -1;
     m->dest = f[0];
     m->type = f[1];

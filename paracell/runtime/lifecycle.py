@@ -15,6 +15,7 @@ from pathlib import Path
 
 from paracell.errors import NotExistError, NotRunningError, ParacellError
 from paracell.runtime import channel
+from paracell.runtime.ids import check_id
 from paracell.runtime.log import RuntimeLog, rfc3339_now
 from paracell.runtime.state import ContainerState, StateStore, process_start_time, shim_alive
 
@@ -56,16 +57,14 @@ def write_pid_file(path: str, pid: int) -> None:
     os.replace(tmp, target)
 
 
-def _choose_engine(ctx: Context) -> tuple[str, str]:
+def _choose_engine(ctx: Context) -> tuple[str, str, str | None]:
     from paracell.vmm import probe
 
     facts = probe.probe_host()
     if facts.qemu_path is None:
         raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
     choice = probe.choose_engine(ctx.engine, facts)
-    if choice.notice:
-        print(choice.notice, file=sys.stderr)
-    return choice.engine, facts.qemu_path
+    return choice.engine, facts.qemu_path, choice.notice
 
 
 def create(
@@ -83,6 +82,7 @@ def create(
     from paracell import settings
 
     store = ctx.store
+    check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
     launch = spec.init_launch_spec(bundle)
@@ -90,7 +90,7 @@ def create(
     if terminal and not console_socket:
         raise ParacellError("cannot allocate tty if paracell will detach without setting console socket")
     guest = artifacts.current()
-    engine, qemu = _choose_engine(ctx)
+    engine, qemu, notice = _choose_engine(ctx)
     state_dir = store.create_dir(container_id)
     state = ContainerState(
         id=container_id, bundle=str(bundle.path), status="creating", created=rfc3339_now(),
@@ -126,6 +126,9 @@ def create(
     except BaseException:
         _destroy(ctx, state, force=True)
         raise
+    if notice:
+        # Only once the container exists, so that a failure stays one line.
+        print(notice, file=sys.stderr)
     return state
 
 

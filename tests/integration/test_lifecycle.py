@@ -164,7 +164,9 @@ def test_concurrent_verbs_on_one_id(runtime, make_bundle, tmp_path):
     with ThreadPoolExecutor(5) as pool:
         results = list(pool.map(lambda v: runtime(*v), verbs))
     starts = [r.returncode for v, r in zip(verbs, results, strict=True) if v[0] == "start"]
-    assert sorted(starts) == [0, 1]  # exactly one start wins
+    assert starts.count(0) <= 1  # never two starts; none if the kill came first
+    assert results[-1].returncode == 0, results[-1].stderr
+    wait_status(runtime, "one", "stopped")
     for v, r in zip(verbs, results, strict=True):
         if v[0] == "state":
             assert json.loads(r.stdout)["id"] == "one"

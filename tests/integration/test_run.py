@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -25,10 +27,17 @@ def test_exit_code_seven(runtime, make_bundle):
 
 
 def test_death_by_sigkill_is_137(runtime, make_bundle):
-    # The shell is PID 1 of its namespace, so it kills itself from a child.
-    bundle = make_bundle(["sh", "-c", "sh -c 'kill -9 $PPID'; sleep 10"])
-    result = runtime("run", "--bundle", str(bundle), "ck")
-    assert result.returncode == 137
+    # The container's process is PID 1 of its PID namespace, as with runc, so
+    # SIGKILL has to come from outside: `paracell kill` while `run` waits.
+    bundle = make_bundle(["sleep", "60"])
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(runtime, "run", "--bundle", str(bundle), "ck")
+        deadline = time.monotonic() + 60
+        while runtime("state", "ck").stdout.find(b'"running"') < 0:
+            assert time.monotonic() < deadline and not running.done()
+            time.sleep(0.1)
+        assert runtime("kill", "ck", "KILL").returncode == 0
+        assert running.result().returncode == 137
     runtime.assert_no_leaks()
 
 
