@@ -25,7 +25,10 @@
 
 #define PORT_NAME "paracell.agent"
 #define ROOTFS "/rootfs"
-#define ROOTFS_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
+#define HOSTSHARE "/hostshare"
+/* access=client: the guest kernel checks permissions for the container's
+ * uids itself, whatever user QEMU runs as on the host. */
+#define SHARE_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
 /* QEMU's isa-debug-exit; QEMU exits with status (value << 1) | 1. */
 #define DEBUG_EXIT_PORT 0xf4
 #define POWEROFF_WAIT_MS 5000
@@ -183,6 +186,7 @@ static void boot(void)
      * devpts mounts (newinstance too) cannot see or reuse them. */
     mount_fs("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     mkdir(ROOTFS, 0755);
+    mkdir(HOSTSHARE, 0755);
     read_cap_last_cap();
     /* PID 1 gets no default signal actions anyway; EPIPE is what we want. */
     signal(SIGPIPE, SIG_IGN);
@@ -239,16 +243,38 @@ static uint32_t le32(const unsigned char *p)
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int mount_rootfs(char *err, size_t errlen)
+/* Host directories reach the guest as virtio-9p shares mounted once, in the
+ * agent's namespace: the container's root, and (when the host has bind
+ * sources outside the rootfs) one share holding a slot per bind source. */
+static int mount_share(const char *tag, const char *dir, int *mounted, char *err, size_t errlen)
 {
-    static int mounted;
-    if (mounted)
+    if (*mounted)
         return 0;
-    if (mount("rootfs", ROOTFS, "9p", 0, ROOTFS_OPTS) < 0) {
-        snprintf(err, errlen, "mount rootfs: %s", strerror(errno));
+    if (mount(tag, dir, "9p", 0, SHARE_OPTS) < 0) {
+        snprintf(err, errlen, "mount %s: %s", tag, strerror(errno));
         return -1;
     }
-    mounted = 1;
+    *mounted = 1;
+    return 0;
+}
+
+static int uses_hostshare(const struct spec *s)
+{
+    size_t n = strlen(HOSTSHARE);
+    for (int i = 0; i < s->nmounts; i++)
+        if (!strncmp(s->mounts[i].source, HOSTSHARE, n) &&
+            (s->mounts[i].source[n] == '/' || !s->mounts[i].source[n]))
+            return 1;
+    return 0;
+}
+
+static int mount_shares(const struct spec *s, char *err, size_t errlen)
+{
+    static int rootfs_mounted, hostshare_mounted;
+    if (mount_share("rootfs", ROOTFS, &rootfs_mounted, err, errlen) < 0)
+        return -1;
+    if (uses_hostshare(s) && mount_share("hostshare", HOSTSHARE, &hostshare_mounted, err, errlen) < 0)
+        return -1;
     return 0;
 }
 
@@ -257,7 +283,7 @@ static void handle_spec(const struct frame *f)
     char err[ERRTEXT_MAX] = "";
     int pid = -1;
     if (spec_parse((char *)f->payload, f->len, &spec, err, sizeof err) == 0 &&
-        (f->chan != 0 || mount_rootfs(err, sizeof err) == 0))
+        (f->chan != 0 || mount_shares(&spec, err, sizeof err) == 0))
         pid = proc_spawn(f->chan, &spec, err, sizeof err);
     if (pid > 0) {
         uint32_t v = (uint32_t)pid;
