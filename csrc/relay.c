@@ -75,6 +75,8 @@ struct relay {
     struct client *clients[MAX_CLIENTS];
     int chan_owner[PC_MAX_CHAN + 1]; /* client index, -1 free, -2 busy without client */
     int done;
+    int started;  /* stdin waits for START: before it nobody reads, and the
+                   * agent would stop reading the port with START queued behind */
     int init_exited;
     long long grace_deadline;
 };
@@ -346,6 +348,7 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
         }
         if (type == PC_START || type == PC_SIGNAL) {
             if (sink_frame(&r->to_chan, type, 0, p, n) < 0) return -1;
+            if (type == PC_START) r->started = 1;
             client_ack(c);
             return 0;
         }
@@ -429,13 +432,16 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
         r->grace_deadline = now_ms() + CLIENT_GRACE_MS;
         return 0;
     case PC_ERROR: {
-        char text[200];
-        size_t k = n < sizeof text - 1 ? n : sizeof text - 1;
-        memcpy(text, p, k);
-        text[k] = 0;
-        for (size_t i = 0; i < k; i++)
+        /* execve failed after START; EXIT 127 follows. runc would print this
+         * on the stderr it shares with the container, so do we. */
+        char text[256];
+        size_t k = n < sizeof text - 12 ? n : sizeof text - 12;
+        memcpy(text, "paracell: ", 10);
+        memcpy(text + 10, p, k);
+        for (size_t i = 10; i < 10 + k; i++)
             if ((unsigned char)text[i] < 0x20) text[i] = ' ';
-        end_with(r, PC_END_ERROR, "%s", text);
+        text[10 + k] = '\n';
+        sink_append(&r->err, text, 11 + k);
         return 0;
     }
     case PC_READY: case PC_CREATED:
@@ -543,7 +549,7 @@ static void run_loop(struct relay *r)
         add_pollfd(pfd, P_CHAN, r->chan_fd, chan_ev);
         add_pollfd(pfd, P_LISTEN, r->cfg->listen_fd,
                    r->shim && room_to_chan && !r->init_exited ? POLLIN : 0);
-        add_pollfd(pfd, P_STDIN, r->in_fd, r->in_open && room_to_chan ? POLLIN : 0);
+        add_pollfd(pfd, P_STDIN, r->in_fd, r->in_open && r->started && room_to_chan ? POLLIN : 0);
         add_pollfd(pfd, P_SIG, r->sig_fd, r->sig_fd >= 0 && room_to_chan ? POLLIN : 0);
         add_pollfd(pfd, P_OUT, r->out.fd,
                    sink_pending(&r->out) && r->out.kind == SINK_NONBLOCK ? POLLOUT : 0);
@@ -629,6 +635,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     r->cfg = cfg;
     r->res = res;
     r->shim = cfg->listen_fd >= 0;
+    r->started = !r->shim;  /* a proxy's process was started before its relay */
     r->chan_fd = cfg->chan_fd;
     for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) r->chan_owner[ch] = -1;
     r->chan_in.buf = malloc(INBUF_CAP);

@@ -177,9 +177,10 @@ def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None
         state = store.load(container_id)
         if state.status not in ("created", "running", "paused"):
             raise NotRunningError()
-        if sig == signal.SIGKILL and state.status in ("paused", "created"):
-            # A paused guest cannot act on a frame, and a created process has not
-            # run yet: SIGKILL of the shim takes the whole VM down at once.
+        if sig == signal.SIGKILL:
+            # SIGKILL must not depend on the guest's cooperation (it may be
+            # paused, wedged or hostile): the shim dies, its VM with it, and
+            # waiters see death by SIGKILL, 137, as with runc.
             _kill_shim(state)
             return
         payload = sig.to_bytes(4, "little") + (1 if all_processes else 0).to_bytes(4, "little")

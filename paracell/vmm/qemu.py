@@ -31,6 +31,7 @@ class VmSpec:
     agent_fd: int  # connected socket: QEMU's end of the agent channel
     qmp_fd: int  # listening socket for QMP
     hostshare: Path | None = None
+    extra_cmdline: str = ""
 
 
 def _fsdev(tag: str, path: Path, readonly: bool) -> list[str]:
@@ -64,7 +65,7 @@ def command_line(spec: VmSpec) -> list[str]:
         "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
         "-kernel", str(spec.kernel),
         "-initrd", str(spec.initramfs),
-        "-append", KERNEL_CMDLINE,
+        "-append", f"{KERNEL_CMDLINE} {spec.extra_cmdline}".strip(),
         "-chardev", f"file,id=console,path={spec.console_log}",
         "-serial", "chardev:console",
         "-device", f"isa-debug-exit,iobase={DEBUG_EXIT_PORT:#x},iosize=4",

@@ -1,0 +1,1 @@
+"""Benchmarks: JSON results, ratios against same-run baselines."""

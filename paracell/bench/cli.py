@@ -1,0 +1,64 @@
+"""`paracell bench cli`: wall time of the verbs containerd calls most often
+(`state`, `kill`) on a running container, against runc's own, interleaved."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from paracell.bench.common import (
+    bench_dir, example_bundle, oci_runtime, run_checked, summarize, time_call, write_result,
+)
+from paracell.runtime.lifecycle import Context
+
+GOAL_STATE_MEDIAN_S = 0.030
+
+
+def run(ctx: Context, runs: int, output: str) -> str:
+    bundle = example_bundle("sleep", ["sleep", "600"])
+    paracell = str(Path(sys.executable).with_name("paracell"))
+    root = str(bench_dir() / "root")
+    runc = oci_runtime("runc")
+    cid = f"bench-cli-{os.getpid()}"
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
+             "stderr": subprocess.DEVNULL}
+    variants: dict[str, list[str]] = {}
+    samples: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
+        runc_root = f"{tmp}/runc"
+        run_checked([paracell, "--root", root, "run", "--detach", "--bundle", str(bundle), cid],
+                    stdin=subprocess.DEVNULL)
+        try:
+            variants["paracell state"] = [paracell, "--root", root, "state", cid]
+            variants["paracell kill"] = [paracell, "--root", root, "kill", cid, "CONT"]
+            if runc:
+                subprocess.run([runc, "--root", runc_root, "run", "--detach", "--bundle",
+                                str(bundle), cid], check=True, **quiet)
+                variants["runc state"] = [runc, "--root", runc_root, "state", cid]
+                variants["runc kill"] = [runc, "--root", runc_root, "kill", cid, "CONT"]
+            samples = {name: [] for name in variants}
+            for _ in range(runs):
+                for name, cmd in variants.items():
+                    samples[name].append(time_call(lambda cmd=cmd: run_checked(cmd)))
+        finally:
+            subprocess.run([paracell, "--root", root, "delete", "--force", cid], **quiet)
+            if runc:
+                subprocess.run([runc, "--root", runc_root, "delete", "--force", cid], **quiet)
+    stats = {name: summarize(values) for name, values in samples.items()}
+    result: dict[str, Any] = {"benchmark": "CLI verb wall time on a running container",
+                              "results": stats}
+    state_median = stats["paracell state"]["median_s"]
+    result["goal"] = {"state_median_s": GOAL_STATE_MEDIAN_S,
+                      "met": state_median <= GOAL_STATE_MEDIAN_S}
+    if runc:
+        result["ratio_to_runc"] = {
+            verb: stats[f"paracell {verb}"]["median_s"] / stats[f"runc {verb}"]["median_s"]
+            for verb in ("state", "kill")
+        }
+    path = write_result(output, result)
+    parts = [f"{name} {s['median_s'] * 1000:.1f} ms" for name, s in stats.items()]
+    return f"{'; '.join(parts)}; state goal {'met' if result['goal']['met'] else 'not met'} -> {path}"

@@ -1,0 +1,91 @@
+"""`paracell bench start`: start-to-exit of /bin/true in a micro-VM, against a
+raw QEMU boot of the same kernel and initramfs and against runc, interleaved in
+one run so that machine noise hits every variant alike."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from paracell.bench.common import (
+    bench_dir, example_bundle, oci_runtime, run_checked, summarize, time_call, write_result,
+)
+from paracell.guest import artifacts
+from paracell.runtime.lifecycle import Context
+from paracell.vmm import probe, qemu
+
+GOAL_MEDIAN_S = 1.0
+GOAL_RATIO = 1.2
+
+
+def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
+    """The same VM with the agent told to power off as soon as it is up."""
+    guest = artifacts.current()
+    mem = workdir / "raw.mem"
+    vm_end, our_end = socket.socketpair()
+    qmp = socket.socket(socket.AF_UNIX)
+    qmp.bind(str(workdir / "qmp.sock"))
+    qmp.listen(1)
+    spec = qemu.VmSpec(
+        qemu=qemu_path, engine=engine, kernel=guest.kernel, initramfs=guest.initramfs,
+        memory_mib=256, vcpus=1, memory_file=mem, rootfs=workdir, rootfs_readonly=True,
+        console_log=workdir / "console.log", agent_fd=vm_end.fileno(), qmp_fd=qmp.fileno(),
+        extra_cmdline="paracell.exit_on_boot=1",
+    )
+    try:
+        return time_call(lambda: subprocess.run(
+            qemu.command_line(spec), pass_fds=(vm_end.fileno(), qmp.fileno()),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
+        ))
+    finally:
+        for s in (vm_end, our_end, qmp):
+            s.close()
+        os.unlink(workdir / "qmp.sock")
+        mem.unlink(missing_ok=True)
+
+
+def run(ctx: Context, runs: int, output: str) -> str:
+    facts = probe.probe_host()
+    choice = probe.choose_engine(ctx.engine, facts)
+    bundle = example_bundle("true", ["/bin/true"])
+    paracell = str(Path(sys.executable).with_name("paracell"))
+    root = str(bench_dir() / "root")
+    runc = oci_runtime("runc")
+    samples: dict[str, list[float]] = {"paracell": [], "raw_qemu": []}
+    if runc:
+        samples["runc"] = []
+    with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
+        for i in range(runs):
+            cid = f"bench-start-{os.getpid()}-{i}"
+            samples["paracell"].append(time_call(lambda cid=cid: run_checked(
+                [paracell, "--root", root, "--engine", choice.engine, "run",
+                 "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL)))
+            samples["raw_qemu"].append(_raw_boot(choice.engine, facts.qemu_path or "", Path(tmp)))
+            if runc:
+                samples["runc"].append(time_call(lambda cid=cid: run_checked(
+                    [runc, "--root", f"{tmp}/runc", "run", "--bundle", str(bundle), cid],
+                    stdin=subprocess.DEVNULL)))
+    stats = {name: summarize(values) for name, values in samples.items()}
+    ratio = stats["paracell"]["median_s"] / stats["raw_qemu"]["median_s"]
+    result: dict[str, Any] = {
+        "benchmark": "start-to-exit of /bin/true",
+        "engine": choice.engine,
+        "results": stats,
+        "ratio_paracell_to_raw_qemu": ratio,
+        "goal": {"median_s": GOAL_MEDIAN_S, "ratio_to_raw_qemu": GOAL_RATIO,
+                 "met": stats["paracell"]["median_s"] <= GOAL_MEDIAN_S and ratio <= GOAL_RATIO},
+    }
+    if runc:
+        result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
+    path = write_result(output, result)
+    line = (f"paracell run /bin/true ({choice.engine}): median "
+            f"{stats['paracell']['median_s']:.3f} s; raw QEMU boot "
+            f"{stats['raw_qemu']['median_s']:.3f} s ({ratio:.2f}x)")
+    if runc:
+        line += f"; runc {stats['runc']['median_s']:.3f} s"
+    return f"{line}; goal {'met' if result['goal']['met'] else 'not met'} -> {path}"

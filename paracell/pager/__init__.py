@@ -1,0 +1,1 @@
+"""Host half of the Pager (a later issue)."""

@@ -1,0 +1,1 @@
+"""XGates verifier and probe (a later issue)."""
