@@ -116,9 +116,10 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen);
 struct child_ctx {
     const struct spec *spec;
     int is_init;
-    int stdio[3];     /* fds for 0,1,2; with a terminal all three are the slave */
-    int tty;          /* 1: stdio is a pty slave */
-    int status_fd;    /* CLOEXEC pipe to the agent: "O" or "E<text>" */
+    int stdio[3];     /* fds for 0,1,2; -1 with a terminal */
+    int tty;          /* 1: the child opens a pty; its slave becomes stdio */
+    int status_fd;    /* CLOEXEC seqpacket socket to the agent: "O" (with the
+                       * pty master when tty) or "E<text>" */
     int start_fd;     /* pipe from the agent: one byte means START */
     int ns_mnt, ns_uts, ns_ipc; /* exec only: init's namespaces */
 };

@@ -21,6 +21,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
@@ -201,7 +202,7 @@ static void apply_mount(int rootfd, const struct spec_mount *m)
 
 /* OCI runtimes must provide these whatever the image holds; only done when
  * the spec gives the container its own /dev, so the image is never written. */
-static void populate_dev(int rootfd, int tty_slave)
+static void populate_dev(int rootfd)
 {
     static const struct { const char *name; unsigned maj, min; } nodes[] = {
         {"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7},
@@ -222,25 +223,73 @@ static void populate_dev(int rootfd, int tty_slave)
         if (symlinkat(links[i].target, dev, links[i].name) < 0 && errno != EEXIST)
             die("symlink /dev/%s: %s", links[i].name, strerror(errno));
     close(dev);
+}
 
-    if (tty_slave >= 0) {
-        /* As runc does: /dev/console is the process's own terminal.  The
-         * bind source must be a path: the fd's mount belongs to the agent's
-         * namespace, which a bind from here may not use, while the same
-         * path finds this namespace's copy of the agent's devpts. */
-        char src[64], fdpath[40];
-        snprintf(fdpath, sizeof fdpath, "/proc/self/fd/%d", tty_slave);
-        ssize_t n = readlink(fdpath, src, sizeof src - 1);
-        if (n <= 0 || (size_t)n >= sizeof src - 1)
-            die("mount /dev/console: cannot name the terminal");
-        src[n] = 0;
-        int fd = open_target(rootfd, "/dev/console", 0);
-        if (fd < 0)
-            die("mount /dev/console: %s", strerror(errno));
-        if (mount_at_fd(src, fd, NULL, MS_BIND, NULL) < 0)
-            die("mount /dev/console: %s", strerror(errno));
+/* ---- terminal (init and exec) ---- */
+
+static int master_fd = -1, slave_fd = -1;
+
+/* The pty master, from the container's devpts as runc takes it: its
+ * /dev/ptmx (rootfd < 0: the root we are in).  Opened O_NONBLOCK, as the
+ * agent uses it, and checked, since the container may have put anything
+ * there. */
+static int open_ptmx(int rootfd)
+{
+    const int flags = O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC;
+    int fd = rootfd >= 0 ? open_in_root(rootfd, "/dev/ptmx", flags) : open("/dev/ptmx", flags);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISCHR(st.st_mode) || st.st_rdev != makedev(5, 2))) {
         close(fd);
+        errno = ENOTTY;
+        return -1;
     }
+    return fd;
+}
+
+/* fallback: a master from the agent's devpts, opened while it was still
+ * reachable, used when the container has no pty device of its own. */
+static void open_terminal(int rootfd, int fallback)
+{
+    const struct spec *s = ctx->spec;
+    int unlock = 0;
+    int m = open_ptmx(rootfd);
+    if (m < 0) {
+        if (fallback < 0)
+            die("open /dev/ptmx: %s", strerror(errno));
+        m = fallback;
+    } else if (fallback >= 0) {
+        close(fallback);
+    }
+    if (ioctl(m, TIOCSPTLCK, &unlock) < 0)
+        die("unlock pty: %s", strerror(errno));
+    /* The peer ioctl opens this master's slave, not whatever a name finds. */
+    slave_fd = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (slave_fd < 0)
+        die("open pty slave: %s", strerror(errno));
+    if (s->rows || s->cols) {
+        struct winsize ws = {(unsigned short)s->rows, (unsigned short)s->cols, 0, 0};
+        ioctl(m, TIOCSWINSZ, &ws);
+    }
+    master_fd = m;
+}
+
+static int open_agent_ptmx(void)
+{
+    return open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+}
+
+/* As runc does: /dev/console is the process's terminal.  The slave's mount
+ * is the devpts it came from, in this namespace, so it may be bound. */
+static void mount_console(int rootfd)
+{
+    char src[40];
+    int fd = open_target(rootfd, "/dev/console", 0);
+    if (fd < 0)
+        die("mount /dev/console: %s", strerror(errno));
+    snprintf(src, sizeof src, "/proc/self/fd/%d", slave_fd);
+    if (mount_at_fd(src, fd, NULL, MS_BIND, NULL) < 0)
+        die("mount /dev/console: %s", strerror(errno));
+    close(fd);
 }
 
 static int is_dev(const char *dest)
@@ -267,7 +316,13 @@ static void setup_rootfs(const struct spec *s)
         has_dev |= is_dev(s->mounts[i].dest);
     }
     if (has_dev)
-        populate_dev(rootfd, ctx->tty ? ctx->stdio[0] : -1);
+        populate_dev(rootfd);
+    /* Before pivot_root, while the agent's devpts is still a fallback. */
+    if (ctx->tty) {
+        open_terminal(rootfd, open_agent_ptmx());
+        if (has_dev)
+            mount_console(rootfd);
+    }
     close(rootfd);
 
     if (s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)
@@ -420,11 +475,38 @@ static void close_other_fds(const struct child_ctx *c)
     close_range(lo, ~0u, 0);
 }
 
+/* "O", with the pty master when there is one: the agent relays it. */
+static void report_ready(void)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cm;
+    struct iovec iov = {"O", 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    memset(&cm, 0, sizeof cm);
+    if (master_fd >= 0) {
+        mh.msg_control = cm.b;
+        mh.msg_controllen = sizeof cm.b;
+        struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(h), &master_fd, sizeof master_fd);
+    }
+    if (sendmsg(ctx->status_fd, &mh, MSG_NOSIGNAL) != 1)
+        _exit(1);
+    if (master_fd >= 0)
+        close(master_fd);
+    master_fd = -1;
+}
+
 void child_main(const struct child_ctx *c)
 {
     const struct spec *s = c->spec;
     sigset_t none;
     char pathbuf[PATH_MAX];
+    int stdio[3] = {c->stdio[0], c->stdio[1], c->stdio[2]};
 
     ctx = c;
     /* Until execve, nobody in the container may ptrace this copy of the
@@ -442,6 +524,7 @@ void child_main(const struct child_ctx *c)
         if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC) < 0)
             die("unshare namespaces: %s", strerror(errno));
     } else {
+        int fallback = c->tty ? open_agent_ptmx() : -1;
         /* Joining the mount namespace also moves root and cwd to its root,
          * which is the container's root since init pivoted there. */
         if (setns(c->ns_mnt, CLONE_NEWNS) < 0 || setns(c->ns_uts, CLONE_NEWUTS) < 0 ||
@@ -450,17 +533,21 @@ void child_main(const struct child_ctx *c)
         close(c->ns_mnt);
         close(c->ns_uts);
         close(c->ns_ipc);
+        if (c->tty)
+            open_terminal(-1, fallback);
     }
     if (setsid() < 0)
         die("setsid: %s", strerror(errno));
 
     if (c->is_init)
         setup_rootfs(s);
+    if (c->tty)
+        stdio[0] = stdio[1] = stdio[2] = slave_fd;
     setup_rlimits(s);
     /* Lets the process reopen its own stdio (/dev/stdout) as a non-root user. */
     if (s->uid)
         for (int i = 0; i < 3; i++)
-            if (fchown(c->stdio[i], s->uid, s->gid) < 0) {
+            if (fchown(stdio[i], s->uid, s->gid) < 0) {
                 /* Best effort, as in runc. */
             }
     setup_user(s);
@@ -470,13 +557,12 @@ void child_main(const struct child_ctx *c)
     const char *exe = lookup(s->argv[0], s->envp, pathbuf, sizeof pathbuf);
 
     for (int i = 0; i < 3; i++)
-        if (c->stdio[i] != i && dup2(c->stdio[i], i) < 0)
+        if (stdio[i] != i && dup2(stdio[i], i) < 0)
             die("set up stdio: %s", strerror(errno));
     if (c->tty && ioctl(0, TIOCSCTTY, 0) < 0)
         die("set controlling terminal: %s", strerror(errno));
 
-    if (write(c->status_fd, "O", 1) != 1)
-        _exit(1);
+    report_ready();
     char b;
     ssize_t r;
     do

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
-#include <termios.h>
 #include <unistd.h>
 
 int cap_last_cap = 40;
@@ -35,7 +35,7 @@ struct proc {
     int tty;
     int out_fd, err_fd; /* agent's read ends; -1 once at EOF */
     int in_fd;          /* agent's write end of stdin; -1 once closed */
-    int status_fd;      /* reports a failed execve; -1 once at EOF */
+    int status_fd;      /* socket; reports a failed execve; -1 once at EOF */
     int start_fd;       /* -1 once START was given */
     int exited, status;
     unsigned char *inbuf;
@@ -89,30 +89,6 @@ static int set_nonblock(int fd)
     return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
-/* A pty from the agent's devpts; the child gets the slave as stdio. */
-static int open_pty(const struct spec *s, int ours[3], int theirs[3])
-{
-    int unlock = 0;
-    int m = open("/dev/pts/ptmx", O_RDWR | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
-    if (m < 0)
-        return -1;
-    ours[0] = m;
-    if (ioctl(m, TIOCSPTLCK, &unlock) < 0)
-        return -1;
-    /* The peer ioctl avoids a lookup of /dev/pts/N by name. */
-    int sl = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (sl < 0)
-        return -1;
-    theirs[0] = theirs[1] = theirs[2] = sl;
-    if (s->rows || s->cols) {
-        struct winsize ws = {(unsigned short)s->rows, (unsigned short)s->cols, 0, 0};
-        ioctl(m, TIOCSWINSZ, &ws);
-    }
-    /* A separate fd for input, so stdin EOF and output EOF close independently. */
-    ours[2] = fcntl(m, F_DUPFD_CLOEXEC, 3);
-    return ours[2] < 0 ? -1 : 0;
-}
-
 static int open_pipes(int ours[3], int theirs[3])
 {
     int fds[2];
@@ -134,10 +110,19 @@ static int open_pipes(int ours[3], int theirs[3])
     return 0;
 }
 
-/* The child's first word: "O" when it is ready to exec, "E<text>" when not. */
-static int wait_setup(int fd, char *err, size_t errlen)
+/* The child's first message: "O" when it is ready to exec, "E<text>" when
+ * not.  A child with a terminal sends the pty master along with "O": it
+ * allocates the pty itself, from the container's own devpts. */
+static int wait_setup(int fd, int *master, char *err, size_t errlen)
 {
     char buf[ERRTEXT_MAX];
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } cm;
+    struct iovec iov = {buf, sizeof buf - 1};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+                        .msg_controllen = sizeof cm.b};
     struct pollfd q = {fd, POLLIN, 0};
     int r;
     do
@@ -149,10 +134,20 @@ static int wait_setup(int fd, char *err, size_t errlen)
     }
     ssize_t n;
     do
-        n = read(fd, buf, sizeof buf - 1);
+        n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
     while (n < 0 && errno == EINTR);
-    if (n == 1 && buf[0] == 'O')
+    int got = -1;
+    struct cmsghdr *c = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL;
+    if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+        c->cmsg_len == CMSG_LEN(sizeof(int)))
+        memcpy(&got, CMSG_DATA(c), sizeof got);
+    if (n == 1 && buf[0] == 'O' && (got >= 0) == (master != NULL)) {
+        if (master)
+            *master = got;
         return 0;
+    }
+    if (got >= 0)
+        close(got);
     if (n > 1 && buf[0] == 'E') {
         buf[n] = 0;
         snprintf(err, errlen, "%s", buf + 1);
@@ -202,9 +197,10 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
         return -1;
     }
 
-    if ((s->terminal ? open_pty(s, ours, theirs) : open_pipes(ours, theirs)) < 0 ||
-        pipe2(st, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0) {
-        snprintf(err, errlen, "%s: %s", s->terminal ? "open pty" : "create pipes", strerror(errno));
+    /* The status channel is a socket so that it can carry the pty master. */
+    if ((!s->terminal && open_pipes(ours, theirs) < 0) ||
+        socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, st) < 0 || pipe2(go, O_CLOEXEC) < 0) {
+        snprintf(err, errlen, "create pipes: %s", strerror(errno));
         goto fail;
     }
 
@@ -231,17 +227,24 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
         goto fail;
     }
 
-    close_fd(&theirs[0]);
-    if (!s->terminal) {
-        close_fd(&theirs[1]);
-        close_fd(&theirs[2]);
-    }
+    for (int i = 0; i < 3; i++)
+        close_fd(&theirs[i]);
     close_fd(&st[1]);
     close_fd(&go[0]);
-    if (wait_setup(st[0], err, errlen) < 0 || (is_init && open_init_ns(pid) < 0)) {
+    if (wait_setup(st[0], s->terminal ? &ours[0] : NULL, err, errlen) < 0 ||
+        (is_init && open_init_ns(pid) < 0)) {
         if (!err[0])
             snprintf(err, errlen, "open namespaces of pid %d: %s", (int)pid, strerror(errno));
         goto fail;
+    }
+    if (s->terminal) {
+        /* A separate fd for input, so stdin EOF and output EOF close
+         * independently; EIO on the master means every slave fd is gone. */
+        ours[2] = fcntl(ours[0], F_DUPFD_CLOEXEC, 3);
+        if (ours[2] < 0 || set_nonblock(ours[0]) < 0) {
+            snprintf(err, errlen, "set up terminal: %s", strerror(errno));
+            goto fail;
+        }
     }
     set_nonblock(st[0]);
 
@@ -261,13 +264,10 @@ fail:
         kill(pid, SIGKILL);
         waitpid(pid, NULL, __WALL);
     }
-    close_fd(&theirs[0]);
-    if (!s->terminal) {
-        close_fd(&theirs[1]);
-        close_fd(&theirs[2]);
-    }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 3; i++) {
+        close_fd(&theirs[i]);
         close_fd(&ours[i]);
+    }
     close_fd(&st[0]);
     close_fd(&st[1]);
     close_fd(&go[0]);

@@ -83,6 +83,12 @@ class Shim:
         channel.expect_created(fd, BOOT_TIMEOUT_S)
         if plan.terminal:
             self.tty_fd = console.open_for_container(plan.console_socket)
+            # The caller's fds 0-2 are not the container's stdio now, and a
+            # caller may wait for EOF on them (go-runc does) before create returns.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(devnull)
         start = process_start_time(self.vm.pid) or 0
         return f"ok {os.getpid()} {self.vm.pid} {start}"
 

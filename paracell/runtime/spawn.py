@@ -23,9 +23,11 @@ def spawn(body: Callable[[int], int], detach: bool, on_crash: Callable[[str], No
             os.closerange(ready_w + 1, 65536)
             os.chdir("/")
             if detach:
-                os.setsid()
                 if os.fork() != 0:
                     os._exit(0)
+                # setsid in the grandchild: a session leader can take a pty
+                # as its controlling terminal and so hear SIGWINCH.
+                os.setsid()
             else:
                 os.setpgid(0, 0)
             status = body(ready_w)
