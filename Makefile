@@ -14,7 +14,7 @@ deps:
 $(STAMP): pyproject.toml setup.py csrc/relay.c csrc/relay.h csrc/build_native.py guest/agent/protocol.h
 	$(MAKE) deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	$(VENV)/bin/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: deps $(STAMP)

@@ -1,5 +1,5 @@
-"""Only here because cffi's extension hook (cffi_modules) is a setup() keyword."""
+"""Only here because cffi_modules and a hand-written script are setup() keywords."""
 
 from setuptools import setup
 
-setup(cffi_modules=["csrc/build_native.py:ffibuilder"])
+setup(cffi_modules=["csrc/build_native.py:ffibuilder"], scripts=["bin/paracell"])

@@ -16,7 +16,7 @@ ffibuilder.cdef(
     #define PC_END_ERROR 3
     struct pc_relay_cfg {
         int chan_fd; int listen_fd; int in_fd; int out_fd; int err_fd; int tty_fd;
-        int forward_signals;
+        unsigned long long forward_mask;
     };
     struct pc_relay_result { int end; int status; char message[256]; };
     int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res);

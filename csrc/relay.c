@@ -497,12 +497,8 @@ static int setup_signals(struct relay *r)
 {
     sigset_t set;
     sigemptyset(&set);
-    if (r->cfg->forward_signals) {
-        static const int never[] = {SIGKILL, SIGSTOP, SIGCHLD, SIGPIPE, SIGSEGV, SIGBUS,
-                                    SIGILL, SIGFPE, SIGTRAP, SIGSYS, SIGURG, SIGTTIN, SIGTTOU};
-        for (int s = 1; s < 32; s++) sigaddset(&set, s);
-        for (size_t i = 0; i < sizeof never / sizeof never[0]; i++) sigdelset(&set, never[i]);
-    }
+    for (int s = 1; s < 64; s++)
+        if (r->cfg->forward_mask & (1ull << s)) sigaddset(&set, s);
     if (r->cfg->tty_fd >= 0) sigaddset(&set, SIGWINCH);
     r->sig_fd = -1;
     if (sigprocmask(SIG_BLOCK, &set, &r->old_mask) < 0) return -1;

@@ -116,9 +116,9 @@ def state(container_id: str) -> None:
 @click.argument("signal_name", default="SIGTERM")
 def kill(all_processes: bool, container_id: str, signal_name: str) -> None:
     """Send a signal to the container's init (or every process with --all)."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime import lifecycle, signals
 
-    lifecycle.kill(_ctx(), container_id, lifecycle.parse_signal(signal_name), all_processes)
+    lifecycle.kill(_ctx(), container_id, signals.parse_signal(signal_name), all_processes)
 
 
 @main.command()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 
-
 VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
 
 
@@ -26,12 +25,18 @@ def _log_from_argv(argv: list[str]) -> object:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from paracell import fastpath
+
+    args = sys.argv[1:] if argv is None else argv
+    status = fastpath.run(args)
+    if status is not None:
+        sys.exit(status)
+
     import click
 
     from paracell.cli import main as group
     from paracell.errors import ParacellError
 
-    args = sys.argv[1:] if argv is None else argv
     try:
         group.main(args=args, prog_name="paracell", standalone_mode=False)
     except ParacellError as err:

@@ -1,13 +1,20 @@
 """Where ParaCell keeps its files, and the environment knobs that move them."""
 
+from __future__ import annotations
+
 import os
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_ROOT = "/run/paracell"
 
 
 def cache_dir() -> Path:
     """Guest artifacts live outside the repo, keyed by content, shared by checkouts."""
+    from pathlib import Path
+
     override = os.environ.get("PARACELL_CACHE")
     if override:
         return Path(override)
@@ -18,6 +25,8 @@ def cache_dir() -> Path:
 
 def memory_dir() -> Path:
     """Guest RAM files must sit on tmpfs: on disk every guest write would be written back."""
+    from pathlib import Path
+
     return Path(os.environ.get("PARACELL_MEMORY_DIR", "/dev/shm/paracell"))
 
 

@@ -11,7 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench.common import (
-    bench_dir, example_bundle, oci_runtime, run_checked, summarize, time_call, write_result,
+    bench_dir,
+    example_bundle,
+    oci_runtime,
+    run_checked,
+    summarize,
+    time_call,
+    write_result,
 )
 from paracell.runtime.lifecycle import Context
 
@@ -61,4 +67,5 @@ def run(ctx: Context, runs: int, output: str) -> str:
         }
     path = write_result(output, result)
     parts = [f"{name} {s['median_s'] * 1000:.1f} ms" for name, s in stats.items()]
-    return f"{'; '.join(parts)}; state goal {'met' if result['goal']['met'] else 'not met'} -> {path}"
+    verdict = "met" if result["goal"]["met"] else "not met"
+    return f"{'; '.join(parts)}; state goal {verdict} -> {path}"

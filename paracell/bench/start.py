@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench.common import (
-    bench_dir, example_bundle, oci_runtime, run_checked, summarize, time_call, write_result,
+    bench_dir,
+    example_bundle,
+    oci_runtime,
+    run_checked,
+    summarize,
+    time_call,
+    write_result,
 )
 from paracell.guest import artifacts
 from paracell.runtime.lifecycle import Context

@@ -114,7 +114,8 @@ def build_kernel(key: str, tarball: Path = KERNEL_TARBALL) -> Path:
     if not tarball.exists():
         raise ParacellError(f"{tarball} is missing: install Debian's linux-source-6.1")
     _log(f"building kernel {key} from {tarball}")
-    result = subprocess.run(["bash", str(GUEST_SRC / "kernel" / "build.sh"), str(tarball), str(out)])
+    build_script = GUEST_SRC / "kernel" / "build.sh"
+    result = subprocess.run(["bash", str(build_script), str(tarball), str(out)])
     if result.returncode != 0 or not (out / "bzImage").exists():
         raise ParacellError(f"guest kernel build failed (exit {result.returncode})")
     return out / "bzImage"

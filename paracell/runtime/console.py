@@ -11,6 +11,10 @@ import tty
 
 from paracell.errors import ParacellError
 
+NEED_CONSOLE_SOCKET = (
+    "cannot allocate tty if paracell will detach without setting console socket"
+)
+
 
 def send_master(console_socket: str, master_fd: int) -> None:
     try:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from paracell.errors import NotRunningError, ParacellError
-from paracell.runtime import channel, spawn, spec
+from paracell.runtime import channel, signals, spawn, spec
+from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
 
 MAX_PROCESS_JSON = 1 << 20
@@ -113,7 +114,7 @@ def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket
                 cfg.err_fd = -1
             else:
                 cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
-            cfg.forward_signals = 1
+            cfg.forward_mask = signals.forward_mask()
             res = ffi.new("struct pc_relay_result *")
             lib.pc_relay(cfg, res)
             if res.end == lib.PC_END_EXIT:
@@ -132,7 +133,7 @@ def exec_process(
 ) -> int:
     terminal = bool(process.get("terminal"))
     if terminal and not console_socket and detach:
-        raise ParacellError("cannot allocate tty if paracell will detach without setting console socket")
+        raise ParacellError(NEED_CONSOLE_SOCKET)
     launch = spec.exec_launch_spec(process)
     store = ctx.store
     with store.locked(container_id):

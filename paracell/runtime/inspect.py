@@ -10,9 +10,9 @@ from typing import Any
 
 from paracell import OCI_VERSION
 from paracell.errors import NotRunningError, ParacellError
+from paracell.runtime import spec
 from paracell.runtime.lifecycle import Context, oci_state
 from paracell.runtime.state import ContainerState, process_start_time
-from paracell.runtime import spec
 
 
 def host_pids(ctx: Context, state: ContainerState) -> list[int]:

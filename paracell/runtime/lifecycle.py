@@ -15,9 +15,13 @@ from pathlib import Path
 
 from paracell.errors import NotExistError, NotRunningError, ParacellError
 from paracell.runtime import channel
+from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.ids import check_id
 from paracell.runtime.log import RuntimeLog, rfc3339_now
-from paracell.runtime.state import ContainerState, StateStore, process_start_time, shim_alive
+from paracell.runtime.signals import FORWARDED
+from paracell.runtime.state import (
+    ContainerState, StateStore, oci_state, process_start_time, shim_alive,
+)
 
 SHIM_DEATH_WAIT_S = 10.0
 
@@ -31,21 +35,6 @@ class Context:
     @property
     def store(self) -> StateStore:
         return StateStore(self.root)
-
-
-def oci_state(state: ContainerState) -> dict[str, object]:
-    out: dict[str, object] = {
-        "ociVersion": "1.0.2",
-        "id": state.id,
-        "pid": state.shim_pid if state.status != "stopped" else 0,
-        "status": state.status,
-        "bundle": state.bundle,
-        "rootfs": state.rootfs,
-        "created": state.created,
-        "annotations": state.annotations,
-        "owner": "",
-    }
-    return out
 
 
 def write_pid_file(path: str, pid: int) -> None:
@@ -75,11 +64,11 @@ def create(
     console_socket: str | None,
     detach: bool = True,
 ) -> ContainerState:
+    from paracell import settings
     from paracell.guest import artifacts
     from paracell.runtime import hooks, shim, spawn, spec
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
-    from paracell import settings
 
     store = ctx.store
     check_id(container_id)
@@ -88,7 +77,7 @@ def create(
     launch = spec.init_launch_spec(bundle)
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
-        raise ParacellError("cannot allocate tty if paracell will detach without setting console socket")
+        raise ParacellError(NEED_CONSOLE_SOCKET)
     guest = artifacts.current()
     engine, qemu, notice = _choose_engine(ctx)
     state_dir = store.create_dir(container_id)
@@ -141,7 +130,7 @@ def start(ctx: Context, container_id: str) -> None:
         if state.status == "stopped":
             raise ParacellError("cannot start a container that has stopped")
         if state.status != "created":
-            raise ParacellError(f"cannot start an already running container")
+            raise ParacellError("cannot start an already running container")
         channel.control_request(store.dir(container_id) / "shim.sock", channel.START)
         state.status = "running"
         store.save(state)
@@ -156,27 +145,16 @@ def _bundle_config(state: ContainerState) -> dict[str, object]:
         return {}
 
 
-def parse_signal(value: str) -> int:
-    text = value.strip().upper()
-    if text.isdigit():
-        number = int(text)
-    else:
-        name = text if text.startswith("SIG") else f"SIG{text}"
-        member = getattr(signal.Signals, name, None) if name.isidentifier() else None
-        if member is None:
-            raise ParacellError(f"invalid signal: {value}")
-        number = int(member)
-    if not 0 < number < 65:
-        raise ParacellError(f"invalid signal: {value}")
-    return number
-
-
 def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None:
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
         if state.status not in ("created", "running", "paused"):
             raise NotRunningError()
+        if sig in FORWARDED and not all_processes:
+            # The shim relays what it receives; no socket round trip needed.
+            os.kill(state.shim_pid, sig)
+            return
         if sig == signal.SIGKILL:
             # SIGKILL must not depend on the guest's cooperation (it may be
             # paused, wedged or hostile): the shim dies, its VM with it, and

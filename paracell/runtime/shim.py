@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.runtime import channel, console, hostshare, spawn
+from paracell.runtime import channel, console, hostshare, signals, spawn
 from paracell.runtime.spec import Bundle
 from paracell.runtime.state import EXIT_FILE, process_start_time
 from paracell.vmm import machine, memory
@@ -90,6 +90,9 @@ class Shim:
                 os.dup2(devnull, fd)
             os.close(devnull)
         start = process_start_time(self.vm.pid) or 0
+        # From the moment the pid is published, `kill` may signal us: hold
+        # the signals until the relay's signalfd picks them up.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         return f"ok {os.getpid()} {self.vm.pid} {start}"
 
     def relay(self) -> tuple[int, str]:
@@ -103,7 +106,7 @@ class Shim:
             cfg.err_fd = -1
         else:
             cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
-        cfg.forward_signals = 1
+        cfg.forward_mask = signals.forward_mask()
         res = ffi.new("struct pc_relay_result *")
         lib.pc_relay(cfg, res)
         message = ffi.string(res.message).decode("utf-8", "replace")

@@ -11,7 +11,9 @@ import os
 from collections.abc import Callable
 
 
-def spawn(body: Callable[[int], int], detach: bool, on_crash: Callable[[str], None]) -> tuple[int, str]:
+def spawn(
+    body: Callable[[int], int], detach: bool, on_crash: Callable[[str], None]
+) -> tuple[int, str]:
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:

@@ -11,34 +11,67 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.runtime.ids import check_id
+
+# typing, contextlib and pathlib cost more to import than `state` does to run.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
 
 STATE_FILE = "state.json"
 EXIT_FILE = "exit"
 
 
-@dataclass
 class ContainerState:
-    id: str
-    bundle: str
-    status: str  # creating, created, running, paused, stopped
-    created: str
-    annotations: dict[str, str] = field(default_factory=dict)
-    shim_pid: int = 0
-    shim_start: int = 0  # /proc/<pid>/stat start time, against pid reuse
-    memory_file: str = ""
-    rootfs: str = ""
-    exit_status: int | None = None
-    error: str = ""
-    sandbox: bool = True
-    config_extra: dict[str, Any] = field(default_factory=dict)
+    """What state.json holds. A plain class: `state` and `kill` run on every
+    containerd poll, and dataclasses/pathlib would double their start-up."""
+
+    FIELDS: dict[str, Any] = {
+        "id": "", "bundle": "", "status": "", "created": "", "annotations": None,
+        "shim_pid": 0, "shim_start": 0, "memory_file": "", "rootfs": "",
+        "exit_status": None, "config_extra": None,
+    }
+
+    def __init__(self, **values: Any) -> None:
+        unknown = set(values) - set(self.FIELDS)
+        if unknown:
+            raise TypeError(f"unknown state fields {sorted(unknown)}")
+        for name, default in self.FIELDS.items():
+            value = values.get(name, default)
+            setattr(self, name, {} if value is None and name in ("annotations", "config_extra")
+                    else value)
+        # Declared for type checkers; set above.
+        self.id: str
+        self.bundle: str
+        self.status: str  # creating, created, running, paused, stopped
+        self.created: str
+        self.annotations: dict[str, str]
+        self.shim_pid: int
+        self.shim_start: int  # /proc/<pid>/stat start time, against pid reuse
+        self.memory_file: str
+        self.rootfs: str
+        self.exit_status: int | None
+        self.config_extra: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def oci_state(state: ContainerState) -> dict[str, object]:
+    return {
+        "ociVersion": "1.0.2",
+        "id": state.id,
+        "pid": state.shim_pid if state.status != "stopped" else 0,
+        "status": state.status,
+        "bundle": state.bundle,
+        "rootfs": state.rootfs,
+        "created": state.created,
+        "annotations": state.annotations,
+        "owner": "",
+    }
 
 
 def process_start_time(pid: int) -> int | None:
@@ -58,29 +91,55 @@ def shim_alive(state: ContainerState) -> bool:
     return state.shim_pid > 0 and process_start_time(state.shim_pid) == state.shim_start
 
 
+class ContainerLock:
+    def __init__(self, store: StateStore, container_id: str, must_exist: bool) -> None:
+        self.store, self.container_id, self.must_exist = store, container_id, must_exist
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        path = self.store.path(self.container_id, "lock")
+        try:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except FileNotFoundError:
+            raise NotExistError(self.container_id) from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if self.must_exist and not os.path.exists(self.store.path(self.container_id,
+                                                                     STATE_FILE)):
+                raise NotExistError(self.container_id)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
 class StateStore:
     def __init__(self, root: str) -> None:
-        self.root = Path(root)
+        self.root = root
+
+    def path(self, container_id: str, name: str = "") -> str:
+        return os.path.join(self.root, check_id(container_id), name)
 
     def dir(self, container_id: str) -> Path:
-        return self.root / check_id(container_id)
+        from pathlib import Path
+
+        return Path(self.path(container_id))
 
     def create_dir(self, container_id: str) -> Path:
         path = self.dir(container_id)
-        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
         try:
             path.mkdir(mode=0o700)
         except FileExistsError:
             raise ParacellError(f"container with id exists: {container_id}") from None
         return path
 
-    def exists(self, container_id: str) -> bool:
-        return (self.dir(container_id) / STATE_FILE).exists()
-
     def load(self, container_id: str) -> ContainerState:
-        path = self.dir(container_id) / STATE_FILE
         try:
-            data = json.loads(path.read_text())
+            with open(self.path(container_id, STATE_FILE), "rb") as f:
+                data = json.loads(f.read())
             state = ContainerState(**data)
         except FileNotFoundError:
             raise NotExistError(container_id) from None
@@ -97,38 +156,27 @@ class StateStore:
 
     def read_exit(self, container_id: str) -> int | None:
         try:
-            return int((self.dir(container_id) / EXIT_FILE).read_text().split()[0])
+            with open(self.path(container_id, EXIT_FILE)) as f:
+                return int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             return None
 
     def save(self, state: ContainerState) -> None:
-        directory = self.dir(state.id)
-        tmp = directory / f".{STATE_FILE}.{os.getpid()}"
+        tmp = self.path(state.id, f".{STATE_FILE}.{os.getpid()}")
         with open(tmp, "w") as f:
-            json.dump(asdict(state), f)
+            json.dump(state.as_dict(), f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, directory / STATE_FILE)
+        os.replace(tmp, self.path(state.id, STATE_FILE))
 
-    @contextmanager
-    def locked(self, container_id: str, must_exist: bool = True) -> Iterator[None]:
+    def locked(self, container_id: str, must_exist: bool = True) -> ContainerLock:
         """Serialises verbs on one container; the lock dies with its holder."""
-        directory = self.dir(container_id)
-        try:
-            fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:
-            raise NotExistError(container_id) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if must_exist and not (directory / STATE_FILE).exists():
-                raise NotExistError(container_id)
-            yield
-        finally:
-            os.close(fd)
+        return ContainerLock(self, container_id, must_exist)
 
     def list_ids(self) -> list[str]:
         try:
-            return sorted(p.name for p in self.root.iterdir() if (p / STATE_FILE).exists())
+            names = os.listdir(self.root)
+            return sorted(n for n in names if os.path.exists(os.path.join(self.root, n, STATE_FILE)))
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return []

@@ -119,7 +119,7 @@ def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: 
         f'[debug]\n  address = "{base}/debug.sock"\n'
     )
     env = e2e_env(memory_dir)
-    log = open(base / "containerd.log", "wb")
+    log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
     try:

@@ -1,0 +1,79 @@
+"""The verbs containerd and podman call most (`state`, `kill`), answered
+without click, cffi or sockets: a poll of `state` should cost about as much
+as starting Python. Anything unusual falls through to the full CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+FLAG_GLOBALS = ("--debug",)
+VALUED_GLOBALS = ("--root", "--log", "--log-format")
+
+
+def _split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        arg = argv[i]
+        key, eq, value = arg.partition("=")
+        if key in VALUED_GLOBALS:
+            if not eq:
+                i += 1
+                if i >= len(argv):
+                    return None
+                value = argv[i]
+            opts[key] = value
+        elif arg not in FLAG_GLOBALS:
+            return None
+        i += 1
+    return opts, argv[i:]
+
+
+def _state(root: str, rest: list[str]) -> int | None:
+    from paracell.runtime.state import StateStore, oci_state
+
+    if len(rest) != 1 or rest[0].startswith("-"):
+        return None
+    state = StateStore(root).load(rest[0])
+    sys.stdout.write(json.dumps(oci_state(state), indent=2) + "\n")
+    return 0
+
+
+def _kill(root: str, rest: list[str]) -> int | None:
+    from paracell.errors import NotRunningError
+    from paracell.runtime.signals import FORWARDED, parse_signal
+    from paracell.runtime.state import StateStore, shim_alive
+
+    if not 1 <= len(rest) <= 2 or any(a.startswith("-") for a in rest):
+        return None
+    sig = parse_signal(rest[1] if len(rest) == 2 else "SIGTERM")
+    if sig not in FORWARDED:
+        return None
+    state = StateStore(root).load(rest[0])
+    if state.status not in ("created", "running", "paused") or not shim_alive(state):
+        raise NotRunningError()
+    os.kill(state.shim_pid, sig)
+    return 0
+
+
+def run(argv: list[str]) -> int | None:
+    """The exit status, or None when the full CLI must handle this call."""
+    from paracell.errors import ParacellError
+    from paracell.settings import DEFAULT_ROOT
+
+    split = _split_globals(argv)
+    if split is None or not split[1]:
+        return None
+    opts, (verb, *rest) = split
+    handler = {"state": _state, "kill": _kill}.get(verb)
+    if handler is None:
+        return None
+    try:
+        return handler(opts.get("--root", DEFAULT_ROOT), rest)
+    except ParacellError as err:
+        from paracell.runtime.log import RuntimeLog
+
+        RuntimeLog(opts.get("--log"), opts.get("--log-format", "text")).error(str(err))
+        return err.exit_code
