@@ -12,7 +12,7 @@ FLAG_GLOBALS = ("--debug",)
 VALUED_GLOBALS = ("--root", "--log", "--log-format")
 
 
-def _split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
+def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
     opts: dict[str, str] = {}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -63,7 +63,7 @@ def run(argv: list[str]) -> int | None:
     from paracell.errors import ParacellError
     from paracell.settings import DEFAULT_ROOT
 
-    split = _split_globals(argv)
+    split = split_globals(argv)
     if split is None or not split[1]:
         return None
     opts, (verb, *rest) = split

@@ -20,7 +20,11 @@ from paracell.runtime.ids import check_id
 from paracell.runtime.log import RuntimeLog, rfc3339_now
 from paracell.runtime.signals import FORWARDED
 from paracell.runtime.state import (
-    ContainerState, StateStore, oci_state, process_start_time, shim_alive,
+    ContainerState,
+    StateStore,
+    oci_state,
+    process_start_time,
+    shim_alive,
 )
 
 SHIM_DEATH_WAIT_S = 10.0
@@ -243,10 +247,6 @@ def run(
     if not keep:
         delete(ctx, container_id, force=True)
     return status
-
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-             signal.SIGUSR1, signal.SIGUSR2)
 
 
 def wait_child(pid: int) -> int:

@@ -176,7 +176,8 @@ class StateStore:
     def list_ids(self) -> list[str]:
         try:
             names = os.listdir(self.root)
-            return sorted(n for n in names if os.path.exists(os.path.join(self.root, n, STATE_FILE)))
+            return sorted(n for n in names
+                          if os.path.exists(os.path.join(self.root, n, STATE_FILE)))
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return []

@@ -1,0 +1,113 @@
+"""Host probe, engine choice, QEMU command line, IDs, signals, cpio."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from paracell import fastpath
+from paracell.errors import ParacellError
+from paracell.guest import cpio
+from paracell.runtime.ids import check_id
+from paracell.runtime.signals import FORWARDED, forward_mask, parse_signal
+from paracell.vmm import probe, qemu
+
+
+def facts(kind: str) -> probe.HostFacts:
+    return probe.HostFacts(kind, "detail", False, "/usr/bin/qemu-system-x86_64", "7.2")
+
+
+def test_classify_kvm():
+    assert probe.classify_kvm({"vmx"}, {"kvm_intel"}, True)[0] == "hardware"
+    assert probe.classify_kvm({"svm"}, {"kvm_amd"}, True)[0] == "hardware"
+    assert probe.classify_kvm(set(), {"kvm", "kvm_pvm"}, True)[0] == "pvm-host"
+    assert probe.classify_kvm({"vmx"}, {"kvm_intel"}, False)[0] == "none"
+    assert probe.classify_kvm(set(), set(), True)[0] == "none"
+
+
+def test_auto_falls_back_to_tcg_with_a_notice():
+    choice = probe.choose_engine("auto", facts("pvm-host"))
+    assert choice.engine == "tcg" and choice.notice and "TCG" in choice.notice
+    assert "\n" not in choice.notice
+
+
+def test_kvm_refused_where_unusable():
+    with pytest.raises(ParacellError, match="not usable"):
+        probe.choose_engine("kvm", facts("pvm-host"))
+    with pytest.raises(ParacellError, match="unknown engine"):
+        probe.choose_engine("xen", facts("none"))
+
+
+def test_probe_reads_this_host():
+    found = probe.probe_host()
+    assert found.kvm_kind in ("hardware", "pvm-host", "none")
+
+
+def vm_spec(**kw) -> qemu.VmSpec:
+    base = dict(qemu="qemu-system-x86_64", engine="tcg", kernel=Path("/k"),
+                initramfs=Path("/i"), memory_mib=256, vcpus=1, memory_file=Path("/dev/shm/m"),
+                rootfs=Path("/r"), rootfs_readonly=True, console_log=Path("/c"),
+                agent_fd=5, qmp_fd=6)
+    base.update(kw)
+    return qemu.VmSpec(**base)
+
+
+def test_tcg_command_line():
+    argv = qemu.command_line(vm_spec())
+    joined = " ".join(argv)
+    assert argv[argv.index("-cpu") + 1] == "max"
+    assert "tcg,tb-size=" in joined
+    assert "mem-path=/dev/shm/m,share=on" in joined
+    assert "-nodefaults" in argv and "microvm" in joined
+    assert "socket,id=agent,fd=5" in joined and "socket,id=qmp,fd=6,server=on" in joined
+    assert "path=/r,security_model=passthrough,readonly=on" in joined
+    assert "isa-debug-exit,iobase=0xf4" in joined
+    assert "hostshare" not in joined
+
+
+def test_kvm_command_line_and_hostshare():
+    argv = qemu.command_line(vm_spec(engine="kvm", hostshare=Path("/s"), rootfs_readonly=False))
+    joined = " ".join(argv)
+    assert "-accel kvm -cpu host" in joined
+    assert "readonly=on" not in joined
+    assert "mount_tag=hostshare" in joined
+
+
+@pytest.mark.parametrize("good", ["a", "abc-DEF_1.2+3", "x" * 255])
+def test_valid_ids(good):
+    assert check_id(good) == good
+
+
+@pytest.mark.parametrize("bad", ["", ".", "..", "a/b", "../x", "sp ace", "x" * 256, "é"])
+def test_invalid_ids(bad):
+    with pytest.raises(ParacellError):
+        check_id(bad)
+
+
+def test_signals():
+    assert parse_signal("15") == parse_signal("TERM") == parse_signal("SIGTERM") == 15
+    assert parse_signal("kill") == 9
+    for bad in ("0", "65", "SIGNOPE", "-1", "1.5"):
+        with pytest.raises(ParacellError):
+            parse_signal(bad)
+    assert 15 in FORWARDED and 9 not in FORWARDED and 28 not in FORWARDED
+    assert forward_mask() & (1 << 15) and not forward_mask() & (1 << 9)
+
+
+def test_cpio_newc_layout():
+    data = cpio.newc_archive([cpio.directory("dev"), cpio.char_device("dev/console", 5, 1),
+                              cpio.executable("init", b"\x7fELF")])
+    assert data.startswith(b"070701") and b"TRAILER!!!" in data
+    assert len(data) % 4 == 0
+    header = data[:110]
+    assert int(header[14:22], 16) == stat.S_IFDIR | 0o755
+
+
+def test_fast_path_defers_unusual_calls():
+    assert fastpath.split_globals(["--root", "/r", "state", "x"]) == ({"--root": "/r"},
+                                                                          ["state", "x"])
+    assert fastpath.split_globals(["--systemd-cgroup", "state", "x"]) is None
+    assert fastpath.split_globals(["--log=/l", "--debug", "kill", "x"]) == (
+        {"--log": "/l"}, ["kill", "x"])
