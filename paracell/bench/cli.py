@@ -36,8 +36,9 @@ def run(ctx: Context, runs: int, output: str) -> str:
     samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         runc_root = f"{tmp}/runc"
-        run_checked([paracell, "--root", root, "run", "--detach", "--bundle", str(bundle), cid],
-                    stdin=subprocess.DEVNULL)
+        # The detached shim keeps the container's stdio: give it /dev/null, not pipes.
+        subprocess.run([paracell, "--root", root, "run", "--detach", "--bundle", str(bundle),
+                        cid], check=True, **quiet)
         try:
             variants["paracell state"] = [paracell, "--root", root, "state", cid]
             variants["paracell kill"] = [paracell, "--root", root, "kill", cid, "CONT"]
