@@ -207,3 +207,41 @@ def test_json_log_has_runc_shaped_errors(runtime, tmp_path):
     assert result.returncode != 0
     entry = json.loads(log.read_text().splitlines()[-1])
     assert entry["level"] == "error" and "does not exist" in entry["msg"] and entry["time"]
+
+
+def test_pod_sandbox_and_app_container(runtime, make_bundle, tmp_path):
+    """containerd CRI creates the pause container and each app container
+    separately, tagged with the CRI annotations; each gets its own VM."""
+    def annotate(kind, sandbox):
+        return lambda c: c.update(annotations={
+            "io.kubernetes.cri.container-type": kind,
+            "io.kubernetes.cri.sandbox-id": sandbox,
+        })
+
+    pause = make_bundle(["sleep", "60"], mutate=annotate("sandbox", "pod1"))
+    app = make_bundle(["sh", "-c", "echo app; sleep 60"], mutate=annotate("container", "pod1"))
+    create_detached(runtime, pause, "pod1", tmp_path)
+    runtime("start", "pod1", check=True)
+    create_detached(runtime, app, "app1", tmp_path)
+    runtime("start", "app1", check=True)
+    for cid, kind in (("pod1", "sandbox"), ("app1", "container")):
+        st = state_of(runtime, cid)
+        assert st["status"] == "running"
+        assert st["annotations"]["io.kubernetes.cri.container-type"] == kind
+        assert st["annotations"]["io.kubernetes.cri.sandbox-id"] == "pod1"
+    assert len(runtime.qemu_processes()) == 2
+    for cid in ("app1", "pod1"):
+        runtime("delete", "--force", cid, check=True)
+    runtime.assert_no_leaks()
+
+
+def test_guest_side_hooks_are_refused_and_host_hooks_run(runtime, make_bundle, tmp_path):
+    marker = tmp_path / "hook-ran"
+    hook = {"path": "/bin/sh", "args": ["sh", "-c", f"cat > {marker}"]}
+    bundle = make_bundle(["true"], mutate=lambda c: c.update(hooks={"createRuntime": [hook]}))
+    assert runtime("run", "--bundle", str(bundle), "hk").returncode == 0
+    assert json.loads(marker.read_text())["id"] == "hk"
+    refused = make_bundle(["true"], mutate=lambda c: c.update(hooks={"startContainer": [hook]}))
+    result = runtime("run", "--bundle", str(refused), "hk2")
+    assert result.returncode != 0 and b"startContainer hooks must run inside" in result.stderr
+    runtime.assert_no_leaks()

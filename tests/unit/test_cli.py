@@ -1,0 +1,52 @@
+"""CLI verbs that need no VM: spec, features, version, refusals, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.conftest import PARACELL
+
+
+def paracell(*args, cwd=None):
+    return subprocess.run([PARACELL, *args], capture_output=True, cwd=cwd, timeout=60)
+
+
+def test_version_has_runc_shape():
+    out = paracell("--version").stdout.decode().splitlines()
+    assert out[0].startswith("paracell version ") and out[1].startswith("spec: ")
+
+
+def test_spec_writes_a_default_config_once(tmp_path):
+    assert paracell("spec", cwd=tmp_path).returncode == 0
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["process"]["args"] == ["sh"] and config["root"]["path"] == "rootfs"
+    again = paracell("spec", cwd=tmp_path)
+    assert again.returncode != 0 and b"exists" in again.stderr
+
+
+def test_features_is_json():
+    features = json.loads(paracell("features").stdout)
+    assert "CAP_SYS_ADMIN" in features["linux"]["capabilities"]
+
+
+def test_refusals_are_one_line(tmp_path):
+    root = str(tmp_path / "root")
+    for args, text in (
+        (["checkpoint", "x"], b"not supported"),
+        (["restore", "x"], b"not supported"),
+        (["--systemd-cgroup", "state", "x"], b"--systemd-cgroup"),
+        (["kill", "x", "NOTASIGNAL"], b"invalid signal"),
+        (["nosuchverb"], b"No such command"),
+    ):
+        result = paracell("--root", root, *args)
+        assert result.returncode != 0, args
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and text in lines[0], (args, lines)
+        assert b"Traceback" not in result.stderr
+
+
+def test_check_reports_the_engine():
+    report = json.loads(paracell("check", "--json").stdout)
+    assert report["host"]["kvm_kind"] in ("hardware", "pvm-host", "none")
+    assert report["engine"]["engine"] in ("kvm", "tcg")

@@ -1,0 +1,92 @@
+"""The host relay (csrc/relay.c) against a hostile guest: the test writes the
+guest's side of the agent channel byte by byte, the real C relay reads it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+
+import pytest
+from paracell._native import ffi, lib
+
+STDOUT, STDERR, EXIT = 18, 19, 20
+
+
+def frame(ftype: int, chan: int, payload: bytes = b"", length: int | None = None) -> bytes:
+    return struct.pack("<IHH", len(payload) if length is None else length, ftype, chan) + payload
+
+
+def relay(guest_bytes: bytes, tmp_path, close_guest: bool = True):
+    ours, guest = socket.socketpair()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(tmp_path / "shim.sock"))
+    listener.listen(1)
+    out_r, out_w = os.pipe()
+
+    def play_guest() -> None:
+        guest.sendall(guest_bytes)
+        if close_guest:
+            guest.close()
+
+    writer = threading.Thread(target=play_guest)
+    writer.start()
+    collected = bytearray()
+    reader = threading.Thread(target=lambda: collected.extend(_read_all(out_r)))
+    reader.start()
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd = ours.fileno(), listener.fileno()
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = -1, out_w, -1, -1
+    cfg.forward_mask = 0
+    res = ffi.new("struct pc_relay_result *")
+    lib.pc_relay(cfg, res)
+    writer.join()
+    os.close(out_w)
+    reader.join()
+    for s in (ours, listener, guest):
+        s.close()
+    return res.end, res.status, ffi.string(res.message).decode(), bytes(collected)
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def test_output_then_exit(tmp_path):
+    data = bytes(range(256)) * 1000
+    chunks = [data[i:i + 65536] for i in range(0, len(data), 65536)]
+    stream = b"".join(frame(STDOUT, 0, c) for c in chunks) + frame(EXIT, 0, struct.pack("<i", 7))
+    end, status, _, output = relay(stream, tmp_path)
+    assert (end, status) == (lib.PC_END_EXIT, 7)
+    assert output == data
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        frame(STDOUT, 0, length=0xFFFFFFFF),  # length far beyond the bound
+        frame(STDOUT, 0, length=65537),  # one byte over
+        frame(999, 0, b"x"),  # unknown type
+        frame(STDOUT, 5000, b"x"),  # channel out of range
+        frame(EXIT, 0, b"\x01\x02"),  # EXIT with a short status
+        frame(1, 0, b"spec"),  # a host-to-guest type coming from the guest
+    ],
+)
+def test_malformed_frames_end_the_container_not_the_host(tmp_path, stream):
+    end, _, message, _ = relay(stream, tmp_path, close_guest=False)
+    assert end == lib.PC_END_VIOLATION
+    assert message == "agent protocol violation: malformed frame from the guest"
+
+
+def test_guest_that_vanishes_is_a_hangup(tmp_path):
+    end, _, message, output = relay(frame(STDOUT, 0, b"partial"), tmp_path)
+    assert end == lib.PC_END_HANGUP and "exited unexpectedly" in message
+    assert output == b"partial"
+
+
+def test_frames_for_unknown_exec_channels_are_dropped(tmp_path):
+    stream = frame(STDOUT, 3, b"nobody owns chan 3") + frame(EXIT, 0, struct.pack("<i", 0))
+    end, status, _, output = relay(stream, tmp_path)
+    assert (end, status, output) == (lib.PC_END_EXIT, 0, b"")
