@@ -65,6 +65,32 @@ def expect_created(fd: int, timeout_s: float) -> int:
     return struct.unpack("<I", frame.payload)[0]
 
 
+@dataclass(frozen=True)
+class RelayEnd:
+    kind: int  # lib.PC_END_*
+    status: int
+    message: str
+
+
+def run_relay(chan_fd: int, listen_fd: int, tty_fd: int) -> RelayEnd:
+    """Runs the C relay over this process's stdio (or its terminal) until the
+    process exits or the channel fails."""
+    from paracell._native import ffi, lib
+    from paracell.runtime import signals
+
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd = chan_fd, listen_fd
+    if tty_fd >= 0:
+        cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
+        cfg.err_fd = -1
+    else:
+        cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
+    cfg.forward_mask = signals.forward_mask()
+    res = ffi.new("struct pc_relay_result *")
+    lib.pc_relay(cfg, res)
+    return RelayEnd(res.end, res.status, ffi.string(res.message).decode("utf-8", "replace"))
+
+
 def printable(data: bytes, limit: int = 300) -> str:
     text = data[:limit].decode("utf-8", "replace")
     return "".join(c if c.isprintable() else " " for c in text).strip() or "unknown error"

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from paracell.errors import NotRunningError, ParacellError
-from paracell.runtime import channel, signals, spawn, spec
+from paracell.runtime import channel, spawn, spec
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
+from paracell.runtime.spec import read_json_file
 
 MAX_PROCESS_JSON = 1 << 20
 EXECS_DIR = "execs"
@@ -25,17 +26,7 @@ CREATE_TIMEOUT_S = 60.0
 
 
 def _load_process_file(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_PROCESS_JSON + 1)
-    except OSError as err:
-        raise ParacellError(f"open {path}: {err.strerror}") from None
-    if len(raw) > MAX_PROCESS_JSON:
-        raise ParacellError(f"{path} is larger than {MAX_PROCESS_JSON} bytes")
-    try:
-        process = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ParacellError(f"{path} is not valid JSON: {err}") from None
+    process = read_json_file(path, MAX_PROCESS_JSON)
     if not isinstance(process, dict):
         raise ParacellError(f"{path}: the process must be a JSON object")
     return process
@@ -88,7 +79,7 @@ def process_from_args(
 def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
                 execs_dir: Path) -> Callable[[int], int]:
     def body(ready_fd: int) -> int:
-        from paracell._native import ffi, lib
+        from paracell._native import lib
         from paracell.runtime import console
 
         try:
@@ -107,18 +98,9 @@ def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket
         spawn.report_ready(ready_fd, f"ok {os.getpid()}")
         try:
             channel.send(conn.fileno(), channel.START)
-            cfg = ffi.new("struct pc_relay_cfg *")
-            cfg.chan_fd, cfg.listen_fd = conn.fileno(), -1
-            if tty_fd >= 0:
-                cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
-                cfg.err_fd = -1
-            else:
-                cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
-            cfg.forward_mask = signals.forward_mask()
-            res = ffi.new("struct pc_relay_result *")
-            lib.pc_relay(cfg, res)
-            if res.end == lib.PC_END_EXIT:
-                return res.status & 0xFF
+            end = channel.run_relay(conn.fileno(), -1, tty_fd)
+            if end.kind == lib.PC_END_EXIT:
+                return end.status & 0xFF
             # The container (or its VM) went away under this process.
             return 137
         finally:

@@ -96,23 +96,13 @@ class Shim:
         return f"ok {os.getpid()} {self.vm.pid} {start}"
 
     def relay(self) -> tuple[int, str]:
-        from paracell._native import ffi, lib
+        from paracell._native import lib
 
-        cfg = ffi.new("struct pc_relay_cfg *")
-        cfg.chan_fd = self.agent.fileno()
-        cfg.listen_fd = self.listener.fileno()
-        if self.tty_fd >= 0:
-            cfg.in_fd = cfg.out_fd = cfg.tty_fd = self.tty_fd
-            cfg.err_fd = -1
-        else:
-            cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
-        cfg.forward_mask = signals.forward_mask()
-        res = ffi.new("struct pc_relay_result *")
-        lib.pc_relay(cfg, res)
-        message = ffi.string(res.message).decode("utf-8", "replace")
-        if res.end == lib.PC_END_EXIT:
-            return res.status & 0xFF, ""
-        if res.end == lib.PC_END_HANGUP and self.vm is not None:
+        end = channel.run_relay(self.agent.fileno(), self.listener.fileno(), self.tty_fd)
+        message = end.message
+        if end.kind == lib.PC_END_EXIT:
+            return end.status & 0xFF, ""
+        if end.kind == lib.PC_END_HANGUP and self.vm is not None:
             code = machine.stop(self.vm, 1.0)
             message = f"{message} (qemu exit {code})"
             return (EXIT_VM_DIED if code == -signal.SIGKILL else EXIT_RUNTIME_ERROR), message

@@ -109,24 +109,28 @@ def _id_value(value: Any, where: str) -> int:
     return value
 
 
+def read_json_file(path: str | os.PathLike[str], limit: int) -> Any:
+    """Reads at most `limit` bytes of untrusted JSON, with runc-style errors."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except FileNotFoundError:
+        raise ParacellError(f"open {path}: no such file or directory") from None
+    except OSError as err:
+        raise ParacellError(f"open {path}: {err.strerror}") from None
+    if len(raw) > limit:
+        raise ParacellError(f"{path} is larger than {limit} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ParacellError(f"{path} is not valid JSON: {err}") from None
+
+
 def load_bundle(bundle_dir: str | os.PathLike[str]) -> Bundle:
     path = Path(bundle_dir).absolute()
     if not path.is_dir():
         raise ParacellError(f"bundle {path} is not a directory")
-    config_path = path / "config.json"
-    try:
-        with config_path.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-    except FileNotFoundError:
-        raise ParacellError(f"open {config_path}: no such file or directory") from None
-    except OSError as err:
-        raise ParacellError(f"open {config_path}: {err.strerror}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ParacellError(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
-    try:
-        config = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ParacellError(f"{config_path} is not valid JSON: {err}") from None
+    config = read_json_file(path / "config.json", MAX_CONFIG_BYTES)
     _expect(config, dict, "the top level")
     return validate(path, config)
 
