@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from paracell.bench import plot
 from paracell.bench.common import (
     bench_dir,
     example_bundle,
@@ -67,6 +68,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
             for verb in ("state", "kill")
         }
     path = write_result(output, result)
+    plot.bar_chart(stats, "CLI verbs on a running container", 1000, "ms",
+                   path.with_suffix(".png"))
     parts = [f"{name} {s['median_s'] * 1000:.1f} ms" for name, s in stats.items()]
     verdict = "met" if result["goal"]["met"] else "not met"
     return f"{'; '.join(parts)}; state goal {verdict} -> {path}"

@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from paracell.bench import plot
 from paracell.bench.common import (
     bench_dir,
     example_bundle,
@@ -89,6 +90,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
     if runc:
         result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
     path = write_result(output, result)
+    plot.bar_chart(stats, f"start to exit of /bin/true ({choice.engine})", 1000, "ms",
+                   path.with_suffix(".png"))
     line = (f"paracell run /bin/true ({choice.engine}): median "
             f"{stats['paracell']['median_s']:.3f} s; raw QEMU boot "
             f"{stats['raw_qemu']['median_s']:.3f} s ({ratio:.2f}x)")
