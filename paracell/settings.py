@@ -30,9 +30,48 @@ def memory_dir() -> Path:
     return Path(os.environ.get("PARACELL_MEMORY_DIR", "/dev/shm/paracell"))
 
 
+CONFIG_FILE = "/etc/paracell/config.json"
+_CONFIG_KEYS = {"engine": str, "guest_memory_mib": int}
+
+
+def file_config() -> dict[str, object]:
+    """Operator settings for callers that cannot pass flags (containerd, podman):
+    a JSON object in $PARACELL_CONFIG or /etc/paracell/config.json. The
+    environment wins over the file, and flags over both."""
+    import json
+
+    from paracell.errors import ParacellError
+
+    path = os.environ.get("PARACELL_CONFIG", CONFIG_FILE)
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(65536))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        raise ParacellError(f"{path}: {err}") from None
+    if not isinstance(data, dict):
+        raise ParacellError(f"{path}: expected a JSON object")
+    for key, value in data.items():
+        kind = _CONFIG_KEYS.get(key)
+        if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+            raise ParacellError(f"{path}: unknown or mistyped setting {key!r}")
+    return data
+
+
 def engine_override() -> str | None:
-    return os.environ.get("PARACELL_ENGINE")
+    value = os.environ.get("PARACELL_ENGINE") or file_config().get("engine")
+    return str(value) if value else None
 
 
 def guest_memory_mib() -> int:
-    return int(os.environ.get("PARACELL_GUEST_MEMORY_MIB", "256"))
+    from paracell.errors import ParacellError
+
+    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
+    try:
+        value = int(raw)  # type: ignore[arg-type]
+    except ValueError:
+        raise ParacellError(f"guest memory must be a number of MiB, not {raw!r}") from None
+    if not 64 <= value <= 65536:
+        raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")
+    return value

@@ -152,7 +152,13 @@ def serve(plan: ShimPlan, ready_fd: int, report: Callable[[str], None]) -> int:
         spawn.report_ready(ready_fd, f"error {text}")
         shim.shutdown()
         return EXIT_RUNTIME_ERROR
-    spawn.report_ready(ready_fd, line)
+    try:
+        spawn.report_ready(ready_fd, line)
+    except OSError:
+        # `create` died before it could record us: nobody would ever delete
+        # this container, so it must not keep running.
+        shim.shutdown()
+        return EXIT_RUNTIME_ERROR
     status, message = shim.relay()
     write_exit(plan.state_dir, status, message)
     if message:

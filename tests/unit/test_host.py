@@ -111,3 +111,23 @@ def test_fast_path_defers_unusual_calls():
     assert fastpath.split_globals(["--systemd-cgroup", "state", "x"]) is None
     assert fastpath.split_globals(["--log=/l", "--debug", "kill", "x"]) == (
         {"--log": "/l"}, ["kill", "x"])
+
+
+def test_config_file_and_environment_precedence(tmp_path, monkeypatch):
+    from paracell import settings
+
+    conf = tmp_path / "config.json"
+    conf.write_text('{"engine": "tcg", "guest_memory_mib": 512}')
+    monkeypatch.setenv("PARACELL_CONFIG", str(conf))
+    monkeypatch.delenv("PARACELL_ENGINE", raising=False)
+    monkeypatch.delenv("PARACELL_GUEST_MEMORY_MIB", raising=False)
+    assert settings.engine_override() == "tcg" and settings.guest_memory_mib() == 512
+    monkeypatch.setenv("PARACELL_ENGINE", "kvm")
+    assert settings.engine_override() == "kvm"
+    monkeypatch.delenv("PARACELL_ENGINE")
+    conf.write_text('{"engin": "tcg"}')
+    with pytest.raises(ParacellError, match="unknown or mistyped"):
+        settings.engine_override()
+    monkeypatch.setenv("PARACELL_GUEST_MEMORY_MIB", "8")
+    with pytest.raises(ParacellError, match="outside"):
+        settings.guest_memory_mib()
