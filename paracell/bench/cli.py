@@ -10,26 +10,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from paracell.bench import plot
-from paracell.bench.common import (
-    bench_dir,
-    example_bundle,
-    oci_runtime,
-    run_checked,
-    summarize,
-    time_call,
-    write_result,
-)
+from paracell.bench import common, plot
 from paracell.runtime.lifecycle import Context
 
 GOAL_STATE_MEDIAN_S = 0.030
 
 
 def run(ctx: Context, runs: int, output: str) -> str:
-    bundle = example_bundle("sleep", ["sleep", "600"])
+    bundle = common.example_bundle("sleep", ["sleep", "600"])
     paracell = str(Path(sys.executable).with_name("paracell"))
-    root = str(bench_dir() / "root")
-    runc = oci_runtime("runc")
+    root = str(common.bench_dir() / "root")
+    runc = common.oci_runtime("runc")
     cid = f"bench-cli-{os.getpid()}"
     quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL,
              "stderr": subprocess.DEVNULL}
@@ -51,12 +42,12 @@ def run(ctx: Context, runs: int, output: str) -> str:
             samples = {name: [] for name in variants}
             for _ in range(runs):
                 for name, cmd in variants.items():
-                    samples[name].append(time_call(lambda cmd=cmd: run_checked(cmd)))
+                    samples[name].append(common.time_call(lambda cmd=cmd: common.run_checked(cmd)))
         finally:
             subprocess.run([paracell, "--root", root, "delete", "--force", cid], **quiet)
             if runc:
                 subprocess.run([runc, "--root", runc_root, "delete", "--force", cid], **quiet)
-    stats = {name: summarize(values) for name, values in samples.items()}
+    stats = {name: common.summarize(values) for name, values in samples.items()}
     result: dict[str, Any] = {"benchmark": "CLI verb wall time on a running container",
                               "results": stats}
     state_median = stats["paracell state"]["median_s"]
@@ -67,7 +58,7 @@ def run(ctx: Context, runs: int, output: str) -> str:
             verb: stats[f"paracell {verb}"]["median_s"] / stats[f"runc {verb}"]["median_s"]
             for verb in ("state", "kill")
         }
-    path = write_result(output, result)
+    path = common.write_result(output, result)
     plot.bar_chart(stats, "CLI verbs on a running container", 1000, "ms",
                    path.with_suffix(".png"))
     parts = [f"{name} {s['median_s'] * 1000:.1f} ms" for name, s in stats.items()]

@@ -12,16 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from paracell.bench import plot
-from paracell.bench.common import (
-    bench_dir,
-    example_bundle,
-    oci_runtime,
-    run_checked,
-    summarize,
-    time_call,
-    write_result,
-)
+from paracell.bench import common, plot
 from paracell.guest import artifacts
 from paracell.runtime.lifecycle import Context
 from paracell.vmm import probe, qemu
@@ -45,7 +36,7 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
         extra_cmdline="paracell.exit_on_boot=1",
     )
     try:
-        return time_call(lambda: subprocess.run(
+        return common.time_call(lambda: subprocess.run(
             qemu.command_line(spec), pass_fds=(vm_end.fileno(), qmp.fileno()),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
         ))
@@ -59,25 +50,25 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
 def run(ctx: Context, runs: int, output: str) -> str:
     facts = probe.probe_host()
     choice = probe.choose_engine(ctx.engine, facts)
-    bundle = example_bundle("true", ["/bin/true"])
+    bundle = common.example_bundle("true", ["/bin/true"])
     paracell = str(Path(sys.executable).with_name("paracell"))
-    root = str(bench_dir() / "root")
-    runc = oci_runtime("runc")
+    root = str(common.bench_dir() / "root")
+    runc = common.oci_runtime("runc")
     samples: dict[str, list[float]] = {"paracell": [], "raw_qemu": []}
     if runc:
         samples["runc"] = []
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         for i in range(runs):
             cid = f"bench-start-{os.getpid()}-{i}"
-            samples["paracell"].append(time_call(lambda cid=cid: run_checked(
+            samples["paracell"].append(common.time_call(lambda cid=cid: common.run_checked(
                 [paracell, "--root", root, "--engine", choice.engine, "run",
                  "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL)))
             samples["raw_qemu"].append(_raw_boot(choice.engine, facts.qemu_path or "", Path(tmp)))
             if runc:
-                samples["runc"].append(time_call(lambda cid=cid: run_checked(
+                samples["runc"].append(common.time_call(lambda cid=cid: common.run_checked(
                     [runc, "--root", f"{tmp}/runc", "run", "--bundle", str(bundle), cid],
                     stdin=subprocess.DEVNULL)))
-    stats = {name: summarize(values) for name, values in samples.items()}
+    stats = {name: common.summarize(values) for name, values in samples.items()}
     ratio = stats["paracell"]["median_s"] / stats["raw_qemu"]["median_s"]
     result: dict[str, Any] = {
         "benchmark": "start-to-exit of /bin/true",
@@ -89,7 +80,7 @@ def run(ctx: Context, runs: int, output: str) -> str:
     }
     if runc:
         result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
-    path = write_result(output, result)
+    path = common.write_result(output, result)
     plot.bar_chart(stats, f"start to exit of /bin/true ({choice.engine})", 1000, "ms",
                    path.with_suffix(".png"))
     line = (f"paracell run /bin/true ({choice.engine}): median "
