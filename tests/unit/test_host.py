@@ -65,12 +65,14 @@ def test_tcg_command_line():
     assert "path=/r,security_model=passthrough,readonly=on" in joined
     assert "isa-debug-exit,iobase=0xf4" in joined
     assert "hostshare" not in joined
+    assert "noapictimer" in argv[argv.index("-append") + 1]
 
 
 def test_kvm_command_line_and_hostshare():
     argv = qemu.command_line(vm_spec(engine="kvm", hostshare=Path("/s"), rootfs_readonly=False))
     joined = " ".join(argv)
     assert "-accel kvm -cpu host" in joined
+    assert "noapictimer" not in argv[argv.index("-append") + 1]
     assert "readonly=on" not in joined
     assert "mount_tag=hostshare" in joined
 
