@@ -35,6 +35,14 @@ while read -r line; do
         missing=1
     fi
 done < <(grep -E '^CONFIG_' "$fragment")
+# An option the fragment turns off must stay off: a `select` elsewhere can
+# quietly turn it back on.
+while read -r _ option _; do
+    if grep -qE "^${option}=" .config; then
+        echo "paracell: kernel option still enabled: $option" >&2
+        missing=1
+    fi
+done < <(grep -E '^# CONFIG_[A-Z0-9_]+ is not set' "$fragment")
 [ "$missing" = 0 ] || exit 1
 
 echo "paracell: compiling the kernel with $jobs jobs (a few minutes)" >&2
