@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import sys
 
-VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
-
 
 def _log_from_argv(argv: list[str]) -> object:
+    from paracell.fastpath import split_globals
     from paracell.runtime.log import RuntimeLog
 
-    opts: dict[str, str] = {}
-    it = iter(argv)
-    for arg in it:
-        if arg in VALUED_GLOBALS:
-            opts[arg] = next(it, "")
-        elif arg.startswith(("--log=", "--log-format=")):
-            key, _, value = arg.partition("=")
-            opts[key] = value
-        elif not arg.startswith("-"):
-            break  # global options end at the verb
-    return RuntimeLog(opts.get("--log") or None, opts.get("--log-format", "text"))
+    opts = (split_globals(argv) or ({}, []))[0]
+    return RuntimeLog(opts.get("--log") or None, opts.get("--log-format") or "text")
 
 
 def main(argv: list[str] | None = None) -> None:

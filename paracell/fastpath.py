@@ -8,11 +8,15 @@ import json
 import os
 import sys
 
-FLAG_GLOBALS = ("--debug",)
-VALUED_GLOBALS = ("--root", "--log", "--log-format")
+# Every global option of the CLI; the fast path serves only calls that use
+# none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
+FLAG_GLOBALS = ("--debug", "--systemd-cgroup")
+VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
+FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug"}
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
+    """Global options (flags map to "") and what follows them; None if malformed."""
     opts: dict[str, str] = {}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -25,7 +29,9 @@ def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
                     return None
                 value = argv[i]
             opts[key] = value
-        elif arg not in FLAG_GLOBALS:
+        elif arg in FLAG_GLOBALS:
+            opts[arg] = ""
+        else:
             return None
         i += 1
     return opts, argv[i:]
@@ -64,7 +70,7 @@ def run(argv: list[str]) -> int | None:
     from paracell.settings import DEFAULT_ROOT
 
     split = split_globals(argv)
-    if split is None or not split[1]:
+    if split is None or not split[1] or not FAST_GLOBALS.issuperset(split[0]):
         return None
     opts, (verb, *rest) = split
     handler = {"state": _state, "kill": _kill}.get(verb)

@@ -46,27 +46,21 @@ static void report(const char *fmt, va_list ap)
     }
 }
 
-static void die(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+/* Exit 1 for a setup failure, 127 when execve itself failed (as a shell does). */
+static void die_status(int status, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 2, 3)));
 
-static void die(const char *fmt, ...)
+static void die_status(int status, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     report(fmt, ap);
     va_end(ap);
-    _exit(1);
+    _exit(status);
 }
 
-static void die_exec(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
-
-static void die_exec(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    report(fmt, ap);
-    va_end(ap);
-    _exit(127);
-}
+#define die(...) die_status(1, __VA_ARGS__)
+#define die_exec(...) die_status(127, __VA_ARGS__)
 
 /* ---- filesystem (init only) ---- */
 

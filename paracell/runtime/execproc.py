@@ -120,17 +120,16 @@ def exec_process(
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
+        if state.status == "stopped":
+            raise ParacellError("cannot exec in a stopped container")
         if state.status not in ("running", "created"):
-            raise ParacellError("cannot exec in a stopped container") if state.status == "stopped" \
-                else NotRunningError()
+            raise NotRunningError()
     state_dir = store.dir(container_id)
     body = _proxy_body(state_dir / "shim.sock", launch, terminal, console_socket,
                        state_dir / EXECS_DIR)
     pid, line = spawn.spawn(body, detach, ctx.log.background_error)
     problem = spawn.ready_error(line)
     if problem:
-        if not detach and pid:
-            os.waitpid(pid, 0)
         raise ParacellError(problem)
     if pid_file:
         write_pid_file(pid_file, pid)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from pathlib import Path
 
 from paracell.errors import ParacellError
@@ -44,8 +45,13 @@ def _mounts_under(directory: Path) -> list[str]:
     # filesystem does not look like a mount point to stat().
     prefix = f"{directory}/"
     with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f]
+        points = [_unescape(line.split()[4]) for line in f]
     return [p for p in points if p.startswith(prefix)]
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as \\ooo octal."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
 def unmount_binds(state_dir: Path) -> None:

@@ -95,7 +95,7 @@ def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
         state = store.load(container_id)
         want_from = "running" if paused else "paused"
         if state.status != want_from:
-            raise ParacellError(f"container not {want_from}" if paused else "container not paused")
+            raise ParacellError(f"container not {want_from}")
         _qmp(ctx, container_id, "stop" if paused else "cont")
         state.status = "paused" if paused else "running"
         store.save(state)

@@ -4,7 +4,6 @@ state, so concurrent verbs on one ID serialise instead of racing."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -89,6 +88,9 @@ def create(
         id=container_id, bundle=str(bundle.path), status="creating", created=rfc3339_now(),
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         memory_file=str(memory.path_for(ctx.root, container_id)),
+        # Kept here: poststart/poststop must run even if the bundle has
+        # changed or gone by then.
+        config_extra={"hooks": bundle.config.get("hooks") or {}},
     )
     try:
         with store.locked(container_id, must_exist=False):
@@ -112,12 +114,12 @@ def create(
             state.shim_start = process_start_time(shim_pid) or 0
             state.status = "created"
             _, _, qemu_pid, qemu_start = line.split()[:4]
-            state.config_extra = {"qemu_pid": int(qemu_pid), "qemu_start": int(qemu_start)}
+            state.config_extra.update(qemu_pid=int(qemu_pid), qemu_start=int(qemu_start))
             store.save(state)
             if pid_file:
                 write_pid_file(pid_file, shim_pid)
     except BaseException:
-        _destroy(ctx, state, force=True)
+        _destroy(ctx, state)
         raise
     if notice:
         # Only once the container exists, so that a failure stays one line.
@@ -134,19 +136,11 @@ def start(ctx: Context, container_id: str) -> None:
         if state.status == "stopped":
             raise ParacellError("cannot start a container that has stopped")
         if state.status != "created":
-            raise ParacellError("cannot start an already running container")
+            raise ParacellError(f"cannot start a container in the {state.status} state")
         channel.control_request(store.dir(container_id) / "shim.sock", channel.START)
         state.status = "running"
         store.save(state)
-        config = _bundle_config(state)
-    hooks.run_hooks(config, "poststart", oci_state(state))
-
-
-def _bundle_config(state: ContainerState) -> dict[str, object]:
-    try:
-        return json.loads((Path(state.bundle) / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    hooks.run_hooks(state.config_extra, "poststart", oci_state(state))
 
 
 def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None:
@@ -186,42 +180,36 @@ def _wait_shim_gone(state: ContainerState) -> None:
 def delete(ctx: Context, container_id: str, force: bool) -> None:
     store = ctx.store
     try:
-        lock = store.locked(container_id)
-        lock.__enter__()
+        with store.locked(container_id):
+            state = store.load(container_id)
+            if state.status in ("running", "paused") and not force:
+                raise ParacellError(
+                    f"cannot delete container {container_id} that is not stopped: {state.status}"
+                )
+            _destroy(ctx, state)
     except NotExistError:
-        if force:
-            return
-        raise
-    try:
-        state = store.load(container_id)
-        if state.status in ("running", "paused") and not force:
-            raise ParacellError(
-                f"cannot delete container {container_id} that is not stopped: {state.status}"
-            )
-        _destroy(ctx, state, force=True)
-    finally:
-        lock.__exit__(None, None, None)
+        if not force:
+            raise
 
 
-def _destroy(ctx: Context, state: ContainerState, force: bool) -> None:
+def _destroy(ctx: Context, state: ContainerState) -> None:
     """Kills whatever still runs and removes every file and mount the container had."""
     from paracell.runtime import hooks
     from paracell.runtime.shim import release_vm_files
     from paracell.vmm import machine
 
-    if force:
-        _kill_shim(state)
-        _wait_shim_gone(state)
-    extra = state.config_extra or {}
+    _kill_shim(state)
+    _wait_shim_gone(state)
+    extra = state.config_extra
     machine.kill_pid(int(extra.get("qemu_pid", 0)), int(extra.get("qemu_start", 0)))
     state_dir = ctx.store.dir(state.id)
-    release_vm_files(state_dir, Path(state.memory_file)) if state.memory_file else None
+    release_vm_files(state_dir, Path(state.memory_file))
     was_started = state.status != "creating"
     state.status = "stopped"
     shutil.rmtree(state_dir, ignore_errors=True)
     if was_started:
         try:
-            hooks.run_hooks(_bundle_config(state), "poststop", oci_state(state))
+            hooks.run_hooks(extra, "poststop", oci_state(state))
         except ParacellError as err:
             ctx.log.error(f"poststop hook: {err}", to_stderr=False)
 
@@ -250,15 +238,15 @@ def run(
 
 
 def wait_child(pid: int) -> int:
-    """Waits for a foreground shim, passing on the signals meant for the container."""
-    for sig in FORWARDED:
-        signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
-    while True:
-        try:
-            _, raw = os.waitpid(pid, 0)
-            break
-        except InterruptedError:
-            continue
+    """Waits for a foreground shim or proxy, passing on the signals meant for
+    the container; the handlers go once the pid is reaped and may be reused."""
+    previous = {sig: signal.signal(sig, lambda signum, _frame: os.kill(pid, signum))
+                for sig in FORWARDED}
+    try:
+        _, raw = os.waitpid(pid, 0)  # retried on EINTR by Python itself
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if os.WIFSIGNALED(raw):
         return 128 + os.WTERMSIG(raw)
     return os.WEXITSTATUS(raw)

@@ -19,7 +19,7 @@ from pathlib import Path
 from paracell.errors import ParacellError
 from paracell.runtime import channel, console, hostshare, signals, spawn
 from paracell.runtime.spec import Bundle
-from paracell.runtime.state import EXIT_FILE, process_start_time
+from paracell.runtime.state import process_start_time
 from paracell.vmm import machine, memory
 from paracell.vmm.qemu import VmSpec
 
@@ -136,12 +136,6 @@ def release_vm_files(state_dir: Path, memory_file: Path) -> None:
     memory.remove(memory_file)
 
 
-def write_exit(state_dir: Path, status: int, message: str) -> None:
-    tmp = state_dir / f".{EXIT_FILE}.tmp"
-    tmp.write_text(f"{status}\n{message}\n")
-    os.replace(tmp, state_dir / EXIT_FILE)
-
-
 def serve(plan: ShimPlan, ready_fd: int, report: Callable[[str], None]) -> int:
     """Runs the shim to the end; returns the exit status."""
     shim = Shim(plan)
@@ -160,7 +154,6 @@ def serve(plan: ShimPlan, ready_fd: int, report: Callable[[str], None]) -> int:
         shim.shutdown()
         return EXIT_RUNTIME_ERROR
     status, message = shim.relay()
-    write_exit(plan.state_dir, status, message)
     if message:
         report(message)
     shim.shutdown()

@@ -44,6 +44,8 @@ def spawn(
         os.waitpid(pid, 0)
         parts = line.split()
         return (int(parts[1]) if len(parts) >= 2 and parts[0] == "ok" else 0), line
+    if ready_error(line):
+        os.waitpid(pid, 0)  # it has cleaned up and is exiting: no zombie left behind
     return pid, line
 
 

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from typing import Any
 
 STATE_FILE = "state.json"
-EXIT_FILE = "exit"
 
 
 class ContainerState:
@@ -32,7 +31,7 @@ class ContainerState:
     FIELDS: dict[str, Any] = {
         "id": "", "bundle": "", "status": "", "created": "", "annotations": None,
         "shim_pid": 0, "shim_start": 0, "memory_file": "", "rootfs": "",
-        "exit_status": None, "config_extra": None,
+        "config_extra": None,
     }
 
     def __init__(self, **values: Any) -> None:
@@ -53,7 +52,6 @@ class ContainerState:
         self.shim_start: int  # /proc/<pid>/stat start time, against pid reuse
         self.memory_file: str
         self.rootfs: str
-        self.exit_status: int | None
         self.config_extra: dict[str, Any]
 
     def as_dict(self) -> dict[str, Any]:
@@ -151,15 +149,6 @@ class StateStore:
     def _settle(self, state: ContainerState) -> None:
         if state.status in ("created", "running", "paused") and not shim_alive(state):
             state.status = "stopped"
-        if state.status == "stopped" and state.exit_status is None:
-            state.exit_status = self.read_exit(state.id)
-
-    def read_exit(self, container_id: str) -> int | None:
-        try:
-            with open(self.path(container_id, EXIT_FILE)) as f:
-                return int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            return None
 
     def save(self, state: ContainerState) -> None:
         tmp = self.path(state.id, f".{STATE_FILE}.{os.getpid()}")

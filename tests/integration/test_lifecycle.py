@@ -245,3 +245,15 @@ def test_guest_side_hooks_are_refused_and_host_hooks_run(runtime, make_bundle, t
     result = runtime("run", "--bundle", str(refused), "hk2")
     assert result.returncode != 0 and b"startContainer hooks must run inside" in result.stderr
     runtime.assert_no_leaks()
+
+
+def test_poststop_runs_even_when_the_bundle_is_gone(runtime, make_bundle, tmp_path):
+    marker = tmp_path / "poststop-ran"
+    hook = {"path": "/bin/sh", "args": ["sh", "-c", f"cat > {marker}"]}
+    bundle = make_bundle(["sleep", "60"], mutate=lambda c: c.update(hooks={"poststop": [hook]}))
+    create_detached(runtime, bundle, "ps1", tmp_path)
+    runtime("start", "ps1", check=True)
+    (bundle / "config.json").unlink()  # clients may remove the bundle before delete
+    runtime("delete", "--force", "ps1", check=True)
+    assert json.loads(marker.read_text())["id"] == "ps1"
+    runtime.assert_no_leaks()

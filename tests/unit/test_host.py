@@ -110,9 +110,10 @@ def test_cpio_newc_layout():
 def test_fast_path_defers_unusual_calls():
     assert fastpath.split_globals(["--root", "/r", "state", "x"]) == ({"--root": "/r"},
                                                                           ["state", "x"])
-    assert fastpath.split_globals(["--systemd-cgroup", "state", "x"]) is None
+    assert fastpath.split_globals(["--nope", "state", "x"]) is None
     assert fastpath.split_globals(["--log=/l", "--debug", "kill", "x"]) == (
-        {"--log": "/l"}, ["kill", "x"])
+        {"--log": "/l", "--debug": ""}, ["kill", "x"])
+    assert fastpath.run(["--systemd-cgroup", "state", "x"]) is None  # left to click
 
 
 def test_config_file_and_environment_precedence(tmp_path, monkeypatch):
