@@ -1,36 +1,52 @@
-"""cffi builder for paracell._native (the relay and frame I/O in csrc/)."""
+"""cffi builder for paracell._native: the relay and frame I/O in csrc/, plus
+every constant, enum and struct of the host<->guest formats in proto/.
 
+The headers are the one definition: their declarations are handed to cffi's
+cdef as they are, so Python sees exactly what the C code compiles against.
+"""
+
+from __future__ import annotations
+
+import re
 from pathlib import Path
 
 from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
+PROTO = HERE.parent / "proto"
+# Read by Python through cffi, in this order (later headers may use earlier types).
+CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", HERE / "relay.h")
+
+_DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")
+
+
+def cdef_of(header: Path) -> str:
+    """The header as cffi's cdef wants it: integer #defines become `...`
+    (cffi asks the compiler for the value), string #defines become constants,
+    and the include guard and #includes go."""
+    out = []
+    for line in header.read_text().splitlines():
+        if not line.lstrip().startswith("#"):
+            out.append(line)
+            continue
+        match = _DEFINE.match(line.strip())
+        if not match or not match.group(2):
+            continue  # include guards, #include, #endif
+        name, value = match.groups()
+        if value.startswith('"'):
+            out.append(f"static const char *const {name};")
+        else:
+            out.append(f"#define {name} ...")
+    return "\n".join(out)
+
 
 ffibuilder = FFI()
-ffibuilder.cdef(
-    """
-    #define PC_HOST_ACK 40
-    #define PC_END_EXIT 0
-    #define PC_END_HANGUP 1
-    #define PC_END_VIOLATION 2
-    #define PC_END_ERROR 3
-    struct pc_relay_cfg {
-        int chan_fd; int listen_fd; int in_fd; int out_fd; int err_fd; int tty_fd;
-        unsigned long long forward_mask;
-    };
-    struct pc_relay_result { int end; int status; char message[256]; };
-    int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res);
-    int pc_send_frame(int fd, unsigned type, unsigned chan, const char *buf, unsigned len);
-    int pc_recv_frame(int fd, unsigned *type, unsigned *chan, char *buf, unsigned cap,
-                      int timeout_ms);
-    int pc_set_pdeathsig(int sig);
-    """
-)
+ffibuilder.cdef("\n".join(cdef_of(h) for h in CDEF_HEADERS))
 ffibuilder.set_source(
     "paracell._native",
-    '#include "relay.h"',
+    "\n".join(f'#include "{h.name}"' for h in CDEF_HEADERS),
     sources=[str(HERE / "relay.c")],
-    include_dirs=[str(HERE)],
+    include_dirs=[str(PROTO), str(HERE)],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
 )
 

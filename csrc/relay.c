@@ -26,7 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../guest/agent/protocol.h"
+#include "agent_proto.h"
+#include "agent_codec.h"
 #include "relay.h"
 
 #define FRAME_MAX (PC_HDR_LEN + PC_MAX_PAYLOAD)
@@ -86,29 +87,6 @@ static long long now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void put_le32(char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (char)(v >> (8 * i));
-}
-
-static void put_le16(char *p, uint16_t v)
-{
-    p[0] = (char)v;
-    p[1] = (char)(v >> 8);
-}
-
-static uint32_t get_le32(const char *p)
-{
-    const unsigned char *u = (const unsigned char *)p;
-    return u[0] | (uint32_t)u[1] << 8 | (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24;
-}
-
-static uint16_t get_le16(const char *p)
-{
-    const unsigned char *u = (const unsigned char *)p;
-    return (uint16_t)(u[0] | u[1] << 8);
 }
 
 static void end_with(struct relay *r, int end, const char *fmt, const char *detail)
@@ -240,12 +218,19 @@ static int sink_append(struct sink *s, const char *p, size_t n)
 
 static int sink_frame(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n)
 {
-    char hdr[PC_HDR_LEN];
-    put_le32(hdr, (uint32_t)n);
-    put_le16(hdr + 4, (uint16_t)type);
-    put_le16(hdr + 6, (uint16_t)chan);
-    if (sink_append(s, hdr, sizeof hdr) < 0) return -1;
+    unsigned char hdr[PC_HDR_LEN];
+    struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
+    pc_hdr_encode(hdr, &h);
+    if (sink_append(s, (const char *)hdr, sizeof hdr) < 0) return -1;
     return sink_append(s, p, n);
+}
+
+static int sink_signal(struct sink *s, unsigned chan, uint32_t signo)
+{
+    unsigned char buf[PC_SIGNAL_LEN];
+    struct pc_signal_msg m = {.signo = signo, .flags = 0};
+    pc_signal_encode(buf, &m);
+    return sink_frame(s, PC_SIGNAL, chan, (const char *)buf, sizeof buf);
 }
 
 static void sink_release(struct sink *s)
@@ -266,13 +251,12 @@ static int parse_frames(struct relay *r, void *who, struct inbuf *in, frame_fn h
 {
     size_t pos = 0;
     while (in->len - pos >= PC_HDR_LEN) {
-        const char *h = in->buf + pos;
-        uint32_t n = get_le32(h);
-        unsigned type = get_le16(h + 4), chan = get_le16(h + 6);
-        if (n > PC_MAX_PAYLOAD || chan > PC_MAX_CHAN) return -1;
-        if (in->len - pos < PC_HDR_LEN + n) break;
-        if (handle(r, who, type, chan, h + PC_HDR_LEN, n) < 0) return -1;
-        pos += PC_HDR_LEN + n;
+        struct pc_hdr h;
+        pc_hdr_decode((const unsigned char *)in->buf + pos, &h);
+        if (h.len > PC_MAX_PAYLOAD || h.chan > PC_MAX_CHAN) return -1;
+        if (in->len - pos < PC_HDR_LEN + h.len) break;
+        if (handle(r, who, h.type, h.chan, in->buf + pos + PC_HDR_LEN, h.len) < 0) return -1;
+        pos += PC_HDR_LEN + h.len;
         if (r->done) break;
     }
     memmove(in->buf, in->buf + pos, in->len - pos);
@@ -299,11 +283,7 @@ static void client_drop(struct relay *r, int idx)
     /* A proxy that vanished while its process runs was killed by its owner:
      * the process goes with it, as an exec'd process dies with runc's. */
     if (c->chan > 0 && r->chan_owner[c->chan] == idx) {
-        uint32_t sig[2] = {SIGKILL, 0};
-        char buf[8];
-        put_le32(buf, sig[0]);
-        put_le32(buf + 4, sig[1]);
-        sink_frame(&r->to_chan, PC_SIGNAL, (unsigned)c->chan, buf, sizeof buf);
+        sink_signal(&r->to_chan, (unsigned)c->chan, SIGKILL);
         r->chan_owner[c->chan] = -2;
     }
     close(c->fd);
@@ -424,13 +404,15 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
     case PC_STDERR:
         sink_append(&r->err, p, n);
         return 0;
-    case PC_EXIT:
-        if (n != 4) return -1;
-        r->res->status = (int32_t)get_le32(p);
+    case PC_EXIT: {
+        struct pc_exit_msg m;
+        if (pc_exit_decode((const unsigned char *)p, n, &m) < 0) return -1;
+        r->res->status = m.status;
         r->res->end = PC_END_EXIT;
         r->init_exited = 1;
         r->grace_deadline = now_ms() + CLIENT_GRACE_MS;
         return 0;
+    }
     case PC_ERROR: {
         /* execve failed after START; EXIT 127 follows. runc would print this
          * on the stderr it shares with the container, so do we. */
@@ -471,11 +453,11 @@ static void read_stdin(struct relay *r)
 static void send_winsize(struct relay *r)
 {
     struct winsize ws;
-    char buf[4];
+    unsigned char buf[PC_RESIZE_LEN];
     if (r->cfg->tty_fd < 0 || ioctl(r->cfg->tty_fd, TIOCGWINSZ, &ws) < 0) return;
-    put_le16(buf, ws.ws_row);
-    put_le16(buf + 2, ws.ws_col);
-    sink_frame(&r->to_chan, PC_RESIZE, 0, buf, sizeof buf);
+    struct pc_resize_msg m = {.rows = ws.ws_row, .cols = ws.ws_col};
+    pc_resize_encode(buf, &m);
+    sink_frame(&r->to_chan, PC_RESIZE, 0, (const char *)buf, sizeof buf);
 }
 
 static void read_signals(struct relay *r)
@@ -486,10 +468,7 @@ static void read_signals(struct relay *r)
             send_winsize(r);
             continue;
         }
-        char buf[8];
-        put_le32(buf, si.ssi_signo);
-        put_le32(buf + 4, 0);
-        sink_frame(&r->to_chan, PC_SIGNAL, 0, buf, sizeof buf);
+        sink_signal(&r->to_chan, 0, si.ssi_signo);
     }
 }
 
@@ -688,15 +667,14 @@ static int write_all(int fd, const char *p, size_t n)
 
 int pc_send_frame(int fd, unsigned type, unsigned chan, const char *buf, unsigned len)
 {
-    char hdr[PC_HDR_LEN];
+    unsigned char hdr[PC_HDR_LEN];
     if (len > PC_MAX_PAYLOAD || chan > PC_MAX_CHAN) {
         errno = EMSGSIZE;
         return -1;
     }
-    put_le32(hdr, len);
-    put_le16(hdr + 4, (uint16_t)type);
-    put_le16(hdr + 6, (uint16_t)chan);
-    if (write_all(fd, hdr, sizeof hdr) < 0) return -1;
+    struct pc_hdr h = {.len = len, .type = (uint16_t)type, .chan = (uint16_t)chan};
+    pc_hdr_encode(hdr, &h);
+    if (write_all(fd, (const char *)hdr, sizeof hdr) < 0) return -1;
     return write_all(fd, buf, len);
 }
 
@@ -726,13 +704,15 @@ static int read_exact(int fd, char *p, size_t n, long long deadline)
 int pc_recv_frame(int fd, unsigned *type, unsigned *chan, char *buf, unsigned cap,
                   int timeout_ms)
 {
-    char hdr[PC_HDR_LEN];
+    unsigned char hdr[PC_HDR_LEN];
     long long deadline = timeout_ms < 0 ? -1 : now_ms() + timeout_ms;
-    int rc = read_exact(fd, hdr, sizeof hdr, deadline);
+    int rc = read_exact(fd, (char *)hdr, sizeof hdr, deadline);
     if (rc < 0) return rc;
-    uint32_t n = get_le32(hdr);
-    *type = get_le16(hdr + 4);
-    *chan = get_le16(hdr + 6);
+    struct pc_hdr h;
+    pc_hdr_decode(hdr, &h);
+    uint32_t n = h.len;
+    *type = h.type;
+    *chan = h.chan;
     if (n > PC_MAX_PAYLOAD || n > cap || *chan > PC_MAX_CHAN) {
         errno = EPROTO;
         return -1;

@@ -1,11 +1,9 @@
 /* Host-side hot path of ParaCell: frame I/O and the stdio/signal relay that the
  * shim and the exec proxies run for the whole life of a process. Loaded from
- * Python with cffi; the declarations below are also cffi's cdef. */
+ * Python with cffi; csrc/build_native.py hands this header to cffi's cdef, so
+ * keep it in the subset cdef reads (no #include, integer #defines). */
 #ifndef PARACELL_RELAY_H
 #define PARACELL_RELAY_H
-
-/* Host-only frame type: the shim's answer to a control client (start, kill). */
-#define PC_HOST_ACK 40
 
 /* How a relay ended. */
 #define PC_END_EXIT 0       /* the process exited; status is valid */

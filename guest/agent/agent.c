@@ -23,14 +23,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PORT_NAME "paracell.agent"
-#define ROOTFS "/rootfs"
-#define HOSTSHARE "/hostshare"
+#define PORT_NAME PC_AGENT_PORT_NAME
+#define ROOTFS PC_ROOTFS_DIR
+#define HOSTSHARE PC_HOSTSHARE_DIR
 /* access=client: the guest kernel checks permissions for the container's
  * uids itself, whatever user QEMU runs as on the host. */
 #define SHARE_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
 /* QEMU's isa-debug-exit; QEMU exits with status (value << 1) | 1. */
-#define DEBUG_EXIT_PORT 0xf4
+#define DEBUG_EXIT_PORT PC_DEBUG_EXIT_PORT
 #define POWEROFF_WAIT_MS 5000
 /* After the container ended, a host that takes nothing for this long is gone. */
 #define STUCK_OUTPUT_MS 30000
@@ -294,9 +294,9 @@ static int uses_hostshare(const struct spec *s)
 static int mount_shares(const struct spec *s, char *err, size_t errlen)
 {
     static int rootfs_mounted, hostshare_mounted;
-    if (mount_share("rootfs", ROOTFS, &rootfs_mounted, err, errlen) < 0)
+    if (mount_share(PC_ROOTFS_TAG, ROOTFS, &rootfs_mounted, err, errlen) < 0)
         return -1;
-    if (uses_hostshare(s) && mount_share("hostshare", HOSTSHARE, &hostshare_mounted, err, errlen) < 0)
+    if (uses_hostshare(s) && mount_share(PC_HOSTSHARE_TAG, HOSTSHARE, &hostshare_mounted, err, errlen) < 0)
         return -1;
     return 0;
 }

@@ -15,7 +15,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "protocol.h"
+#include "agent_proto.h"
+#include "vm_proto.h"
 
 #define AGENT_VERSION "paracell-agent 1"
 
@@ -66,11 +67,11 @@ int inq_has_room(void);
 
 /* ---- spec.c ---- */
 
-#define SPEC_MAX_ARGS 4096
-#define SPEC_MAX_ENV 4096
-#define SPEC_MAX_MOUNTS 256
-#define SPEC_MAX_GIDS 256
-#define SPEC_MAX_RLIMITS 64
+#define SPEC_MAX_ARGS PC_SPEC_MAX_ARGS
+#define SPEC_MAX_ENV PC_SPEC_MAX_ENV
+#define SPEC_MAX_MOUNTS PC_SPEC_MAX_MOUNTS
+#define SPEC_MAX_GIDS PC_SPEC_MAX_GIDS
+#define SPEC_MAX_RLIMITS PC_SPEC_MAX_RLIMITS
 
 enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_AMBIENT, SC_COUNT };
 

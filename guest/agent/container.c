@@ -30,7 +30,7 @@
 #include <linux/capability.h>
 #include <linux/openat2.h>
 
-#define ROOTFS "/rootfs"
+#define ROOTFS PC_ROOTFS_DIR
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 static const struct child_ctx *ctx;

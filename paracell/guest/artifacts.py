@@ -22,8 +22,10 @@ from paracell.guest import cpio
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GUEST_SRC = REPO_ROOT / "guest"
 KERNEL_TARBALL = Path("/usr/src/linux-source-6.1.tar.xz")
+PROTO_SRC = REPO_ROOT / "proto"
 AGENT_CFLAGS = ["-static", "-Os", "-Wall", "-Wextra", "-Werror"]
-INITRAMFS_DIRS = ("dev", "proc", "sys", "rootfs", "hostshare", "tmp")
+# The agent makes its share mount points itself, after it leaves the initramfs.
+INITRAMFS_DIRS = ("dev", "proc", "sys", "tmp")
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def kernel_key(tarball: Path = KERNEL_TARBALL) -> str:
 
 def _agent_sources() -> list[Path]:
     agent = GUEST_SRC / "agent"
-    return sorted(list(agent.glob("*.c")) + list(agent.glob("*.h")))
+    return sorted([*agent.glob("*.c"), *agent.glob("*.h"), *PROTO_SRC.glob("*.h")])
 
 
 def _gcc_version() -> bytes:
@@ -130,7 +132,7 @@ def build_initramfs(key: str) -> Path:
     agent = out.with_name("agent")
     out.parent.mkdir(parents=True, exist_ok=True)
     sources = [str(p) for p in _agent_sources() if p.suffix == ".c"]
-    cmd = ["gcc", *AGENT_CFLAGS, "-o", str(agent), *sources]
+    cmd = ["gcc", *AGENT_CFLAGS, f"-I{PROTO_SRC}", "-o", str(agent), *sources]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise ParacellError(f"agent build failed: {result.stderr.strip().splitlines()[-1:]}")

@@ -2,10 +2,13 @@
 
 The per-message work of a running container happens in csrc/relay.c; this is
 only the handful of frames before and after it (READY, SPEC, CREATED, START).
+Frame types, limits and payload layouts come from proto/agent_proto.h through
+cffi (`lib.PC_*`); the Python encoders and decoders of payloads are here, once.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import struct
@@ -14,10 +17,10 @@ from pathlib import Path
 
 from paracell.errors import ParacellError
 
-SPEC, START, STDIN, SIGNAL, RESIZE, POWEROFF = 1, 2, 3, 4, 5, 6
-READY, CREATED, STDOUT, STDERR, EXIT, ERROR = 16, 17, 18, 19, 20, 21
-HOST_ACK = 40
-MAX_PAYLOAD = 65536
+# Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
+# checks their sizes against the header's structs.
+SIGNAL_MSG = struct.Struct("<II")
+CREATED_MSG = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -44,25 +47,40 @@ def recv(fd: int, timeout_s: float, what: str) -> Frame:
     from paracell._native import ffi, lib
 
     ftype, chan = ffi.new("unsigned *"), ffi.new("unsigned *")
-    buf = ffi.new("char[]", MAX_PAYLOAD)
-    n = lib.pc_recv_frame(fd, ftype, chan, buf, MAX_PAYLOAD, int(timeout_s * 1000))
+    buf = ffi.new("char[]", lib.PC_MAX_PAYLOAD)
+    n = lib.pc_recv_frame(fd, ftype, chan, buf, lib.PC_MAX_PAYLOAD, int(timeout_s * 1000))
     if n == -2:
         raise ParacellError(f"{what}: the channel closed")
     if n < 0:
         err = _errno()
-        reason = "timed out" if err == 110 else os.strerror(err)
+        reason = "timed out" if err == errno.ETIMEDOUT else os.strerror(err)
         raise ParacellError(f"{what}: {reason}")
     return Frame(ftype[0], chan[0], bytes(ffi.buffer(buf, n)))
 
 
+def encode_signal(signo: int, all_processes: bool) -> bytes:
+    from paracell._native import lib
+
+    return SIGNAL_MSG.pack(signo, lib.PC_SIGNAL_ALL if all_processes else 0)
+
+
+def decode_created(payload: bytes) -> int:
+    """The guest pid in a CREATED payload."""
+    if len(payload) != CREATED_MSG.size:
+        raise ParacellError(f"agent protocol violation: CREATED with {len(payload)} bytes")
+    return CREATED_MSG.unpack(payload)[0]
+
+
 def expect_created(fd: int, timeout_s: float) -> int:
     """Waits for CREATED (the guest pid) or ERROR (the reason, as our error)."""
+    from paracell._native import lib
+
     frame = recv(fd, timeout_s, "waiting for the container process")
-    if frame.type == ERROR:
+    if frame.type == lib.PC_ERROR:
         raise ParacellError(printable(frame.payload))
-    if frame.type != CREATED or len(frame.payload) != 4:
+    if frame.type != lib.PC_CREATED:
         raise ParacellError(f"agent protocol violation: expected CREATED, got type {frame.type}")
-    return struct.unpack("<I", frame.payload)[0]
+    return decode_created(frame.payload)
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,8 @@ def listen_unix(path: Path) -> socket.socket:
 
 def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None:
     """One request to a container's shim (start, signal), answered by HOST_ACK."""
+    from paracell._native import lib
+
     try:
         sock = connect_unix(socket_path)
     except OSError as err:
@@ -131,7 +151,7 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
     with sock:
         send(sock.fileno(), ftype, 0, payload)
         frame = recv(sock.fileno(), 10, "waiting for the container shim")
-        if frame.type == ERROR:
+        if frame.type == lib.PC_ERROR:
             raise ParacellError(printable(frame.payload))
-        if frame.type != HOST_ACK:
+        if frame.type != lib.PC_HOST_ACK:
             raise ParacellError(f"container shim answered with unexpected type {frame.type}")

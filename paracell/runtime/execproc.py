@@ -84,7 +84,7 @@ def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket
 
         try:
             conn = channel.connect_unix(shim_socket)
-            channel.send(conn.fileno(), channel.SPEC, 0, launch)
+            channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
             channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
             tty_fd = console.open_for_container(console_socket) if terminal else -1
         except (ParacellError, OSError) as err:
@@ -97,7 +97,7 @@ def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket
         marker.touch()
         spawn.report_ready(ready_fd, f"ok {os.getpid()}")
         try:
-            channel.send(conn.fileno(), channel.START)
+            channel.send(conn.fileno(), lib.PC_START)
             end = channel.run_relay(conn.fileno(), -1, tty_fd)
             if end.kind == lib.PC_END_EXIT:
                 return end.status & 0xFF

@@ -137,7 +137,9 @@ def start(ctx: Context, container_id: str) -> None:
             raise ParacellError("cannot start a container that has stopped")
         if state.status != "created":
             raise ParacellError(f"cannot start a container in the {state.status} state")
-        channel.control_request(store.dir(container_id) / "shim.sock", channel.START)
+        from paracell._native import lib
+
+        channel.control_request(store.dir(container_id) / "shim.sock", lib.PC_START)
         state.status = "running"
         store.save(state)
     hooks.run_hooks(state.config_extra, "poststart", oci_state(state))
@@ -159,8 +161,10 @@ def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None
             # waiters see death by SIGKILL, 137, as with runc.
             _kill_shim(state)
             return
-        payload = sig.to_bytes(4, "little") + (1 if all_processes else 0).to_bytes(4, "little")
-        channel.control_request(store.dir(container_id) / "shim.sock", channel.SIGNAL, payload)
+        from paracell._native import lib
+
+        channel.control_request(store.dir(container_id) / "shim.sock", lib.PC_SIGNAL,
+                                channel.encode_signal(sig, all_processes))
 
 
 def _kill_shim(state: ContainerState) -> None:

@@ -55,6 +55,8 @@ class Shim:
 
     def boot(self) -> str:
         """Everything up to a created (not yet started) process; returns the ready line."""
+        from paracell._native import lib
+
         plan = self.plan
         d = plan.state_dir
         share = hostshare.mount_binds(d, plan.bundle.host_binds)
@@ -77,9 +79,9 @@ class Shim:
             qmp.close()
         fd = shim_end.fileno()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
-        if frame.type != channel.READY:
+        if frame.type != lib.PC_READY:
             raise ParacellError(f"agent protocol violation: expected READY, got {frame.type}")
-        channel.send(fd, channel.SPEC, 0, plan.launch_spec)
+        channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
         channel.expect_created(fd, BOOT_TIMEOUT_S)
         if plan.terminal:
             self.tty_fd = console.open_for_container(plan.console_socket)
@@ -110,9 +112,11 @@ class Shim:
 
     def shutdown(self) -> None:
         """Powers the VM off and removes what only a live VM needs."""
+        from paracell._native import lib
+
         if self.agent is not None:
             try:
-                channel.send(self.agent.fileno(), channel.POWEROFF)
+                channel.send(self.agent.fileno(), lib.PC_POWEROFF)
             except ParacellError:
                 pass
         if self.vm is not None:

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paracell._native import ffi, lib
 from paracell.errors import ParacellError
 
 MAX_CONFIG_BYTES = 4 << 20
-MAX_PAYLOAD = 65536
-MAX_LIST = 4096
-MAX_MOUNTS = 256
+GUEST_ROOTFS = ffi.string(lib.PC_ROOTFS_DIR).decode()
+GUEST_HOSTSHARE = ffi.string(lib.PC_HOSTSHARE_DIR).decode()
 MAX_ID_VALUE = 2**32 - 2
 RLIM_INFINITY = 2**64 - 1
 
@@ -93,7 +93,7 @@ def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
     return value
 
 
-def _str_list(value: Any, where: str, limit: int = MAX_LIST) -> list[str]:
+def _str_list(value: Any, where: str, limit: int) -> list[str]:
     _expect(value, list, where)
     if len(value) > limit:
         raise _fail(f"{where} has more than {limit} entries")
@@ -157,8 +157,8 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
         raise _fail("hostname is longer than 64 characters")
     mounts = config.get("mounts") or []
     _expect(mounts, list, "mounts")
-    if len(mounts) > MAX_MOUNTS:
-        raise _fail(f"more than {MAX_MOUNTS} mounts")
+    if len(mounts) > lib.PC_SPEC_MAX_MOUNTS:
+        raise _fail(f"more than {lib.PC_SPEC_MAX_MOUNTS} mounts")
     for i, mount in enumerate(mounts):
         _mount_record(bundle, mount, f"mounts[{i}]")
     return bundle
@@ -179,8 +179,8 @@ def _user_records(user: Any) -> list[tuple[str, str]]:
     ]
     gids = user.get("additionalGids") or []
     _expect(gids, list, "process.user.additionalGids")
-    if len(gids) > 256:
-        raise _fail("process.user.additionalGids has more than 256 entries")
+    if len(gids) > lib.PC_SPEC_MAX_GIDS:
+        raise _fail(f"process.user.additionalGids has more than {lib.PC_SPEC_MAX_GIDS} entries")
     records += [("gid+", str(_id_value(g, "process.user.additionalGids[]"))) for g in gids]
     if "umask" in user:
         umask = _expect(user["umask"], int, "process.user.umask")
@@ -192,6 +192,8 @@ def _user_records(user: Any) -> list[tuple[str, str]]:
 
 def _rlimit_records(rlimits: Any) -> list[tuple[str, str]]:
     _expect(rlimits, list, "process.rlimits")
+    if len(rlimits) > lib.PC_SPEC_MAX_RLIMITS:
+        raise _fail(f"process.rlimits has more than {lib.PC_SPEC_MAX_RLIMITS} entries")
     records = []
     for i, rl in enumerate(rlimits):
         _expect(rl, dict, f"process.rlimits[{i}]")
@@ -223,11 +225,12 @@ def _cap_records(caps: Any) -> list[tuple[str, str]]:
 
 
 def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
-    args = _str_list(process.get("args"), "process.args")
+    args = _str_list(process.get("args"), "process.args", lib.PC_SPEC_MAX_ARGS)
     if not args or not args[0]:
         raise _fail("process.args must not be empty")
     records = [("arg", a) for a in args]
-    for i, item in enumerate(_str_list(process.get("env") or [], "process.env")):
+    for i, item in enumerate(_str_list(process.get("env") or [], "process.env",
+                                       lib.PC_SPEC_MAX_ENV)):
         if "=" not in item:
             raise _fail(f"process.env[{i}] {item!r} is not NAME=value")
         records.append(("env", item))
@@ -275,7 +278,9 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
     kind = _expect(mount.get("type", "none"), str, f"{where}.type")
     source = _expect(mount.get("source", kind), str, f"{where}.source")
     flags, data = 0, []
-    for opt in _str_list(mount.get("options") or [], f"{where}.options", 64):
+    options = _str_list(mount.get("options") or [], f"{where}.options",
+                        lib.PC_SPEC_MAX_MOUNT_OPTIONS)
+    for opt in options:
         if opt in MOUNT_FLAGS:
             bit, on = MOUNT_FLAGS[opt]
             flags = flags | bit if on else flags & ~bit
@@ -298,10 +303,10 @@ def _bind_source(bundle: Bundle, source: str, where: str) -> str:
         raise ParacellError(f"{where}.source {source}: no such file or directory")
     real = host.resolve()
     if real == bundle.rootfs or bundle.rootfs in real.parents:
-        return "/rootfs/" + str(real.relative_to(bundle.rootfs))
+        return f"{GUEST_ROOTFS}/{real.relative_to(bundle.rootfs)}"
     slot = str(len(bundle.host_binds))
     bundle.host_binds.append(HostBind(real, slot))
-    return f"/hostshare/{slot}"
+    return f"{GUEST_HOSTSHARE}/{slot}"
 
 
 def encode_records(records: list[tuple[str, str]]) -> bytes:
@@ -310,9 +315,10 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
         if "\0" in value:
             raise _fail(f"{key} contains a NUL byte")
         out += f"{key}={value}".encode() + b"\0"
-    if len(out) > MAX_PAYLOAD:
+    if len(out) > lib.PC_MAX_PAYLOAD:
         raise ParacellError(
-            f"process spec is too large for the agent channel ({len(out)} > {MAX_PAYLOAD} bytes)"
+            "process spec is too large for the agent channel "
+            f"({len(out)} > {lib.PC_MAX_PAYLOAD} bytes)"
         )
     return bytes(out)
 

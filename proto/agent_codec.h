@@ -1,0 +1,99 @@
+/* C encoders and decoders for the fixed-size payloads of proto/agent_proto.h, shared
+ * by the guest agent and the host relay.  Explicit little-endian byte order:
+ * the payload is a wire format, not a C struct in memory. */
+#ifndef PARACELL_PROTO_AGENT_CODEC_H
+#define PARACELL_PROTO_AGENT_CODEC_H
+
+#include <stdint.h>
+
+#include "agent_proto.h"
+
+static inline void pc_put_le16(unsigned char *p, uint16_t v)
+{
+    p[0] = (unsigned char)v;
+    p[1] = (unsigned char)(v >> 8);
+}
+
+static inline void pc_put_le32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static inline uint16_t pc_get_le16(const unsigned char *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+
+static inline uint32_t pc_get_le32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline void pc_hdr_encode(unsigned char *p, const struct pc_hdr *h)
+{
+    pc_put_le32(p, h->len);
+    pc_put_le16(p + 4, h->type);
+    pc_put_le16(p + 6, h->chan);
+}
+
+static inline void pc_hdr_decode(const unsigned char *p, struct pc_hdr *h)
+{
+    h->len = pc_get_le32(p);
+    h->type = pc_get_le16(p + 4);
+    h->chan = pc_get_le16(p + 6);
+}
+
+/* Each decoder returns 0, or -1 when the payload has the wrong size. */
+#define PC_SIGNAL_LEN 8
+static inline void pc_signal_encode(unsigned char *p, const struct pc_signal_msg *m)
+{
+    pc_put_le32(p, m->signo);
+    pc_put_le32(p + 4, m->flags);
+}
+
+static inline int pc_signal_decode(const unsigned char *p, uint32_t n, struct pc_signal_msg *m)
+{
+    if (n != PC_SIGNAL_LEN)
+        return -1;
+    m->signo = pc_get_le32(p);
+    m->flags = pc_get_le32(p + 4);
+    return 0;
+}
+
+#define PC_RESIZE_LEN 4
+static inline void pc_resize_encode(unsigned char *p, const struct pc_resize_msg *m)
+{
+    pc_put_le16(p, m->rows);
+    pc_put_le16(p + 2, m->cols);
+}
+
+static inline int pc_resize_decode(const unsigned char *p, uint32_t n, struct pc_resize_msg *m)
+{
+    if (n != PC_RESIZE_LEN)
+        return -1;
+    m->rows = pc_get_le16(p);
+    m->cols = pc_get_le16(p + 2);
+    return 0;
+}
+
+#define PC_U32_MSG_LEN 4
+static inline void pc_created_encode(unsigned char *p, const struct pc_created_msg *m)
+{
+    pc_put_le32(p, m->pid);
+}
+
+static inline void pc_exit_encode(unsigned char *p, const struct pc_exit_msg *m)
+{
+    pc_put_le32(p, (uint32_t)m->status);
+}
+
+static inline int pc_exit_decode(const unsigned char *p, uint32_t n, struct pc_exit_msg *m)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    m->status = (int32_t)pc_get_le32(p);
+    return 0;
+}
+
+#endif

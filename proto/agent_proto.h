@@ -1,0 +1,80 @@
+/* The agent channel: frames between the host (shim, exec proxies, control
+ * clients) and the guest agent.  This file is the one definition of the
+ * format: the agent and csrc/ include it, and Python reads it through cffi
+ * (csrc/build_native.py), so nothing here is ever retyped elsewhere.
+ *
+ * It is written in the subset cffi's cdef understands: integer and string
+ * #defines, enums with explicit values and plain structs.  The prose is in
+ * docs/agent-protocol.md. */
+#ifndef PARACELL_PROTO_AGENT_H
+#define PARACELL_PROTO_AGENT_H
+
+#include <stdint.h>
+
+#define PC_PROTO_VERSION 1
+/* A frame larger than this is a protocol violation, never a reason to allocate. */
+#define PC_MAX_PAYLOAD 65536
+#define PC_HDR_LEN 8
+/* Channel 0 is the container's init process; exec'd processes get 1..PC_MAX_CHAN. */
+#define PC_MAX_CHAN 1024
+
+/* All fields little-endian. */
+struct pc_hdr {
+    uint32_t len;   /* payload bytes that follow the header */
+    uint16_t type;  /* enum pc_type */
+    uint16_t chan;  /* process the frame is about */
+};
+
+enum pc_type {
+    /* host -> guest */
+    PC_SPEC = 1,      /* launch spec records; guest answers CREATED or ERROR */
+    PC_START = 2,     /* let the created process execve */
+    PC_STDIN = 3,     /* stdin bytes; an empty payload is EOF */
+    PC_SIGNAL = 4,    /* struct pc_signal_msg */
+    PC_RESIZE = 5,    /* struct pc_resize_msg */
+    PC_POWEROFF = 6,  /* host has read everything; guest may power off */
+
+    /* guest -> host */
+    PC_READY = 16,    /* agent is up; payload: version text */
+    PC_CREATED = 17,  /* struct pc_created_msg */
+    PC_STDOUT = 18,   /* stdout bytes (the pty's output with a terminal) */
+    PC_STDERR = 19,   /* stderr bytes */
+    PC_EXIT = 20,     /* struct pc_exit_msg; all output was sent before it */
+    PC_ERROR = 21,    /* text: why the request for this channel failed */
+
+    /* host only: the shim's answer to a control client (start, kill) */
+    PC_HOST_ACK = 40,
+};
+
+/* Fixed-size payloads, little-endian.  Each side encodes and decodes them in
+ * one place: proto/agent_codec.h for C, paracell/runtime/channel.py for Python. */
+struct pc_signal_msg {
+    uint32_t signo;
+    uint32_t flags;   /* PC_SIGNAL_ALL */
+};
+#define PC_SIGNAL_ALL 1
+
+struct pc_resize_msg {
+    uint16_t rows;
+    uint16_t cols;
+};
+
+struct pc_created_msg {
+    uint32_t pid;     /* guest pid of the created process */
+};
+
+struct pc_exit_msg {
+    int32_t status;   /* exit code, or 128+signal */
+};
+
+/* Bounds of the launch spec (the PC_SPEC payload); the host refuses a spec
+ * over them before sending, the agent refuses it again on receipt. */
+#define PC_SPEC_MAX_ARGS 4096
+#define PC_SPEC_MAX_ENV 4096
+#define PC_SPEC_MAX_MOUNTS 256
+#define PC_SPEC_MAX_GIDS 256
+#define PC_SPEC_MAX_RLIMITS 64
+#define PC_SPEC_MAX_MOUNT_OPTIONS 64
+#define PC_SPEC_MAX_CONTAINER_ID 255
+
+#endif

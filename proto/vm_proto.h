@@ -1,0 +1,17 @@
+/* How the micro-VM is wired: the names and addresses that the host's VM
+ * builder (paracell/vmm) gives devices and the guest agent looks for.  The one
+ * definition; Python reads it through cffi like proto/agent_proto.h. */
+#ifndef PARACELL_PROTO_VM_H
+#define PARACELL_PROTO_VM_H
+
+/* The virtio-serial port that carries the agent channel. */
+#define PC_AGENT_PORT_NAME "paracell.agent"
+/* QEMU's isa-debug-exit; QEMU exits with status (value << 1) | 1. */
+#define PC_DEBUG_EXIT_PORT 244
+/* virtio-9p mount tags and where the agent mounts them in the guest. */
+#define PC_ROOTFS_TAG "rootfs"
+#define PC_ROOTFS_DIR "/rootfs"
+#define PC_HOSTSHARE_TAG "hostshare"
+#define PC_HOSTSHARE_DIR "/hostshare"
+
+#endif

@@ -1,0 +1,81 @@
+"""proto/ is the one definition of every host<->guest format: Python sees it
+through cffi, C includes it, and nothing else may carry its own copy."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from paracell._native import ffi, lib
+from paracell.runtime import channel
+
+REPO = Path(__file__).resolve().parents[2]
+PROTO = REPO / "proto"
+
+
+def _c_view(tmp_path: Path, names: list[str]) -> dict[str, str]:
+    """What a C program compiled against proto/ today sees for each name."""
+    prints = "\n".join(
+        f'    printf("{n}=%s\\n", _Generic(({n}), char *: (const char *)({n}), '
+        f'const char *: (const char *)({n}), default: "")); '
+        f'if (!_Generic(({n}), char *: 1, const char *: 1, default: 0)) '
+        f'printf("{n}=%lld\\n", (long long)_Generic(({n}), char *: 0, const char *: 0, '
+        f'default: ({n})));'
+        for n in names
+    )
+    src = tmp_path / "view.c"
+    src.write_text(
+        '#include <stdio.h>\n#include "agent_proto.h"\n#include "vm_proto.h"\n'
+        f"int main(void) {{\n{prints}\n    return 0;\n}}\n"
+    )
+    exe = tmp_path / "view"
+    subprocess.run(["gcc", "-std=c11", f"-I{PROTO}", "-o", str(exe), str(src)], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    seen: dict[str, str] = {}
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if value:
+            seen[key] = value
+    return seen
+
+
+def _header_names() -> list[str]:
+    names = []
+    for header in ("agent_proto.h", "vm_proto.h"):
+        text = (PROTO / header).read_text()
+        names += re.findall(r"#define\s+(PC_\w+)\s+\S", text)
+        names += re.findall(r"^\s+(PC_[A-Z_]+)\s*=", text, re.M)
+    return names
+
+
+def test_python_sees_what_c_compiles_against(tmp_path):
+    names = _header_names()
+    assert {"PC_SPEC", "PC_HOST_ACK", "PC_MAX_PAYLOAD", "PC_AGENT_PORT_NAME"} <= set(names)
+    c_view = _c_view(tmp_path, names)
+    for name in names:
+        value = getattr(lib, name)
+        ours = ffi.string(value).decode() if isinstance(value, ffi.CData) else str(value)
+        assert ours == c_view[name], f"{name}: Python has {ours}, C has {c_view[name]}"
+
+
+def test_python_payload_layouts_match_the_header_structs():
+    assert channel.SIGNAL_MSG.size == ffi.sizeof("struct pc_signal_msg")
+    assert channel.CREATED_MSG.size == ffi.sizeof("struct pc_created_msg")
+    assert ffi.sizeof("struct pc_hdr") == lib.PC_HDR_LEN
+    assert channel.encode_signal(9, True) == b"\x09\0\0\0\x01\0\0\0"
+    assert channel.decode_created(b"\x2a\0\0\0") == 42
+
+
+def test_no_copy_of_a_wire_name_outside_proto():
+    """The literals of proto/vm_proto.h appear nowhere else in code."""
+    literals = re.findall(r'#define\s+PC_\w+\s+"([^"]+)"', (PROTO / "vm_proto.h").read_text())
+    # "rootfs" is also the bundle directory's usual name, which is not wiring.
+    literals = [lit for lit in literals if lit != "rootfs"]
+    assert "paracell.agent" in literals
+    code = [p for d in ("paracell", "csrc", "guest") for p in (REPO / d).rglob("*")
+            if p.suffix in (".py", ".c", ".h")]
+    for path in code:
+        text = path.read_text(errors="replace")
+        for literal in literals:
+            assert f'"{literal}"' not in text, f"{path} retypes {literal!r}"
