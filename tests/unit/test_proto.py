@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 from paracell._native import ffi, lib
+
 from paracell.runtime import channel
 
 REPO = Path(__file__).resolve().parents[2]
