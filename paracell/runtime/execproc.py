@@ -116,7 +116,7 @@ def exec_process(
     terminal = bool(process.get("terminal"))
     if terminal and not console_socket and detach:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    launch = spec.exec_launch_spec(process)
+    launch = spec.exec_launch_spec(container_id, process)
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)

@@ -77,7 +77,7 @@ def create(
     check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
-    launch = spec.init_launch_spec(bundle)
+    launch = spec.init_launch_spec(container_id, bundle)
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)

@@ -323,11 +323,12 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def init_launch_spec(bundle: Bundle) -> bytes:
-    """Records for the container's init: its process plus the container-wide keys."""
+def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
+    """Records for the container's init: its process plus the container-wide keys.
+    The first spec that names a container makes it; its process is the init."""
     config = bundle.config
     bundle.host_binds.clear()
-    records = _process_records(config["process"])
+    records = [("container", container_id), *_process_records(config["process"])]
     if config.get("hostname"):
         records.append(("hostname", config["hostname"]))
     if bundle.rootfs_readonly:
@@ -337,5 +338,6 @@ def init_launch_spec(bundle: Bundle) -> bytes:
     return encode_records(records)
 
 
-def exec_launch_spec(process: dict[str, Any]) -> bytes:
-    return encode_records(_process_records(process))
+def exec_launch_spec(container_id: str, process: dict[str, Any]) -> bytes:
+    """Records for another process in a container that exists in the guest."""
+    return encode_records([("container", container_id), *_process_records(process)])

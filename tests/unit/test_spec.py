@@ -23,8 +23,8 @@ def records(payload: bytes) -> list[tuple[str, str]]:
 
 def test_default_config_round_trips(tmp_path):
     bundle = spec.load_bundle(write(tmp_path / "b", defaultspec.default_config(["sh", "-c", "x"])))
-    recs = records(spec.init_launch_spec(bundle))
-    assert recs[:3] == [("arg", "sh"), ("arg", "-c"), ("arg", "x")]
+    recs = records(spec.init_launch_spec("c1", bundle))
+    assert recs[:4] == [("container", "c1"), ("arg", "sh"), ("arg", "-c"), ("arg", "x")]
     assert ("root.readonly", "1") in recs and ("nnp", "1") in recs
     assert ("rlimit", "7 1024 1024") in recs
     caps = dict(r for r in recs if r[0].startswith("cap."))
@@ -77,14 +77,14 @@ def test_invalid_configs(tmp_path, mutate, message):
     mutate(config)
     with pytest.raises(ParacellError, match=message):
         bundle = spec.load_bundle(write(tmp_path / "b", config))
-        spec.init_launch_spec(bundle)
+        spec.init_launch_spec("c1", bundle)
 
 
 def test_oversized_spec_is_refused(tmp_path):
     config = defaultspec.default_config(["x" * 70000])
     bundle = spec.load_bundle(write(tmp_path / "b", config))
     with pytest.raises(ParacellError, match="too large for the agent channel"):
-        spec.init_launch_spec(bundle)
+        spec.init_launch_spec("c1", bundle)
 
 
 def test_bind_sources_inside_and_outside_the_rootfs(tmp_path):
@@ -99,7 +99,7 @@ def test_bind_sources_inside_and_outside_the_rootfs(tmp_path):
     bundle_dir = write(tmp_path / "b", config)
     (bundle_dir / "rootfs" / "etc").mkdir()
     bundle = spec.load_bundle(bundle_dir)
-    mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec(bundle))
+    mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec("c1", bundle))
               if r[0] == "mount"]
     assert mounts[-2][:3] == ["/inside", "bind", "/rootfs/etc"]
     assert mounts[-1][:3] == ["/etc/hosts", "bind", "/hostshare/0"]
