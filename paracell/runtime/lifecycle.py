@@ -78,6 +78,7 @@ def create(
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
     launch = spec.init_launch_spec(container_id, bundle)
+    spec.prepare_rootfs(bundle)
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)

@@ -309,6 +309,11 @@ def _bind_source(bundle: Bundle, source: str, where: str) -> str:
     return f"{GUEST_HOSTSHARE}/{slot}"
 
 
+def prepare_rootfs(bundle: Bundle) -> None:
+    """Host-side preparation of the rootfs before it is shared with the guest
+    (possibly read-only): see issue 6, points 7 and 9. Owned by the rootfs work."""
+
+
 def encode_records(records: list[tuple[str, str]]) -> bytes:
     out = bytearray()
     for key, value in records:
