@@ -579,7 +579,9 @@ static void run_loop(struct relay *r)
             }
             if (c->out.dead || (c->closing && sink_pending(&c->out) == 0)) client_drop(r, i);
         }
-        if (r->to_chan.dead && !r->done) {
+        /* A peer that hangs up right after EXIT may leave our last frames
+         * (stdin, signals) unsent; the exit it reported stands. */
+        if (r->to_chan.dead && !r->done && !r->init_exited) {
             end_with(r, PC_END_HANGUP, "%s", "virtual machine exited unexpectedly");
             break;
         }

@@ -7,6 +7,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 import pytest
 from paracell._native import ffi, lib
@@ -90,3 +91,31 @@ def test_frames_for_unknown_exec_channels_are_dropped(tmp_path):
     stream = frame(STDOUT, 3, b"nobody owns chan 3") + frame(EXIT, 0, struct.pack("<i", 0))
     end, status, _, output = relay(stream, tmp_path)
     assert (end, status, output) == (lib.PC_END_EXIT, 0, b"")
+
+
+def test_exit_wins_over_a_shim_that_hangs_up_right_after(tmp_path):
+    """An exec proxy whose shim sends EXIT and hangs up while the proxy still has
+    stdin queued for it reports the exit status, not a lost channel (137)."""
+    ours, shim = socket.socketpair()
+    # Input the shim never reads: the proxy's queue to it stays non-empty.
+    stdin_file = tmp_path / "stdin"
+    stdin_file.write_bytes(b"x" * (3 << 20))
+    in_fd = os.open(stdin_file, os.O_RDONLY)
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = in_fd, -1, -1, -1
+    cfg.forward_mask = 0
+    res = ffi.new("struct pc_relay_result *")
+
+    def play_shim() -> None:
+        time.sleep(0.3)  # long enough for the proxy to fill the socket
+        shim.sendall(frame(EXIT, 0, struct.pack("<i", 3)))
+        shim.close()
+
+    player = threading.Thread(target=play_shim)
+    player.start()
+    lib.pc_relay(cfg, res)
+    player.join()
+    os.close(in_fd)
+    ours.close()
+    assert (res.end, res.status) == (lib.PC_END_EXIT, 3), ffi.string(res.message)
