@@ -16,6 +16,7 @@ from typing import Any
 
 from paracell._native import ffi, lib
 from paracell.errors import ParacellError
+from paracell.runtime.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
 
 MAX_CONFIG_BYTES = 4 << 20
 GUEST_ROOTFS = ffi.string(lib.PC_ROOTFS_DIR).decode()
@@ -78,6 +79,7 @@ class Bundle:
     rootfs_readonly: bool
     annotations: dict[str, str]
     host_binds: list[HostBind] = field(default_factory=list)
+    mount_points: list[MountPoint] = field(default_factory=list)
 
 
 def _fail(msg: str) -> ParacellError:
@@ -141,16 +143,14 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     _expect(root, dict, "root")
     root_path = _expect(root.get("path"), str, "root.path")
     readonly = _expect(root.get("readonly", False), bool, "root.readonly")
-    rootfs = Path(root_path) if os.path.isabs(root_path) else path / root_path
-    if not rootfs.is_dir():
-        raise ParacellError(f"rootfs ({rootfs}) does not exist")
+    rootfs = _check_rootfs(path, root_path)
     annotations = config.get("annotations") or {}
     _expect(annotations, dict, "annotations")
     for key, value in annotations.items():
         _expect(value, str, f"annotations[{key!r}]")
     process = config.get("process")
     _expect(process, dict, "process")
-    bundle = Bundle(path, config, rootfs.resolve(), readonly, annotations)
+    bundle = Bundle(path, config, rootfs, readonly, annotations)
     check_process(process)
     hostname = _expect(config.get("hostname", ""), str, "hostname")
     if len(hostname) > 64:
@@ -162,6 +162,20 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     for i, mount in enumerate(mounts):
         _mount_record(bundle, mount, f"mounts[{i}]")
     return bundle
+
+
+def _check_rootfs(bundle: Path, root_path: str) -> Path:
+    """runc's check: root.path, made absolute against the bundle (runc works in
+    the bundle's real directory), must have no symlink in it, so that the
+    share cannot be pointed at the host's / or anywhere else by a link."""
+    rootfs = Path(os.path.normpath(bundle.resolve() / root_path))
+    if not rootfs.exists():
+        raise ParacellError(f"rootfs ({rootfs}) does not exist")
+    if os.path.realpath(rootfs) != str(rootfs):
+        raise ParacellError(INVALID_ROOTFS)
+    if not rootfs.is_dir():
+        raise ParacellError(f"rootfs ({rootfs}) is not a directory")
+    return rootfs
 
 
 def check_process(process: dict[str, Any]) -> None:
@@ -289,29 +303,37 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
     if kind not in MOUNT_TYPES:
         raise _fail(f"{where}.type {kind!r} is not supported in the guest")
     if kind == "bind" or flags & MS_BIND:
-        kind, source = "bind", _bind_source(bundle, source, where)
+        kind, source = "bind", _bind_source(bundle, source, where, dest)
+    else:
+        bundle.mount_points.append(MountPoint(dest, directory=True))
     if any("\x1f" in s or "\0" in s for s in (dest, kind, source, *data)):
         raise _fail(f"{where} contains a control character")
     value = "\x1f".join([dest, kind, source, str(flags), ",".join(data)])
     return ("mount", value)
 
 
-def _bind_source(bundle: Bundle, source: str, where: str) -> str:
-    """Guest path of a bind source: inside the rootfs, or a hostshare slot."""
+def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> str:
+    """Guest path of a bind source: inside the rootfs, or a hostshare slot.
+    The source is a host path, resolved on the host with its symlinks, as runc does."""
     host = Path(source if os.path.isabs(source) else bundle.path / source)
     if not host.exists():
         raise ParacellError(f"{where}.source {source}: no such file or directory")
     real = host.resolve()
+    directory = real.is_dir()
     if real == bundle.rootfs or bundle.rootfs in real.parents:
-        return f"{GUEST_ROOTFS}/{real.relative_to(bundle.rootfs)}"
+        inside = f"/{real.relative_to(bundle.rootfs)}"
+        bundle.mount_points.append(MountPoint(dest, directory, posixpath.normpath(inside)))
+        return f"{GUEST_ROOTFS}{inside}"
+    bundle.mount_points.append(MountPoint(dest, directory))
     slot = str(len(bundle.host_binds))
     bundle.host_binds.append(HostBind(real, slot))
     return f"{GUEST_HOSTSHARE}/{slot}"
 
 
 def prepare_rootfs(bundle: Bundle) -> None:
-    """Host-side preparation of the rootfs before it is shared with the guest
-    (possibly read-only): see issue 6, points 7 and 9. Owned by the rootfs work."""
+    """Creates the spec's missing mount points inside the rootfs, on the host,
+    before it is shared (read-only, with root.readonly): see mountpoints.py."""
+    create_mount_points(bundle.rootfs, bundle.mount_points)
 
 
 def encode_records(records: list[tuple[str, str]]) -> bytes:
@@ -333,6 +355,7 @@ def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
     The first spec that names a container makes it; its process is the init."""
     config = bundle.config
     bundle.host_binds.clear()
+    bundle.mount_points.clear()
     records = [("container", container_id), *_process_records(config["process"])]
     if config.get("hostname"):
         records.append(("hostname", config["hostname"]))

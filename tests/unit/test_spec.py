@@ -113,3 +113,90 @@ def test_missing_and_malformed_config(tmp_path):
     (tmp_path / "b" / "config.json").write_text("{nope")
     with pytest.raises(ParacellError, match="not valid JSON"):
         spec.load_bundle(tmp_path / "b")
+
+
+def root_config(path):
+    config = defaultspec.default_config()
+    config["root"]["path"] = str(path)
+    return config
+
+
+INVALID_ROOTFS = "^invalid rootfs: not an absolute path, or a symlink$"
+
+
+def test_root_path_symlink_to_host_root_is_refused(tmp_path):
+    """runc refuses a root.path that is a symlink: otherwise the share would be
+    the host's / and the container would read the host's /etc."""
+    bundle = write(tmp_path / "b", root_config("hostroot"))
+    (bundle / "hostroot").symlink_to("/")
+    with pytest.raises(ParacellError, match=INVALID_ROOTFS):
+        spec.load_bundle(bundle)
+    with pytest.raises(ParacellError, match=INVALID_ROOTFS):
+        spec.load_bundle(write(tmp_path / "b", root_config(bundle / "hostroot")))
+
+
+def test_root_path_through_a_symlinked_directory_is_refused(tmp_path):
+    real = tmp_path / "real"
+    (real / "rootfs").mkdir(parents=True)
+    (tmp_path / "link").symlink_to(real)
+    with pytest.raises(ParacellError, match=INVALID_ROOTFS):
+        spec.load_bundle(write(tmp_path / "b", root_config(tmp_path / "link" / "rootfs")))
+    # As runc's filepath.Abs, `..` is taken lexically first: this names real/rootfs.
+    loaded = spec.load_bundle(write(tmp_path / "b", root_config(tmp_path / "link/../real/rootfs")))
+    assert loaded.rootfs == real / "rootfs"
+
+
+def test_real_root_paths_are_accepted(tmp_path):
+    bundle = write(tmp_path / "b", root_config("rootfs"))
+    assert spec.load_bundle(bundle).rootfs == bundle / "rootfs"
+    loaded = spec.load_bundle(write(tmp_path / "b", root_config(bundle / "x/../rootfs")))
+    assert loaded.rootfs == bundle / "rootfs"
+    # A relative root.path is taken in the bundle's real directory, as runc
+    # (which chdirs into the bundle) does, so a symlinked bundle path is fine.
+    (tmp_path / "blink").symlink_to(bundle)
+    assert spec.load_bundle(tmp_path / "blink").rootfs == bundle / "rootfs"
+
+
+def test_root_path_that_is_missing_or_not_a_directory(tmp_path):
+    with pytest.raises(ParacellError, match="does not exist"):
+        spec.load_bundle(write(tmp_path / "b", root_config("nope")))
+    (tmp_path / "b" / "file").write_text("")
+    with pytest.raises(ParacellError, match="is not a directory"):
+        spec.load_bundle(write(tmp_path / "b", root_config("file")))
+
+
+def test_bind_sources_are_host_paths_resolved_on_the_host(tmp_path):
+    """As with runc, a bind source's symlinks are followed on the host: one that
+    leads into the rootfs becomes a rootfs path, one that leads out a hostshare."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    config = defaultspec.default_config()
+    config["mounts"] += [
+        {"destination": "/in", "type": "bind", "source": "rootfs/link-in", "options": ["bind"]},
+        {"destination": "/out", "type": "bind", "source": "rootfs/link-out", "options": ["bind"]},
+    ]
+    bundle_dir = write(tmp_path / "b", config)
+    (bundle_dir / "rootfs" / "data").mkdir()
+    (bundle_dir / "rootfs" / "link-in").symlink_to("data")
+    (bundle_dir / "rootfs" / "link-out").symlink_to(outside)
+    bundle = spec.load_bundle(bundle_dir)
+    mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec("c1", bundle))
+              if r[0] == "mount"]
+    assert mounts[-2][:3] == ["/in", "bind", "/rootfs/data"]
+    assert mounts[-1][:3] == ["/out", "bind", "/hostshare/0"]
+    assert bundle.host_binds == [spec.HostBind(outside, "0")]
+    assert bundle.mount_points[-2:] == [spec.MountPoint("/in", True, "/data"),
+                                        spec.MountPoint("/out", True)]
+
+
+def test_mount_points_follow_the_spec_in_order(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("")
+    config = defaultspec.default_config()
+    config["mounts"].append({"destination": "/etc//hosts/", "type": "none", "source": str(hostfile),
+                             "options": ["rbind"]})
+    bundle = spec.load_bundle(write(tmp_path / "b", config))
+    spec.init_launch_spec("c1", bundle)
+    assert [(p.dest, p.directory) for p in bundle.mount_points] == [
+        ("/proc", True), ("/dev", True), ("/dev/pts", True), ("/dev/shm", True),
+        ("/sys", True), ("/tmp", True), ("/etc/hosts", False)]
