@@ -49,7 +49,7 @@ def run_demo(ctx: Context) -> int:
     container_id = f"paracell-demo-{os.getpid()}"
     began = time.monotonic()
     state = lifecycle.create(ctx, container_id, str(EXAMPLE), None, None, detach=False)
-    sampler = MemorySampler(int(state.config_extra["qemu_pid"]), Path(state.memory_file))
+    sampler = MemorySampler(state.vm.qemu_pid, Path(state.vm.memory_file))
     sampler.start()
     try:
         lifecycle.start(ctx, container_id)

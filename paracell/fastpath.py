@@ -5,7 +5,6 @@ as starting Python. Anything unusual falls through to the full CLI."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 # Every global option of the CLI; the fast path serves only calls that use
@@ -48,20 +47,15 @@ def _state(root: str, rest: list[str]) -> int | None:
 
 
 def _kill(root: str, rest: list[str]) -> int | None:
-    from paracell.errors import NotRunningError
-    from paracell.runtime.signals import FORWARDED, parse_signal
-    from paracell.runtime.state import StateStore, shim_alive
+    from paracell.runtime import signalling
+    from paracell.runtime.signals import parse_signal
+    from paracell.runtime.state import StateStore
 
     if not 1 <= len(rest) <= 2 or any(a.startswith("-") for a in rest):
         return None
     sig = parse_signal(rest[1] if len(rest) == 2 else "SIGTERM")
-    if sig not in FORWARDED:
-        return None
-    state = StateStore(root).load(rest[0])
-    if state.status not in ("created", "running", "paused") or not shim_alive(state):
-        raise NotRunningError()
-    os.kill(state.shim_pid, sig)
-    return 0
+    done = signalling.deliver(StateStore(root), rest[0], sig, False, None)
+    return 0 if done else None
 
 
 def run(argv: list[str]) -> int | None:

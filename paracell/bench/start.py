@@ -5,7 +5,6 @@ one run so that machine noise hits every variant alike."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,7 +14,8 @@ from typing import Any
 from paracell.bench import common, plot
 from paracell.guest import artifacts
 from paracell.runtime.lifecycle import Context
-from paracell.vmm import probe, qemu
+from paracell.vmm import devices, probe
+from paracell.vmm.builder import Machine, VmBuilder
 
 GOAL_MEDIAN_S = 1.0
 GOAL_RATIO = 1.2
@@ -24,27 +24,22 @@ GOAL_RATIO = 1.2
 def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
     """The same VM with the agent told to power off as soon as it is up."""
     guest = artifacts.current()
-    mem = workdir / "raw.mem"
-    vm_end, our_end = socket.socketpair()
-    qmp = socket.socket(socket.AF_UNIX)
-    qmp.bind(str(workdir / "qmp.sock"))
-    qmp.listen(1)
-    spec = qemu.VmSpec(
-        qemu=qemu_path, engine=engine, kernel=guest.kernel, initramfs=guest.initramfs,
-        memory_mib=256, vcpus=1, memory_file=mem, rootfs=workdir, rootfs_readonly=True,
-        console_log=workdir / "console.log", agent_fd=vm_end.fileno(), qmp_fd=qmp.fileno(),
-        extra_cmdline="paracell.exit_on_boot=1",
-    )
-    try:
-        return common.time_call(lambda: subprocess.run(
-            qemu.command_line(spec), pass_fds=(vm_end.fileno(), qmp.fileno()),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120,
-        ))
-    finally:
-        for s in (vm_end, our_end, qmp):
-            s.close()
-        os.unlink(workdir / "qmp.sock")
-        mem.unlink(missing_ok=True)
+    vm = VmBuilder(Machine(qemu=qemu_path, engine=engine, kernel=guest.kernel,
+                           initramfs=guest.initramfs, memory_mib=256, vcpus=1,
+                           kernel_args=("paracell.exit_on_boot=1",)))
+    vm.attach(devices.GuestRam(workdir / "raw.mem", 256))
+    vm.attach(devices.SerialConsole(workdir / "console.log"))
+    vm.attach(devices.DebugExit())
+    vm.attach(devices.AgentPort())
+    vm.attach(devices.rootfs_share(workdir, readonly=True))
+    vm.attach(devices.QmpSocket(workdir / "qmp.sock"))
+
+    def boot() -> None:
+        booted = vm.launch(workdir / "qemu.log")
+        booted.stop(120)
+        booted.release()
+
+    return common.time_call(boot)
 
 
 def run(ctx: Context, runs: int, output: str) -> str:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from paracell import unixsock
 from paracell.errors import ParacellError
 
 # Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
@@ -114,38 +114,12 @@ def printable(data: bytes, limit: int = 300) -> str:
     return "".join(c if c.isprintable() else " " for c in text).strip() or "unknown error"
 
 
-def connect_unix(path: Path) -> socket.socket:
-    """Connects through /proc/self/fd so long --root paths never hit the 108-byte limit."""
-    dir_fd = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.connect(f"/proc/self/fd/{dir_fd}/{path.name}")
-        except OSError:
-            sock.close()
-            raise
-        return sock
-    finally:
-        os.close(dir_fd)
-
-
-def listen_unix(path: Path) -> socket.socket:
-    dir_fd = os.open(path.parent, os.O_PATH | os.O_CLOEXEC)
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(f"/proc/self/fd/{dir_fd}/{path.name}")
-        sock.listen(64)
-        return sock
-    finally:
-        os.close(dir_fd)
-
-
 def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None:
     """One request to a container's shim (start, signal), answered by HOST_ACK."""
     from paracell._native import lib
 
     try:
-        sock = connect_unix(socket_path)
+        sock = unixsock.connect(socket_path)
     except OSError as err:
         raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
     with sock:

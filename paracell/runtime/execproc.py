@@ -14,11 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paracell.errors import NotRunningError, ParacellError
-from paracell.runtime import channel, spawn, spec
+from paracell import unixsock
+from paracell.errors import ParacellError
+from paracell.runtime import channel, spawn, spec, status
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
+from paracell.runtime.signals import SIGKILL, exit_status_for_signal
 from paracell.runtime.spec import read_json_file
+from paracell.runtime.state import CONTROL_SOCKET
 
 MAX_PROCESS_JSON = 1 << 20
 EXECS_DIR = "execs"
@@ -76,33 +79,38 @@ def process_from_args(
     return process
 
 
+# The process's fate is unknown when its channel is lost: the container or
+# its VM went away under it, which for the process is death by SIGKILL.
+EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
+
+
 def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
-                execs_dir: Path) -> Callable[[int], int]:
-    def body(ready_fd: int) -> int:
+                execs_dir: Path) -> Callable[[spawn.Handshake], int]:
+    def body(handshake: spawn.Handshake) -> int:
         from paracell._native import lib
         from paracell.runtime import console
 
+        handshake.no_commit()
         try:
-            conn = channel.connect_unix(shim_socket)
+            conn = unixsock.connect(shim_socket)
             channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
             channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
             tty_fd = console.open_for_container(console_socket) if terminal else -1
         except (ParacellError, OSError) as err:
             text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            spawn.report_ready(ready_fd, f"error {text}")
+            handshake.report(spawn.Ready(error=text))
             return 255
         # `ps` lists the live exec proxies from these markers.
         marker = execs_dir / str(os.getpid())
         execs_dir.mkdir(exist_ok=True)
         marker.touch()
-        spawn.report_ready(ready_fd, f"ok {os.getpid()}")
+        handshake.report(spawn.Ready(pid=os.getpid()))
         try:
             channel.send(conn.fileno(), lib.PC_START)
             end = channel.run_relay(conn.fileno(), -1, tty_fd)
             if end.kind == lib.PC_END_EXIT:
                 return end.status & 0xFF
-            # The container (or its VM) went away under this process.
-            return 137
+            return EXIT_CHANNEL_LOST
         finally:
             marker.unlink(missing_ok=True)
 
@@ -120,19 +128,16 @@ def exec_process(
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
-        if state.status == "stopped":
-            raise ParacellError("cannot exec in a stopped container")
-        if state.status not in ("running", "created"):
-            raise NotRunningError()
+        status.transition("exec", state.status, container_id)
     state_dir = store.dir(container_id)
-    body = _proxy_body(state_dir / "shim.sock", launch, terminal, console_socket,
+    body = _proxy_body(state_dir / CONTROL_SOCKET, launch, terminal, console_socket,
                        state_dir / EXECS_DIR)
-    pid, line = spawn.spawn(body, detach, ctx.log.background_error)
-    problem = spawn.ready_error(line)
-    if problem:
-        raise ParacellError(problem)
+    spawned = spawn.spawn(body, detach, ctx.log.background_error)
+    spawned.abandon()
+    if spawned.ready.error:
+        raise ParacellError(spawned.ready.error)
     if pid_file:
-        write_pid_file(pid_file, pid)
+        write_pid_file(pid_file, spawned.pid)
     if detach:
         return 0
-    return wait_child(pid)
+    return wait_child(spawned.pid)

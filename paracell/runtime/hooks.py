@@ -42,8 +42,9 @@ def check_hooks(config: dict[str, Any]) -> None:
             )
 
 
-def run_hooks(config: dict[str, Any], name: str, state: dict[str, Any]) -> None:
-    for i, hook in enumerate((config.get("hooks") or {}).get(name, [])):
+def run_hooks(hooks: dict[str, Any], name: str, state: dict[str, Any]) -> None:
+    """Runs the spec's `hooks` object's entries for `name`, checked by check_hooks."""
+    for i, hook in enumerate(hooks.get(name, [])):
         args = hook.get("args") or [hook["path"]]
         timeout = hook.get("timeout")
         try:

@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from paracell import OCI_VERSION
-from paracell.errors import NotRunningError, ParacellError
-from paracell.runtime import spec
+from paracell.errors import ParacellError
+from paracell.procfs import process_start_time
+from paracell.runtime import spec, status
 from paracell.runtime.lifecycle import Context, oci_state
-from paracell.runtime.state import ContainerState, process_start_time
+from paracell.runtime.state import ContainerState
 
 
 def host_pids(ctx: Context, state: ContainerState) -> list[int]:
     """The shim stands for init; each exec proxy for its process. These are the
     pids a client can wait on and signal; guest pids are not host processes."""
-    if state.status == "stopped":
+    if not status.stands_for_a_process(state.status):
         return []
     pids = [state.shim_pid]
     execs = ctx.store.dir(state.id) / "execs"
@@ -31,8 +32,7 @@ def host_pids(ctx: Context, state: ContainerState) -> list[int]:
 
 def ps(ctx: Context, container_id: str, fmt: str) -> str:
     state = ctx.store.load(container_id)
-    if state.status == "stopped":
-        raise NotRunningError()
+    status.transition("ps", state.status, container_id)
     pids = host_pids(ctx, state)
     if fmt == "json":
         return json.dumps(pids)
@@ -61,19 +61,26 @@ def list_containers(ctx: Context, fmt: str, quiet: bool) -> str:
         return json.dumps([oci_state(s) for s in states])
     rows = [f"{'ID':<24} {'PID':<8} {'STATUS':<10} {'BUNDLE':<40} CREATED"]
     for s in states:
-        pid = s.shim_pid if s.status != "stopped" else 0
+        pid = s.shim_pid if status.stands_for_a_process(s.status) else 0
         rows.append(f"{s.id:<24} {pid:<8} {s.status:<10} {s.bundle:<40} {s.created}")
     return "\n".join(rows)
 
 
-def _qmp(ctx: Context, container_id: str, command: str) -> None:
+def _qmp(state: ContainerState, command: str) -> None:
     import asyncio
 
     from qemu.qmp import QMPClient
 
-    from paracell.runtime.channel import connect_unix
+    from paracell import unixsock
+    from paracell.vmm.devices import QmpSocket
 
-    sock = connect_unix(ctx.store.dir(container_id) / "qmp.sock")
+    paths = [d["path"] for d in state.vm.devices if d.get("kind") == QmpSocket.kind]
+    if not paths:
+        raise ParacellError(f"container {state.id} has no QMP socket")
+    try:
+        sock = unixsock.connect(Path(paths[0]))
+    except OSError as err:
+        raise ParacellError(f"QMP {command}: {err.strerror}") from None
 
     async def talk() -> None:
         client = QMPClient("paracell")
@@ -93,11 +100,9 @@ def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
-        want_from = "running" if paused else "paused"
-        if state.status != want_from:
-            raise ParacellError(f"container not {want_from}")
-        _qmp(ctx, container_id, "stop" if paused else "cont")
-        state.status = "paused" if paused else "running"
+        target = status.transition("pause" if paused else "resume", state.status, container_id)
+        _qmp(state, "stop" if paused else "cont")
+        state.status = target
         store.save(state)
 
 
@@ -112,8 +117,7 @@ def resume(ctx: Context, container_id: str) -> None:
 def update(ctx: Context, container_id: str, resources: str | None,
            flags: dict[str, str | None]) -> None:
     state = ctx.store.load(container_id)
-    if state.status == "stopped":
-        raise NotRunningError()
+    status.transition("update", state.status, container_id)
     asked: dict[str, Any] = {}
     if resources:
         raw = sys.stdin.read() if resources == "-" else Path(resources).read_text()

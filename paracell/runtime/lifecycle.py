@@ -5,24 +5,25 @@ state, so concurrent verbs on one ID serialise instead of racing."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paracell.errors import NotExistError, NotRunningError, ParacellError
-from paracell.runtime import channel
+from paracell import unixsock
+from paracell.errors import NotExistError, ParacellError
+from paracell.procfs import kill_same, process_start_time
+from paracell.runtime import channel, status
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.ids import check_id
 from paracell.runtime.log import RuntimeLog, rfc3339_now
-from paracell.runtime.signals import FORWARDED
+from paracell.runtime.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.state import (
+    CONTROL_SOCKET,
     ContainerState,
     StateStore,
+    VmRecord,
     oci_state,
-    process_start_time,
     shim_alive,
 )
 
@@ -69,7 +70,7 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
-    from paracell.runtime import hooks, shim, spawn, spec
+    from paracell.runtime import hooks, shim, spawn, spec, vmplan
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -84,96 +85,84 @@ def create(
         raise ParacellError(NEED_CONSOLE_SOCKET)
     guest = artifacts.current()
     engine, qemu, notice = _choose_engine(ctx)
-    state_dir = store.create_dir(container_id)
+    memory_file = memory.path_for(ctx.root, container_id)
+    memory_mib = settings.guest_memory_mib()
+    me = os.getpid()
     state = ContainerState(
-        id=container_id, bundle=str(bundle.path), status="creating", created=rfc3339_now(),
+        id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
-        memory_file=str(memory.path_for(ctx.root, container_id)),
-        # Kept here: poststart/poststop must run even if the bundle has
-        # changed or gone by then.
-        config_extra={"hooks": bundle.config.get("hooks") or {}},
+        creator_pid=me, creator_start=process_start_time(me) or 0,
+        hooks=bundle.config.get("hooks") or {},
     )
+    state_dir = store.dir(container_id)
+    vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
+                                    memory_mib, vcpus=1)
+    state.vm = VmRecord(memory_file=str(memory_file), memory_mib=memory_mib, engine=engine,
+                        devices=vm.record())
+    # The state, with every host resource the VM will hold, is on disk before
+    # any of them exists.
+    lock_fd = store.create(state)
+    spawned = None
     try:
-        with store.locked(container_id, must_exist=False):
-            store.save(state)
-            hooks.run_hooks(bundle.config, "prestart", oci_state(state))
-            hooks.run_hooks(bundle.config, "createRuntime", oci_state(state))
-            plan = ShimPlan(
-                state_dir=state_dir, bundle=bundle, launch_spec=launch, engine=engine, qemu=qemu,
-                kernel=guest.kernel, initramfs=guest.initramfs,
-                memory_file=Path(state.memory_file), memory_mib=settings.guest_memory_mib(),
-                vcpus=1, console_socket=console_socket, terminal=terminal,
-            )
-            shim_pid, line = spawn.spawn(
-                lambda ready_fd: shim.serve(plan, ready_fd, ctx.log.background_error),
-                detach, ctx.log.background_error,
-            )
-            problem = spawn.ready_error(line)
-            if problem:
-                raise ParacellError(problem)
-            state.shim_pid = shim_pid
-            state.shim_start = process_start_time(shim_pid) or 0
-            state.status = "created"
-            _, _, qemu_pid, qemu_start = line.split()[:4]
-            state.config_extra.update(qemu_pid=int(qemu_pid), qemu_start=int(qemu_start))
-            store.save(state)
-            if pid_file:
-                write_pid_file(pid_file, shim_pid)
+        ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB")
+        hooks.run_hooks(state.hooks, "prestart", oci_state(state))
+        hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
+        plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
+                        console_socket=console_socket, terminal=terminal, log=ctx.log)
+        spawned = spawn.spawn(
+            lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
+            detach, ctx.log.background_error,
+        )
+        if spawned.ready.error:
+            raise ParacellError(spawned.ready.error)
+        state.shim_pid = spawned.pid
+        state.shim_start = process_start_time(spawned.pid) or 0
+        state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start
+        state.status = status.CREATED
+        store.save(state)
+        spawned.commit()
+        if pid_file:
+            write_pid_file(pid_file, spawned.pid)
     except BaseException:
+        if spawned is not None:
+            spawned.abandon()
         _destroy(ctx, state)
         raise
+    finally:
+        os.close(lock_fd)
     if notice:
-        # Only once the container exists, so that a failure stays one line.
-        print(notice, file=sys.stderr)
+        ctx.log.warning(notice)
     return state
 
 
 def start(ctx: Context, container_id: str) -> None:
+    from paracell._native import lib
     from paracell.runtime import hooks
 
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
-        if state.status == "stopped":
-            raise ParacellError("cannot start a container that has stopped")
-        if state.status != "created":
-            raise ParacellError(f"cannot start a container in the {state.status} state")
-        from paracell._native import lib
-
-        channel.control_request(store.dir(container_id) / "shim.sock", lib.PC_START)
-        state.status = "running"
+        target = status.transition("start", state.status, container_id)
+        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START)
+        state.status = target
         store.save(state)
-    hooks.run_hooks(state.config_extra, "poststart", oci_state(state))
+    hooks.run_hooks(state.hooks, "poststart", oci_state(state))
 
 
 def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None:
-    store = ctx.store
-    with store.locked(container_id):
-        state = store.load(container_id)
-        if state.status not in ("created", "running", "paused"):
-            raise NotRunningError()
-        if sig in FORWARDED and not all_processes:
-            # The shim relays what it receives; no socket round trip needed.
-            os.kill(state.shim_pid, sig)
-            return
-        if sig == signal.SIGKILL:
-            # SIGKILL must not depend on the guest's cooperation (it may be
-            # paused, wedged or hostile): the shim dies, its VM with it, and
-            # waiters see death by SIGKILL, 137, as with runc.
-            _kill_shim(state)
-            return
+    from paracell.runtime import signalling
+
+    def through_shim(state: ContainerState) -> None:
         from paracell._native import lib
 
-        channel.control_request(store.dir(container_id) / "shim.sock", lib.PC_SIGNAL,
+        channel.control_request(ctx.store.dir(state.id) / CONTROL_SOCKET, lib.PC_SIGNAL,
                                 channel.encode_signal(sig, all_processes))
+
+    signalling.deliver(ctx.store, container_id, sig, all_processes, through_shim)
 
 
 def _kill_shim(state: ContainerState) -> None:
-    if shim_alive(state):
-        try:
-            os.kill(state.shim_pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    kill_same(state.shim_pid, state.shim_start, SIGKILL)
 
 
 def _wait_shim_gone(state: ContainerState) -> None:
@@ -187,34 +176,31 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
     try:
         with store.locked(container_id):
             state = store.load(container_id)
-            if state.status in ("running", "paused") and not force:
-                raise ParacellError(
-                    f"cannot delete container {container_id} that is not stopped: {state.status}"
-                )
+            status.transition("delete --force" if force else "delete", state.status,
+                              container_id)
             _destroy(ctx, state)
     except NotExistError:
         if not force:
             raise
+        store.remove_stale(container_id)
 
 
 def _destroy(ctx: Context, state: ContainerState) -> None:
     """Kills whatever still runs and removes every file and mount the container had."""
     from paracell.runtime import hooks
-    from paracell.runtime.shim import release_vm_files
-    from paracell.vmm import machine
+    from paracell.vmm import builder
 
     _kill_shim(state)
     _wait_shim_gone(state)
-    extra = state.config_extra
-    machine.kill_pid(int(extra.get("qemu_pid", 0)), int(extra.get("qemu_start", 0)))
-    state_dir = ctx.store.dir(state.id)
-    release_vm_files(state_dir, Path(state.memory_file))
-    was_started = state.status != "creating"
-    state.status = "stopped"
-    shutil.rmtree(state_dir, ignore_errors=True)
+    kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
+    builder.reclaim(state.vm.devices)
+    unixsock.unlink(ctx.store.dir(state.id) / CONTROL_SOCKET)
+    was_started = state.status != status.CREATING
+    state.status = status.STOPPED
+    ctx.store.remove(state.id)
     if was_started:
         try:
-            hooks.run_hooks(extra, "poststop", oci_state(state))
+            hooks.run_hooks(state.hooks, "poststop", oci_state(state))
         except ParacellError as err:
             ctx.log.error(f"poststop hook: {err}", to_stderr=False)
 
@@ -253,5 +239,5 @@ def wait_child(pid: int) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if os.WIFSIGNALED(raw):
-        return 128 + os.WTERMSIG(raw)
+        return exit_status_for_signal(os.WTERMSIG(raw))
     return os.WEXITSTATUS(raw)

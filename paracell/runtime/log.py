@@ -29,19 +29,31 @@ class RuntimeLog:
             line = json.dumps({"level": level, "msg": msg, "time": rfc3339_now()})
         else:
             line = f'time="{rfc3339_now()}" level={level} msg="{msg}"'
+        # A log that cannot be written must never fail the verb that logs.
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError:
             return
         try:
             os.write(fd, (line + "\n").encode())
+        except OSError:
+            pass
         finally:
             os.close(fd)
 
     def error(self, msg: str, to_stderr: bool = True) -> None:
         self.write("error", msg)
         if to_stderr:
-            print(f"paracell: {msg}", file=sys.stderr)
+            try:
+                print(f"paracell: {msg}", file=sys.stderr, flush=True)
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def warning(self, msg: str) -> None:
+        """A notice about how the runtime runs. Only to --log: runc never writes
+        into the stdio it hands the container, and under containerd and podman
+        our stderr is the container's."""
+        self.write("warning", msg)
 
     def background_error(self, msg: str) -> None:
         """For shims and proxies: their stderr is the container's, not ours."""

@@ -42,3 +42,8 @@ def parse_signal(value: str) -> int:
     if not 0 < number < 65:
         raise ParacellError(f"invalid signal: {value}")
     return number
+
+
+def exit_status_for_signal(signo: int) -> int:
+    """A process killed by signo exits with this status, as shells and runc report it."""
+    return 128 + signo

@@ -1,28 +1,113 @@
 """Forking the long-lived host processes (the shim, exec proxies).
 
-The child reports one line on a pipe: `ok <pid> ...` once it is ready, or
-`error <message>`. Detached children are re-parented away (double fork and
-setsid) so they outlive the command that made them, as runc's init does.
+The child reports one `Ready` message on a pipe once it is ready, or its
+error. Detached children are re-parented away (double fork and setsid) so they
+outlive the command that made them, as runc's init does.
+
+A child whose record must be durable before it may outlive its creator (the
+shim) then waits for `commit`: if the creator dies before it has saved the
+child's pid, the commit pipe reads EOF and the child shuts itself down, so no
+VM ever runs that no state records.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+READY_MAX = 4096
 
 
-def spawn(
-    body: Callable[[int], int], detach: bool, on_crash: Callable[[str], None]
-) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Ready:
+    """What a spawned process tells its creator: its pid, or why it failed.
+    A shim also names its QEMU (pid and /proc start time)."""
+
+    pid: int = 0
+    qemu_pid: int = 0
+    qemu_start: int = 0
+    error: str = ""
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Ready:
+        try:
+            data = json.loads(raw)
+            ready = cls(**data)
+            if not all(isinstance(v, int) and not isinstance(v, bool)
+                       for v in (ready.pid, ready.qemu_pid, ready.qemu_start)) \
+                    or not isinstance(ready.error, str):
+                raise TypeError
+        except (ValueError, TypeError):
+            return cls(error="the process died before it was ready")
+        if not ready.error and ready.pid <= 0:
+            return cls(error="the process reported no pid")
+        return ready
+
+
+class Handshake:
+    """The child's end: report once, then (a shim) wait for the commit."""
+
+    def __init__(self, ready_fd: int, commit_fd: int) -> None:
+        self.ready_fd, self.commit_fd = ready_fd, commit_fd
+
+    def report(self, ready: Ready) -> None:
+        try:
+            os.write(self.ready_fd, ready.encode())
+        finally:
+            os.close(self.ready_fd)
+
+    def no_commit(self) -> None:
+        """For children that need no commit (exec proxies)."""
+        os.close(self.commit_fd)
+
+    def committed(self) -> bool:
+        """Blocks until the creator has recorded us (True) or died (False)."""
+        try:
+            return os.read(self.commit_fd, 1) == b"c"
+        finally:
+            os.close(self.commit_fd)
+
+
+@dataclass
+class Spawned:
+    """The creator's end."""
+
+    pid: int
+    ready: Ready
+    commit_fd: int
+
+    def commit(self) -> None:
+        os.write(self.commit_fd, b"c")
+        self.abandon()
+
+    def abandon(self) -> None:
+        """Without a commit, a waiting child shuts itself down."""
+        if self.commit_fd >= 0:
+            os.close(self.commit_fd)
+            self.commit_fd = -1
+
+
+def spawn(body: Callable[[Handshake], int], detach: bool,
+          on_crash: Callable[[str], None]) -> Spawned:
     ready_r, ready_w = os.pipe()
+    commit_r, commit_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         status = 255
         try:
+            os.close(ready_r)
+            os.close(commit_w)
             # Inherited descriptors include the container lock: holding it for
             # the process's life would block every later verb.
-            os.closerange(3, ready_w)
-            os.closerange(ready_w + 1, 65536)
+            keep = sorted((ready_w, commit_r))
+            os.closerange(3, keep[0])
+            os.closerange(keep[0] + 1, keep[1])
+            os.closerange(keep[1] + 1, 65536)
             os.chdir("/")
             if detach:
                 if os.fork() != 0:
@@ -32,29 +117,21 @@ def spawn(
                 os.setsid()
             else:
                 os.setpgid(0, 0)
-            status = body(ready_w)
+            status = body(Handshake(ready_w, commit_r))
         except BaseException as err:  # never a traceback, never a return into the CLI
             on_crash(f"{type(err).__name__}: {err}")
         finally:
             os._exit(status)
     os.close(ready_w)
-    with os.fdopen(ready_r, "rb") as ready:
-        line = ready.read(4096).decode(errors="replace").strip()
+    os.close(commit_r)
+    with os.fdopen(ready_r, "rb") as pipe:
+        ready = Ready.decode(pipe.read(READY_MAX))
     if detach:
         os.waitpid(pid, 0)
-        parts = line.split()
-        return (int(parts[1]) if len(parts) >= 2 and parts[0] == "ok" else 0), line
-    if ready_error(line):
+        pid = ready.pid
+    elif ready.error:
         os.waitpid(pid, 0)  # it has cleaned up and is exiting: no zombie left behind
-    return pid, line
-
-
-def report_ready(ready_fd: int, line: str) -> None:
-    os.write(ready_fd, f"{line}\n".encode())
-    os.close(ready_fd)
-
-
-def ready_error(line: str) -> str | None:
-    if line.startswith("ok "):
-        return None
-    return line.removeprefix("error ").strip() or "the process died before it was ready"
+    spawned = Spawned(pid, ready, commit_w)
+    if ready.error:
+        spawned.abandon()
+    return spawned

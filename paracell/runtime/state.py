@@ -1,8 +1,11 @@
 """Per-container state under --root: one directory, an atomic state.json, a lock.
 
-Status is stored as what the last verb made it, and corrected on read: a
-created/running container whose shim has died is stopped, whatever the file
-says, so a crash can never leave a container that looks alive.
+Status is stored as what the last verb made it, and settled on read by the
+state machine (paracell.runtime.status) against the processes recorded here.
+
+A container directory becomes visible only complete: create builds it under a
+temporary name, with its lock held and state.json written, and renames it into
+place. So an ID is never left half-made by a create that was killed.
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 
 from paracell.errors import NotExistError, ParacellError
+from paracell.procfs import same_process
+from paracell.runtime import status as st
 from paracell.runtime.ids import check_id
 
 # typing, contextlib and pathlib cost more to import than `state` does to run.
@@ -22,47 +28,86 @@ if TYPE_CHECKING:
     from typing import Any
 
 STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+# The shim's socket for exec proxies and control requests (start, kill --all).
+CONTROL_SOCKET = "shim.sock"
+_NEW_PREFIX = ".new-"
 
 
-class ContainerState:
-    """What state.json holds. A plain class: `state` and `kill` run on every
-    containerd poll, and dataclasses/pathlib would double their start-up."""
+class Record:
+    """A JSON object with known fields and defaults. Plain classes, not
+    dataclasses: `state` and `kill` run on every containerd poll, and
+    dataclasses/pathlib would double their start-up."""
 
-    FIELDS: dict[str, Any] = {
-        "id": "", "bundle": "", "status": "", "created": "", "annotations": None,
-        "shim_pid": 0, "shim_start": 0, "memory_file": "", "rootfs": "",
-        "config_extra": None,
-    }
+    FIELDS: dict[str, Any] = {}
+    NESTED: dict[str, type[Record]] = {}
 
     def __init__(self, **values: Any) -> None:
         unknown = set(values) - set(self.FIELDS)
         if unknown:
-            raise TypeError(f"unknown state fields {sorted(unknown)}")
+            raise TypeError(f"unknown fields {sorted(unknown)}")
         for name, default in self.FIELDS.items():
             value = values.get(name, default)
-            setattr(self, name, {} if value is None and name in ("annotations", "config_extra")
-                    else value)
-        # Declared for type checkers; set above.
-        self.id: str
-        self.bundle: str
-        self.status: str  # creating, created, running, paused, stopped
-        self.created: str
-        self.annotations: dict[str, str]
-        self.shim_pid: int
-        self.shim_start: int  # /proc/<pid>/stat start time, against pid reuse
-        self.memory_file: str
-        self.rootfs: str
-        self.config_extra: dict[str, Any]
+            if name in self.NESTED:
+                kind = self.NESTED[name]
+                value = value if isinstance(value, kind) else kind(**(value or {}))
+            elif value is default and isinstance(default, (dict, list)):
+                value = type(default)()
+            elif type(value) is not type(default):
+                raise TypeError(f"field {name} must be {type(default).__name__}")
+            setattr(self, name, value)
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.FIELDS}
+        return {name: (getattr(self, name).as_dict() if name in self.NESTED
+                       else getattr(self, name)) for name in self.FIELDS}
+
+
+class VmRecord(Record):
+    """The container's VM on the host: what `delete` needs to end and clean it up
+    after its shim has died. `devices` holds each attached device's facts, as
+    its builder recorded them (paracell.vmm.builder)."""
+
+    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "memory_file": "", "memory_mib": 0,
+              "engine": "", "devices": []}
+
+    qemu_pid: int
+    qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
+    memory_file: str
+    memory_mib: int
+    engine: str
+    devices: list[dict[str, Any]]
+
+
+class ContainerState(Record):
+    """What state.json holds."""
+
+    FIELDS = {
+        "id": "", "bundle": "", "status": "", "created": "", "annotations": {},
+        "rootfs": "", "shim_pid": 0, "shim_start": 0, "creator_pid": 0, "creator_start": 0,
+        "hooks": {}, "vm": None,
+    }
+    NESTED = {"vm": VmRecord}
+
+    id: str
+    bundle: str
+    status: str  # one of paracell.runtime.status
+    created: str
+    annotations: dict[str, str]
+    rootfs: str
+    shim_pid: int
+    shim_start: int
+    creator_pid: int  # the `create` that is making this container
+    creator_start: int
+    # Kept here: poststart/poststop must run even if the bundle has changed or gone.
+    hooks: dict[str, Any]
+    vm: VmRecord
 
 
 def oci_state(state: ContainerState) -> dict[str, object]:
     return {
         "ociVersion": "1.0.2",
         "id": state.id,
-        "pid": state.shim_pid if state.status != "stopped" else 0,
+        "pid": state.shim_pid if st.stands_for_a_process(state.status) else 0,
         "status": state.status,
         "bundle": state.bundle,
         "rootfs": state.rootfs,
@@ -72,38 +117,29 @@ def oci_state(state: ContainerState) -> dict[str, object]:
     }
 
 
-def process_start_time(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; fields resume after the last ')'.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":
-        return None
-    return int(fields[19])
-
-
 def shim_alive(state: ContainerState) -> bool:
-    return state.shim_pid > 0 and process_start_time(state.shim_pid) == state.shim_start
+    return same_process(state.shim_pid, state.shim_start)
 
 
 class ContainerLock:
+    """An exclusive flock on the container's lock file; it dies with its holder.
+    The file is never created here: a container being removed cannot be
+    brought back half-alive by a verb that races with its removal."""
+
     def __init__(self, store: StateStore, container_id: str, must_exist: bool) -> None:
         self.store, self.container_id, self.must_exist = store, container_id, must_exist
         self.fd = -1
 
     def __enter__(self) -> None:
-        path = self.store.path(self.container_id, "lock")
         try:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.fd = os.open(self.store.path(self.container_id, LOCK_FILE),
+                              os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
             raise NotExistError(self.container_id) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-            if self.must_exist and not os.path.exists(self.store.path(self.container_id,
-                                                                     STATE_FILE)):
+            if self.must_exist and not os.path.exists(
+                    self.store.path(self.container_id, STATE_FILE)):
                 raise NotExistError(self.container_id)
         except BaseException:
             os.close(self.fd)
@@ -111,6 +147,20 @@ class ContainerLock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+
+
+def _lock_is_free(lock_path: str) -> bool:
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class StateStore:
@@ -125,14 +175,68 @@ class StateStore:
 
         return Path(self.path(container_id))
 
-    def create_dir(self, container_id: str) -> Path:
-        path = self.dir(container_id)
+    def create(self, state: ContainerState) -> int:
+        """Makes the container's directory appear, complete and locked. Returns
+        the held lock's fd; the caller closes it to release the lock."""
         os.makedirs(self.root, mode=0o711, exist_ok=True)
+        self._sweep_abandoned()
+        tmp = os.path.join(self.root, f"{_NEW_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+        os.mkdir(tmp, 0o700)
+        lock_fd = -1
         try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            raise ParacellError(f"container with id exists: {container_id}") from None
-        return path
+            lock_fd = os.open(os.path.join(tmp, LOCK_FILE),
+                              os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            self._write(os.path.join(tmp, STATE_FILE), state)
+            target = self.path(state.id)
+            for attempt in (1, 2):
+                try:
+                    os.rename(tmp, target)
+                    return lock_fd
+                except OSError as err:
+                    if err.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt == 2 \
+                            or not self._remove_stale(state.id):
+                        raise ParacellError(f"container with id exists: {state.id}") from None
+        except BaseException:
+            if lock_fd >= 0:
+                os.close(lock_fd)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        raise AssertionError("unreachable")
+
+    def _sweep_abandoned(self) -> None:
+        """Temporary directories of creates that were killed before the rename."""
+        try:
+            names = [n for n in os.listdir(self.root) if n.startswith(_NEW_PREFIX)]
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.root, name)
+            if _lock_is_free(os.path.join(path, LOCK_FILE)):
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _remove_stale(self, container_id: str) -> bool:
+        """Removes a directory without state that nobody holds (the remains of
+        a removal that was killed half-way); True if it was one."""
+        path = self.path(container_id)
+        if os.path.exists(os.path.join(path, STATE_FILE)) \
+                or not _lock_is_free(os.path.join(path, LOCK_FILE)):
+            return False
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.exists(path)
+
+    def remove(self, container_id: str) -> None:
+        """The state file goes first, so the container vanishes at once from
+        every view; the rest of the directory follows."""
+        try:
+            os.unlink(self.path(container_id, STATE_FILE))
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(self.path(container_id), ignore_errors=True)
+
+    def remove_stale(self, container_id: str) -> None:
+        if os.path.isdir(self.path(container_id)):
+            self._remove_stale(container_id)
 
     def load(self, container_id: str) -> ContainerState:
         try:
@@ -143,23 +247,23 @@ class StateStore:
             raise NotExistError(container_id) from None
         except (ValueError, TypeError) as err:
             raise ParacellError(f"state of container {container_id} is corrupt: {err}") from None
-        self._settle(state)
+        state.status = st.settle(state.status, shim_alive(state),
+                                 same_process(state.creator_pid, state.creator_start))
         return state
 
-    def _settle(self, state: ContainerState) -> None:
-        if state.status in ("created", "running", "paused") and not shim_alive(state):
-            state.status = "stopped"
-
-    def save(self, state: ContainerState) -> None:
-        tmp = self.path(state.id, f".{STATE_FILE}.{os.getpid()}")
+    def _write(self, path: str, state: ContainerState) -> None:
+        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
             json.dump(state.as_dict(), f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self.path(state.id, STATE_FILE))
+        os.replace(tmp, path)
+
+    def save(self, state: ContainerState) -> None:
+        self._write(self.path(state.id, STATE_FILE), state)
 
     def locked(self, container_id: str, must_exist: bool = True) -> ContainerLock:
-        """Serialises verbs on one container; the lock dies with its holder."""
+        """Serialises verbs on one container."""
         return ContainerLock(self, container_id, must_exist)
 
     def list_ids(self) -> list[str]:

@@ -14,9 +14,10 @@ from paracell import settings
 
 
 def path_for(root: str, container_id: str) -> Path:
-    """One file per (state root, id): containerd namespaces may reuse an id."""
-    root_tag = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:12]
-    return settings.memory_dir() / f"{root_tag}-{container_id}.mem"
+    """One file per (state root, id), since containerd namespaces may reuse an
+    id; named by a fixed-length hash, since an id may be 255 bytes long."""
+    key = f"{os.path.abspath(root)}\0{container_id}".encode()
+    return settings.memory_dir() / f"{hashlib.sha256(key).hexdigest()[:32]}.mem"
 
 
 def create_at(path: Path, size_mib: int) -> None:

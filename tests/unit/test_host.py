@@ -12,7 +12,8 @@ from paracell.errors import ParacellError
 from paracell.guest import cpio
 from paracell.runtime.ids import check_id
 from paracell.runtime.signals import FORWARDED, forward_mask, parse_signal
-from paracell.vmm import probe, qemu
+from paracell.vmm import devices, probe
+from paracell.vmm.builder import Machine, VmBuilder, reclaim
 
 
 def facts(kind: str) -> probe.HostFacts:
@@ -45,23 +46,29 @@ def test_probe_reads_this_host():
     assert found.kvm_kind in ("hardware", "pvm-host", "none")
 
 
-def vm_spec(**kw) -> qemu.VmSpec:
-    base = dict(qemu="qemu-system-x86_64", engine="tcg", kernel=Path("/k"),
-                initramfs=Path("/i"), memory_mib=256, vcpus=1, memory_file=Path("/dev/shm/m"),
-                rootfs=Path("/r"), rootfs_readonly=True, console_log=Path("/c"),
-                agent_fd=5, qmp_fd=6)
-    base.update(kw)
-    return qemu.VmSpec(**base)
+def builder(engine: str = "tcg", readonly: bool = True, binds: bool = False) -> VmBuilder:
+    vm = VmBuilder(Machine(qemu="qemu-system-x86_64", engine=engine, kernel=Path("/k"),
+                           initramfs=Path("/i"), memory_mib=256, vcpus=1))
+    vm.attach(devices.GuestRam(Path("/dev/shm/m"), 256))
+    vm.attach(devices.SerialConsole(Path("/c")))
+    vm.attach(devices.DebugExit())
+    vm.attach(devices.AgentPort())
+    vm.attach(devices.rootfs_share(Path("/r"), readonly))
+    if binds:
+        vm.attach(devices.HostShare(Path("/s"), [(Path("/etc/hosts"), "0")]))
+    vm.attach(devices.QmpSocket(Path("/q.sock")))
+    return vm
 
 
 def test_tcg_command_line():
-    argv = qemu.command_line(vm_spec())
+    argv = builder().command_line()
     joined = " ".join(argv)
     assert argv[argv.index("-cpu") + 1] == "max"
     assert "tcg,tb-size=" in joined
+    assert "microvm,acpi=off,x-option-roms=off,memory-backend=mem" in joined
     assert "mem-path=/dev/shm/m,share=on" in joined
-    assert "-nodefaults" in argv and "microvm" in joined
-    assert "socket,id=agent,fd=5" in joined and "socket,id=qmp,fd=6,server=on" in joined
+    assert "-nodefaults" in argv
+    assert "virtserialport,chardev=agent,name=paracell.agent" in joined
     assert "path=/r,security_model=passthrough,readonly=on" in joined
     assert "isa-debug-exit,iobase=0xf4" in joined
     assert "hostshare" not in joined
@@ -69,12 +76,30 @@ def test_tcg_command_line():
 
 
 def test_kvm_command_line_and_hostshare():
-    argv = qemu.command_line(vm_spec(engine="kvm", hostshare=Path("/s"), rootfs_readonly=False))
+    argv = builder(engine="kvm", readonly=False, binds=True).command_line()
     joined = " ".join(argv)
     assert "-accel kvm -cpu host" in joined
     assert "noapictimer" not in argv[argv.index("-append") + 1]
     assert "readonly=on" not in joined
     assert "mount_tag=hostshare" in joined
+
+
+def test_launch_passes_each_devices_fds_and_record_reclaims(tmp_path):
+    """Devices bring their fds and host resources; the record alone cleans up."""
+    vm = VmBuilder(Machine(qemu="/bin/true", engine="tcg", kernel=Path("/k"),
+                           initramfs=Path("/i"), memory_mib=64, vcpus=1))
+    ram = vm.attach(devices.GuestRam(tmp_path / "ram.mem", 64))
+    qmp = vm.attach(devices.QmpSocket(tmp_path / "qmp.sock"))
+    agent = vm.attach(devices.AgentPort())
+    record = vm.record()
+    assert [d["kind"] for d in record] == ["guest-ram", "qmp", "agent-port"]
+    booted = vm.launch(tmp_path / "qemu.log")
+    assert booted.stop(10) == 0
+    assert ram.path.exists() and qmp.path.exists() and agent.host_end is not None
+    reclaim(record)  # as `delete` does after a shim that died
+    assert not ram.path.exists() and not qmp.path.exists()
+    booted.release()  # idempotent after a reclaim
+    assert agent.host_end is None
 
 
 @pytest.mark.parametrize("good", ["a", "abc-DEF_1.2+3", "x" * 255])

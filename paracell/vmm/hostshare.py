@@ -1,6 +1,6 @@
-"""Bind sources outside the rootfs (podman's /etc/hosts, /dev/shm, ...) reach the
-guest through one extra virtio-9p share: each source is bind-mounted into a
-slot of the container's `share/` directory on the host."""
+"""Host directories and files outside the rootfs (podman's /etc/hosts,
+/dev/shm, ...) reach the guest through one extra virtio-9p share: each source is
+bind-mounted into a numbered slot of a share directory on the host."""
 
 from __future__ import annotations
 
@@ -10,34 +10,28 @@ import re
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.runtime.spec import HostBind
-
-MS_BIND, MS_REC, MNT_DETACH = 0x1000, 0x4000, 2
-SHARE_DIR = "share"
+from paracell.linux import MNT_DETACH, MS_BIND, MS_REC
 
 
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def mount_binds(state_dir: Path, binds: list[HostBind]) -> Path | None:
-    if not binds:
-        return None
-    share = state_dir / SHARE_DIR
+def mount_binds(share: Path, binds: list[tuple[Path, str]]) -> None:
+    """Bind-mounts each (source, slot) at share/slot; all or nothing."""
     share.mkdir(mode=0o700, exist_ok=True)
     libc = _libc()
-    for bind in binds:
-        target = share / bind.slot
-        if bind.source.is_dir():
+    for source, slot in binds:
+        target = share / slot
+        if source.is_dir():
             target.mkdir(exist_ok=True)
         else:
             target.touch(exist_ok=True)
-        if libc.mount(str(bind.source).encode(), str(target).encode(), None,
+        if libc.mount(str(source).encode(), str(target).encode(), None,
                       MS_BIND | MS_REC, None) != 0:
             err = ctypes.get_errno()
-            unmount_binds(state_dir)
-            raise ParacellError(f"bind mount of {bind.source}: {os.strerror(err)}")
-    return share
+            unmount_binds(share)
+            raise ParacellError(f"bind mount of {source}: {os.strerror(err)}")
 
 
 def _mounts_under(directory: Path) -> list[str]:
@@ -54,9 +48,8 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def unmount_binds(state_dir: Path) -> None:
+def unmount_binds(share: Path) -> None:
     """Idempotent: delete calls it again after a shim that died mid-way."""
-    share = state_dir / SHARE_DIR
     if not share.is_dir():
         return
     libc = _libc()

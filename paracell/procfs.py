@@ -1,0 +1,33 @@
+"""Process identity from /proc: a pid plus its start time names one process,
+even after the pid has been reused. Light on imports: `state` and `kill` use it."""
+
+from __future__ import annotations
+
+import os
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live, non-zombie process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields resume after the last ')'.
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] == b"Z":
+        return None
+    return int(fields[19])
+
+
+def same_process(pid: int, start_time: int) -> bool:
+    return pid > 0 and process_start_time(pid) == start_time
+
+
+def kill_same(pid: int, start_time: int, sig: int) -> None:
+    """Signals pid only if it is still the process recorded with that start time."""
+    if same_process(pid, start_time):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

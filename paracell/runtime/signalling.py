@@ -1,0 +1,41 @@
+"""`kill`: the one implementation, for the fast path and the full CLI alike.
+
+Most signals need no socket round trip: the shim relays every signal in
+FORWARDED that it receives, and SIGKILL must not depend on the guest's
+cooperation (it may be paused, wedged or hostile), so it kills the shim, its
+VM with it, and waiters see death by SIGKILL, 137, as with runc. Only the
+rest (--all, signals the shim keeps for itself) go through the shim's socket.
+Import-light: containerd calls `kill` often.
+"""
+
+from __future__ import annotations
+
+import os
+
+from paracell.procfs import kill_same
+from paracell.runtime import status
+from paracell.runtime.signals import FORWARDED, SIGKILL
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from paracell.runtime.state import ContainerState, StateStore
+
+
+def deliver(store: StateStore, container_id: str, sig: int, all_processes: bool,
+            through_shim: Callable[[ContainerState], None] | None) -> bool:
+    """Signals the container under its lock. Returns False, having done
+    nothing, when the signal needs the shim's socket and through_shim is None."""
+    with store.locked(container_id):
+        state = store.load(container_id)
+        status.transition("kill", state.status, container_id)
+        if sig in FORWARDED and not all_processes:
+            os.kill(state.shim_pid, sig)
+        elif sig == SIGKILL:
+            kill_same(state.shim_pid, state.shim_start, SIGKILL)
+        elif through_shim is not None:
+            through_shim(state)
+        else:
+            return False
+    return True

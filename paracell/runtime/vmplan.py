@@ -1,0 +1,30 @@
+"""The VM a container gets: which devices are attached, and where their host
+resources live. `create` records the plan's facts before the shim boots it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from paracell.guest.artifacts import GuestArtifacts
+from paracell.runtime.spec import Bundle
+from paracell.vmm import devices
+from paracell.vmm.builder import Machine, VmBuilder
+
+SHARE_DIR = "share"
+
+
+def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
+                 memory_file: Path, memory_mib: int, vcpus: int
+                 ) -> tuple[VmBuilder, devices.AgentPort]:
+    vm = VmBuilder(Machine(qemu=qemu, engine=engine, kernel=guest.kernel,
+                           initramfs=guest.initramfs, memory_mib=memory_mib, vcpus=vcpus))
+    vm.attach(devices.GuestRam(memory_file, memory_mib))
+    vm.attach(devices.SerialConsole(state_dir / "console.log"))
+    vm.attach(devices.DebugExit())
+    agent = vm.attach(devices.AgentPort())
+    vm.attach(devices.rootfs_share(bundle.rootfs, bundle.rootfs_readonly))
+    if bundle.host_binds:
+        vm.attach(devices.HostShare(state_dir / SHARE_DIR,
+                                    [(b.source, b.slot) for b in bundle.host_binds]))
+    vm.attach(devices.QmpSocket(state_dir / "qmp.sock"))
+    return vm, agent

@@ -1,0 +1,205 @@
+"""A micro-VM as a machine plus devices attached one by one, the way
+Firecracker's builder composes a VM.
+
+Each device brings its own QEMU arguments, the host resources it needs
+(files, sockets, mounts), the fds QEMU inherits, and its cleanup. Its `facts`
+are plain JSON that the runtime records before the VM starts, so that
+`reclaim` can clean up after an owner that died: a new device is one class in
+paracell/vmm/devices.py and one `attach` call, and nothing else changes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from paracell.errors import ParacellError
+
+# The RTC stays on: without it the kernel spends a second waiting to read the time.
+KERNEL_CMDLINE = ("console=ttyS0", "quiet", "panic=-1", "mitigations=off")
+# Under TCG only, where busy-wait calibrations are slow and hardware is exact:
+# noapictimer: the tick comes from the PIT; calibrating the LAPIC timer
+# busy-waits ~200 ms under TCG (and its check often fails there anyway).
+# no_timer_check: skip the ~20 ms test of the PIT interrupt; microvm wires it.
+# noreplace-smp: keep the SMP lock prefixes rather than patching them out.
+TCG_KERNEL_CMDLINE = ("noapictimer", "no_timer_check", "noreplace-smp")
+# TCG's translation cache defaults to 1 GiB of host memory; containers need far less.
+TCG_TB_SIZE_MIB = 64
+
+
+class Device:
+    """One device of the VM. Subclasses override what they need."""
+
+    kind: ClassVar[str]
+    # The -M microvm options the device needs (e.g. memory-backend=...).
+    machine_options: ClassVar[tuple[str, ...]] = ()
+
+    def facts(self) -> dict[str, Any]:
+        """What `reclaim` needs to clean up after this device: paths, not fds."""
+        return {}
+
+    def prepare(self) -> None:
+        """Makes the host resources; on failure, leaves none behind."""
+
+    def qemu_args(self) -> list[str]:
+        return []
+
+    def kernel_args(self) -> list[str]:
+        return []
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return ()
+
+    def launched(self) -> None:
+        """QEMU holds its copies of our fds now: close ours that it alone needs."""
+
+    def release(self) -> None:
+        """The owner's cleanup at the end of the VM: close what is open, then
+        whatever `reclaim` removes."""
+        self.reclaim(self.facts())
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        """Idempotent cleanup from recorded facts, by whoever finds the owner gone."""
+
+
+_KINDS: dict[str, type[Device]] = {}
+D = TypeVar("D", bound=Device)
+
+
+def device_kind(cls: type[D]) -> type[D]:
+    """Class decorator: makes a device's recorded facts reclaimable by kind."""
+    _KINDS[cls.kind] = cls
+    return cls
+
+
+def reclaim(record: list[dict[str, Any]]) -> None:
+    """Cleans up every device of a VM whose owner is gone, from its record."""
+    for entry in reversed(record):
+        cls = _KINDS.get(str(entry.get("kind")))
+        if cls is not None:
+            cls.reclaim({k: v for k, v in entry.items() if k != "kind"})
+
+
+@dataclass(frozen=True)
+class Machine:
+    qemu: str
+    engine: str  # "kvm" or "tcg"
+    kernel: Path
+    initramfs: Path
+    memory_mib: int
+    vcpus: int
+    kernel_args: tuple[str, ...] = ()
+
+
+def _accel(engine: str) -> list[str]:
+    if engine == "kvm":
+        return ["-accel", "kvm", "-cpu", "host"]
+    # -cpu max exposes PKU/OSPKE under TCG, which XGates need.
+    return ["-accel", f"tcg,tb-size={TCG_TB_SIZE_MIB}", "-cpu", "max"]
+
+
+@dataclass
+class VmBuilder:
+    machine: Machine
+    devices: list[Device] = field(default_factory=list)
+
+    def attach(self, device: D) -> D:
+        self.devices.append(device)
+        return device
+
+    def record(self) -> list[dict[str, Any]]:
+        return [{"kind": d.kind, **d.facts()} for d in self.devices]
+
+    def kernel_cmdline(self) -> str:
+        m = self.machine
+        words = [*KERNEL_CMDLINE, *(TCG_KERNEL_CMDLINE if m.engine == "tcg" else ())]
+        for device in self.devices:
+            words += device.kernel_args()
+        return " ".join([*words, *m.kernel_args])
+
+    def command_line(self) -> list[str]:
+        m = self.machine
+        machine_opts = ["microvm", "acpi=off", "x-option-roms=off"]
+        for device in self.devices:
+            machine_opts += device.machine_options
+        argv = [
+            m.qemu,
+            "-name", "paracell",
+            "-M", ",".join(machine_opts),
+            *_accel(m.engine),
+            "-smp", str(m.vcpus),
+            "-m", f"{m.memory_mib}M",
+            "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+            "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+            "-kernel", str(m.kernel),
+            "-initrd", str(m.initramfs),
+            "-append", self.kernel_cmdline(),
+        ]
+        for device in self.devices:
+            argv += device.qemu_args()
+        return argv
+
+    def launch(self, log_path: Path) -> Vm:
+        prepared: list[Device] = []
+        try:
+            for device in self.devices:
+                device.prepare()
+                prepared.append(device)
+            proc = _start_qemu(self.command_line(),
+                               tuple(fd for d in self.devices for fd in d.pass_fds()), log_path)
+        except BaseException:
+            for device in reversed(prepared):
+                device.release()
+            raise
+        for device in self.devices:
+            device.launched()
+        return Vm(proc, self.devices)
+
+
+def _die_with_parent() -> None:
+    # If the shim is killed (even with SIGKILL), its VM must not outlive it.
+    from paracell._native import lib
+
+    lib.pc_set_pdeathsig(signal.SIGKILL)
+
+
+def _start_qemu(argv: list[str], fds: tuple[int, ...], log_path: Path) -> subprocess.Popen[bytes]:
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=fds,
+            # Its own session: a ^C meant for the container must not kill the VM.
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+    except OSError as err:
+        raise ParacellError(f"starting {argv[0]}: {err.strerror}") from None
+    finally:
+        os.close(log_fd)
+
+
+@dataclass
+class Vm:
+    proc: subprocess.Popen[bytes]
+    devices: list[Device]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, grace_s: float) -> int:
+        """Waits for a VM that was asked to power off, then makes sure it is gone."""
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def release(self) -> None:
+        """After stop: every device's host resources, in reverse order."""
+        for device in reversed(self.devices):
+            device.release()

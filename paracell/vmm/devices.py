@@ -1,0 +1,190 @@
+"""The devices a ParaCell micro-VM is built from (see paracell/vmm/builder.py).
+Names the guest looks for come from proto/vm_proto.h."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from paracell import unixsock
+from paracell.vmm import hostshare, memory
+from paracell.vmm.builder import Device, device_kind
+
+
+def _wire_name(name: str) -> str:
+    from paracell._native import ffi, lib
+
+    return ffi.string(getattr(lib, name)).decode()
+
+
+@device_kind
+class GuestRam(Device):
+    """Guest RAM in a sparse tmpfs file the runtime owns and QEMU maps shared,
+    so that the host can see, and the Pager release, exactly what the guest uses."""
+
+    kind = "guest-ram"
+    BACKEND_ID = "mem"
+    machine_options = (f"memory-backend={BACKEND_ID}",)
+
+    def __init__(self, path: Path, size_mib: int) -> None:
+        self.path, self.size_mib = path, size_mib
+
+    def facts(self) -> dict[str, Any]:
+        return {"path": str(self.path)}
+
+    def prepare(self) -> None:
+        memory.create_at(self.path, self.size_mib)
+
+    def qemu_args(self) -> list[str]:
+        size = f"{self.size_mib}M"
+        return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
+                f"mem-path={self.path},share=on,prealloc=off"]
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        memory.remove(Path(facts["path"]))
+
+
+@device_kind
+class SerialConsole(Device):
+    """The guest's console, kept in a file that outlives the VM for diagnosis."""
+
+    kind = "serial-console"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def qemu_args(self) -> list[str]:
+        return ["-chardev", f"file,id=console,path={self.path}", "-serial", "chardev:console"]
+
+
+@device_kind
+class DebugExit(Device):
+    """isa-debug-exit: a guest write makes QEMU exit at once; the agent powers off through it."""
+
+    kind = "debug-exit"
+
+    def qemu_args(self) -> list[str]:
+        from paracell._native import lib
+
+        return ["-device", f"isa-debug-exit,iobase={lib.PC_DEBUG_EXIT_PORT:#x},iosize=4"]
+
+
+@device_kind
+class AgentPort(Device):
+    """The agent channel: a virtio-serial port backed by a socketpair whose other
+    end the shim keeps (`host_end`)."""
+
+    kind = "agent-port"
+
+    def __init__(self) -> None:
+        self.host_end: socket.socket | None = None
+        self._vm_end: socket.socket | None = None
+
+    def prepare(self) -> None:
+        self.host_end, self._vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._vm_end.fileno(),) if self._vm_end else ()
+
+    def qemu_args(self) -> list[str]:
+        fd = self._vm_end.fileno() if self._vm_end else -1
+        return [
+            "-device", "virtio-serial-device,max_ports=2",
+            "-chardev", f"socket,id=agent,fd={fd}",
+            "-device", f"virtserialport,chardev=agent,name={_wire_name('PC_AGENT_PORT_NAME')}",
+        ]
+
+    def launched(self) -> None:
+        if self._vm_end:
+            self._vm_end.close()
+            self._vm_end = None
+
+    def release(self) -> None:
+        for sock in (self.host_end, self._vm_end):
+            if sock is not None:
+                sock.close()
+        self.host_end = self._vm_end = None
+
+
+@device_kind
+class Share(Device):
+    """A host directory as a virtio-9p share, mounted by the agent by its tag."""
+
+    kind = "9p-share"
+
+    def __init__(self, tag: str, path: Path, readonly: bool) -> None:
+        self.tag, self.path, self.readonly = tag, path, readonly
+
+    def qemu_args(self) -> list[str]:
+        # passthrough keeps the container's uids/modes on the host files, as runc would.
+        opts = f"local,id={self.tag},path={self.path},security_model=passthrough"
+        if self.readonly:
+            opts += ",readonly=on"
+        return ["-fsdev", opts,
+                "-device", f"virtio-9p-device,fsdev={self.tag},mount_tag={self.tag}"]
+
+
+def rootfs_share(path: Path, readonly: bool) -> Share:
+    return Share(_wire_name("PC_ROOTFS_TAG"), path, readonly)
+
+
+@device_kind
+class HostShare(Share):
+    """Bind sources from outside the rootfs, each bind-mounted into a slot of one
+    share directory on the host (see paracell/vmm/hostshare.py)."""
+
+    kind = "host-share"
+
+    def __init__(self, directory: Path, binds: list[tuple[Path, str]]) -> None:
+        super().__init__(_wire_name("PC_HOSTSHARE_TAG"), directory, readonly=False)
+        self.binds = binds
+
+    def facts(self) -> dict[str, Any]:
+        return {"dir": str(self.path)}
+
+    def prepare(self) -> None:
+        hostshare.mount_binds(self.path, self.binds)
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        hostshare.unmount_binds(Path(facts["dir"]))
+
+
+@device_kind
+class QmpSocket(Device):
+    """QEMU's QMP monitor on a Unix socket that `pause`/`resume` connect to."""
+
+    kind = "qmp"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._listener: socket.socket | None = None
+
+    def facts(self) -> dict[str, Any]:
+        return {"path": str(self.path)}
+
+    def prepare(self) -> None:
+        self._listener = unixsock.listen(self.path)
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._listener.fileno(),) if self._listener else ()
+
+    def qemu_args(self) -> list[str]:
+        fd = self._listener.fileno() if self._listener else -1
+        return ["-chardev", f"socket,id=qmp,fd={fd},server=on,wait=off",
+                "-mon", "chardev=qmp,mode=control"]
+
+    def launched(self) -> None:
+        if self._listener:
+            self._listener.close()
+            self._listener = None
+
+    def release(self) -> None:
+        self.launched()
+        self.reclaim(self.facts())
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        unixsock.unlink(Path(facts["path"]))
