@@ -1,0 +1,99 @@
+"""The state store and the spawn handshake against killed creators, on real
+directories and real processes."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from paracell.errors import NotExistError, ParacellError
+from paracell.runtime import status
+from paracell.runtime.state import ContainerState, StateStore
+from paracell.vmm import memory
+
+
+def test_create_appears_whole_and_refuses_a_duplicate(tmp_path):
+    store = StateStore(str(tmp_path / "root"))
+    fd = store.create(ContainerState(id="c", status=status.CREATING))
+    os.close(fd)
+    assert sorted(os.listdir(store.path("c"))) == ["lock", "state.json"]
+    with pytest.raises(ParacellError, match="container with id exists: c"):
+        store.create(ContainerState(id="c", status=status.CREATING))
+    assert os.listdir(store.root) == ["c"]  # no temporary directory left behind
+
+
+def test_remains_of_killed_creates_and_removals_do_not_block_the_id(tmp_path):
+    store = StateStore(str(tmp_path / "root"))
+    os.makedirs(store.root)
+    # A create killed before its rename (a temporary directory nobody locks)...
+    os.makedirs(os.path.join(store.root, ".new-1-abcd"))
+    open(os.path.join(store.root, ".new-1-abcd", "lock"), "w").close()
+    # ...and a removal killed after the state file went (the old runtime's
+    # `lock` plus a stray temporary state file).
+    os.makedirs(store.path("c"))
+    open(store.path("c", "lock"), "w").close()
+    open(store.path("c", ".state.json.123"), "w").close()
+    with pytest.raises(NotExistError):
+        store.load("c")
+    os.close(store.create(ContainerState(id="c", status=status.CREATING)))
+    assert store.load("c").status == status.STOPPED  # its creator (pid 0) is gone
+    assert sorted(os.listdir(store.root)) == ["c"]
+
+
+def test_a_directory_someone_holds_is_not_taken(tmp_path):
+    store = StateStore(str(tmp_path / "root"))
+    os.makedirs(store.path("c"))
+    fd = os.open(store.path("c", "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        with pytest.raises(ParacellError, match="exists"):
+            store.create(ContainerState(id="c", status=status.CREATING))
+    finally:
+        os.close(fd)
+
+
+def test_creating_settles_by_its_creator():
+    assert status.settle(status.CREATING, False, True) == status.CREATING
+    assert status.settle(status.CREATING, False, False) == status.STOPPED
+    assert status.settle(status.RUNNING, False, True) == status.STOPPED
+    assert status.settle(status.RUNNING, True, False) == status.RUNNING
+
+
+def test_ram_file_names_are_fixed_length_for_255_byte_ids():
+    long_id = "x" * 255
+    path = memory.path_for("/run/paracell", long_id)
+    assert len(path.name) < 64
+    assert path != memory.path_for("/run/other", long_id)
+
+
+def test_a_child_waiting_for_commit_ends_when_its_creator_dies(tmp_path):
+    """The shim's side of the handshake: a creator killed before it recorded the
+    child leaves no child running."""
+    marker = tmp_path / "child"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from paracell.runtime import spawn
+
+        def body(handshake):
+            handshake.report(spawn.Ready(pid=os.getpid()))
+            ok = handshake.committed()
+            open({str(marker)!r}, "w").write(f"{{os.getpid()}} {{ok}}")
+            return 0
+
+        spawned = spawn.spawn(body, True, print)
+        print(spawned.pid, flush=True)
+        os._exit(0)  # the creator dies without commit
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    child = int(out.split()[0])
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.read_text() == f"{child} False"
