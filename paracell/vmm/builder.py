@@ -79,6 +79,8 @@ def device_kind(cls: type[D]) -> type[D]:
 
 def reclaim(record: list[dict[str, Any]]) -> None:
     """Cleans up every device of a VM whose owner is gone, from its record."""
+    import paracell.vmm.devices  # noqa: F401  (registers the device kinds)
+
     for entry in reversed(record):
         cls = _KINDS.get(str(entry.get("kind")))
         if cls is not None:
