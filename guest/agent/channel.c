@@ -6,13 +6,18 @@
  * plus what arrives behind it; a frame stays there until the agent can act on
  * it, which is how a full stdin buffer holds back the port (once this buffer
  * is full too). */
-#include "agent.h"
+#define _GNU_SOURCE
+#include "channel.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include "agent_codec.h"
+#include "log.h"
 
 static unsigned char *oq;
 static size_t oq_head, oq_len;
@@ -51,12 +56,10 @@ static void oq_put_at(size_t pos, const void *src, size_t n)
 
 static void put_hdr(size_t pos, uint32_t len, uint16_t type, uint16_t chan)
 {
-    unsigned char h[PC_HDR_LEN] = {
-        (unsigned char)len, (unsigned char)(len >> 8), (unsigned char)(len >> 16),
-        (unsigned char)(len >> 24), (unsigned char)type, (unsigned char)(type >> 8),
-        (unsigned char)chan, (unsigned char)(chan >> 8),
-    };
-    oq_put_at(pos, h, sizeof h);
+    unsigned char b[PC_HDR_LEN];
+    struct pc_hdr h = {.len = len, .type = type, .chan = chan};
+    pc_hdr_encode(b, &h);
+    oq_put_at(pos, b, sizeof b);
 }
 
 int chan_send(uint16_t type, uint16_t chan, const void *payload, size_t len)
@@ -78,10 +81,7 @@ int chan_send_text(uint16_t type, uint16_t chan, const char *text)
 {
     /* The text may quote container-controlled names; the host gets one line. */
     char line[ERRTEXT_MAX];
-    size_t n = strnlen(text, sizeof line);
-    for (size_t i = 0; i < n; i++)
-        line[i] = (unsigned char)text[i] < 0x20 || text[i] == 0x7f ? '?' : text[i];
-    return chan_send(type, chan, line, n);
+    return chan_send(type, chan, line, text_oneline(line, text, sizeof line));
 }
 
 ssize_t outq_read_frame(int fd, uint16_t type, uint16_t chan)
@@ -170,57 +170,88 @@ ssize_t inq_fill(int port)
     return n;
 }
 
-static uint32_t le32(const unsigned char *p)
+size_t inq_buffered(void)
 {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint16_t le16(const unsigned char *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
+    return iq_len;
 }
 
 int inq_frame_at(size_t pos, struct frame *f)
 {
+    struct pc_hdr h;
     if (iq_len < pos + PC_HDR_LEN)
         return 0;
     unsigned char *p = iq + iq_off + pos;
-    uint32_t len = le32(p);
-    if (len > PC_MAX_PAYLOAD) {
+    pc_hdr_decode(p, &h);
+    if (h.len > PC_MAX_PAYLOAD) {
         /* The length is the only way to find the next frame, so the stream
          * cannot be resynchronised: drop everything from here on. */
         loghost("protocol: frame length %u over the limit, discarding %zu buffered bytes",
-               len, iq_len - pos);
+               h.len, iq_len - pos);
         iq_len = pos;
         if (!iq_len)
             iq_off = 0;
         return 0;
     }
-    if (iq_len < pos + PC_HDR_LEN + len)
+    if (iq_len < pos + PC_HDR_LEN + h.len)
         return 0;
     f->pos = pos;
-    f->len = len;
-    f->type = le16(p + 4);
-    f->chan = le16(p + 6);
+    f->hdr = h;
     f->payload = p + PC_HDR_LEN;
     return 1;
 }
 
 void inq_consume_head(const struct frame *f)
 {
-    iq_off += PC_HDR_LEN + f->len;
-    iq_len -= PC_HDR_LEN + f->len;
+    iq_off += PC_HDR_LEN + f->hdr.len;
+    iq_len -= PC_HDR_LEN + f->hdr.len;
     if (!iq_len)
         iq_off = 0;
 }
 
 void inq_mark_done(const struct frame *f)
 {
-    unsigned char *p = iq + iq_off + f->pos;
-    p[4] = p[5] = 0; /* type 0 is no message: skipped when it reaches the head */
+    struct pc_hdr h = f->hdr;
+    /* Type 0 is no message: skipped when it reaches the head. */
+    h.type = FRAME_DONE;
+    pc_hdr_encode(iq + iq_off + f->pos, &h);
 }
 
 void inq_reset(void)
 {
     iq_off = iq_len = 0;
+}
+
+int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t whylen)
+{
+    const struct pc_hdr *h = &f->hdr;
+    memset(m, 0, sizeof *m);
+    m->type = h->type;
+    m->chan = h->chan;
+    m->data = f->payload;
+    m->len = h->len;
+    if (h->chan > PC_MAX_CHAN) {
+        snprintf(why, whylen, "frame type %u for chan %u out of range", h->type, h->chan);
+        return -1;
+    }
+    switch (h->type) {
+    case PC_SPEC:
+    case PC_START:
+    case PC_STDIN:
+    case PC_POWEROFF:
+        return 0;
+    case PC_SIGNAL:
+        if (pc_signal_decode(f->payload, h->len, &m->signal) == 0)
+            return 0;
+        snprintf(why, whylen, "SIGNAL with %u bytes", h->len);
+        return -1;
+    case PC_RESIZE:
+        if (pc_resize_decode(f->payload, h->len, &m->resize) == 0)
+            return 0;
+        snprintf(why, whylen, "RESIZE with %u bytes", h->len);
+        return -1;
+    default:
+        snprintf(why, whylen, "unknown frame type %u (chan %u, %u bytes)", h->type, h->chan,
+                 h->len);
+        return -1;
+    }
 }

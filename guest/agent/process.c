@@ -4,7 +4,8 @@
  * A slot lives until the process has been reaped AND its output fds and
  * status pipe have reached EOF; only then is EXIT queued, so EXIT always
  * follows the last byte of output on the wire. */
-#include "agent.h"
+#define _GNU_SOURCE
+#include "process.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +20,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int cap_last_cap = 40;
+#include "agent_codec.h"
+#include "channel.h"
+#include "child.h"
+#include "log.h"
 
 /* Bigger pipes mean fewer wakeups per MiB of output under TCG. */
 #define PIPE_SIZE (256 * 1024)
@@ -31,6 +35,8 @@ enum { P_FREE, P_CREATED, P_RUNNING };
 
 struct proc {
     int state;
+    struct ctr *ctr;
+    int is_init;
     pid_t pid;
     int tty;
     int out_fd, err_fd; /* agent's read ends; -1 once at EOF */
@@ -45,23 +51,12 @@ struct proc {
 
 static struct proc procs[PC_MAX_CHAN + 1];
 static int self_pidns = -1;
-/* The container init's namespaces, for exec processes to join. */
-enum { NS_PID, NS_MNT, NS_UTS, NS_IPC, NS_COUNT };
-static const char *const ns_names[NS_COUNT] = {"pid", "mnt", "uts", "ipc"};
-static int init_ns[NS_COUNT] = {-1, -1, -1, -1};
-static int init_gone;
 
 static void close_fd(int *fd)
 {
     if (*fd >= 0)
         close(*fd);
     *fd = -1;
-}
-
-static void close_init_ns(void)
-{
-    for (int i = 0; i < NS_COUNT; i++)
-        close_fd(&init_ns[i]);
 }
 
 static void close_stdin(struct proc *p)
@@ -71,9 +66,6 @@ static void close_stdin(struct proc *p)
     p->inbuf = NULL;
     p->in_off = p->in_len = 0;
 }
-
-int proc_init_exists(void) { return init_ns[NS_PID] >= 0; }
-int proc_init_gone(void) { return init_gone; }
 
 int proc_active(void)
 {
@@ -157,41 +149,25 @@ static int wait_setup(int fd, int *master, char *err, size_t errlen)
     return -1;
 }
 
-static int open_init_ns(pid_t pid)
+int proc_chan_free(unsigned chan, char *err, size_t errlen)
 {
-    char path[64];
-    for (int i = 0; i < NS_COUNT; i++) {
-        snprintf(path, sizeof path, "/proc/%d/ns/%s", (int)pid, ns_names[i]);
-        init_ns[i] = open(path, O_RDONLY | O_CLOEXEC);
-        if (init_ns[i] < 0) {
-            close_init_ns();
-            return -1;
-        }
-    }
-    return 0;
+    if (procs[chan].state == P_FREE)
+        return 0;
+    snprintf(err, errlen, "channel %u is already in use", chan);
+    return -1;
 }
 
-int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
+int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, size_t errlen)
 {
     struct proc *p = &procs[chan];
-    int is_init = chan == 0;
+    int is_init = c->state == CTR_NEW;
     int ours[3] = {-1, -1, -1}, theirs[3] = {-1, -1, -1};
     int st[2] = {-1, -1}, go[2] = {-1, -1};
     pid_t pid = -1;
 
     err[0] = 0;
-    if (p->state != P_FREE) {
-        snprintf(err, errlen, "channel %u is already in use", chan);
+    if (proc_chan_free(chan, err, errlen) < 0)
         return -1;
-    }
-    if (is_init && init_gone) {
-        snprintf(err, errlen, "the container has already exited");
-        return -1;
-    }
-    if (!is_init && !proc_init_exists()) {
-        snprintf(err, errlen, "the container is not running");
-        return -1;
-    }
     if (self_pidns < 0 && (self_pidns = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC)) < 0) {
         snprintf(err, errlen, "open /proc/self/ns/pid: %s", strerror(errno));
         return -1;
@@ -206,18 +182,18 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
 
     /* Both calls only change the pid namespace of the agent's next child;
      * the agent itself stays where it is and switches back right after. */
-    if ((is_init ? unshare(CLONE_NEWPID) : setns(init_ns[NS_PID], CLONE_NEWPID)) < 0) {
+    if ((is_init ? unshare(CLONE_NEWPID) : setns(c->ns[CTR_NS_PID], CLONE_NEWPID)) < 0) {
         snprintf(err, errlen, "%s pid namespace: %s", is_init ? "create" : "join", strerror(errno));
         goto fail;
     }
     pid = fork();
     if (pid == 0) {
-        struct child_ctx c = {
+        struct child_ctx cc = {
             .spec = s, .is_init = is_init, .stdio = {theirs[0], theirs[1], theirs[2]},
             .tty = s->terminal, .status_fd = st[1], .start_fd = go[0],
-            .ns_mnt = init_ns[NS_MNT], .ns_uts = init_ns[NS_UTS], .ns_ipc = init_ns[NS_IPC],
+            .ns_mnt = c->ns[CTR_NS_MNT], .ns_uts = c->ns[CTR_NS_UTS], .ns_ipc = c->ns[CTR_NS_IPC],
         };
-        child_main(&c);
+        child_main(&cc);
     }
     int fork_errno = errno;
     if (setns(self_pidns, CLONE_NEWPID) < 0)
@@ -231,12 +207,8 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
         close_fd(&theirs[i]);
     close_fd(&st[1]);
     close_fd(&go[0]);
-    if (wait_setup(st[0], s->terminal ? &ours[0] : NULL, err, errlen) < 0 ||
-        (is_init && open_init_ns(pid) < 0)) {
-        if (!err[0])
-            snprintf(err, errlen, "open namespaces of pid %d: %s", (int)pid, strerror(errno));
+    if (wait_setup(st[0], s->terminal ? &ours[0] : NULL, err, errlen) < 0)
         goto fail;
-    }
     if (s->terminal) {
         /* A separate fd for input, so stdin EOF and output EOF close
          * independently; EIO on the master means every slave fd is gone. */
@@ -247,9 +219,17 @@ int proc_spawn(unsigned chan, const struct spec *s, char *err, size_t errlen)
         }
     }
     set_nonblock(st[0]);
+    /* Last: a container must not outlive an init that failed to start. */
+    if (is_init && ctr_started(c, pid) < 0) {
+        snprintf(err, errlen, "open namespaces of pid %d: %s", (int)pid, strerror(errno));
+        goto fail;
+    }
 
     memset(p, 0, sizeof *p);
     p->state = P_CREATED;
+    p->ctr = c;
+    p->is_init = is_init;
+    ctr_hold(c);
     p->pid = pid;
     p->tty = s->terminal;
     p->out_fd = ours[0];
@@ -359,10 +339,8 @@ void proc_signal(unsigned chan, uint32_t signo, uint32_t flags)
         return;
     }
     if (flags & PC_SIGNAL_ALL) {
-        /* The agent is the VM's PID 1: -1 reaches every process but itself,
-         * and every other process belongs to the container. */
-        if (proc_init_exists() && kill(-1, (int)signo) < 0 && errno != ESRCH)
-            loghost("signal %u to all: %s", signo, strerror(errno));
+        if (p->state != P_FREE && ctr_signal_all(p->ctr, (int)signo) < 0)
+            loghost("signal %u to container %s: %s", signo, p->ctr->id, strerror(errno));
         return;
     }
     if (p->state == P_FREE || p->exited)
@@ -394,9 +372,9 @@ void proc_reap(void)
             p->status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
             close_stdin(p);
             close_fd(&p->start_fd);
-            if (c == 0) {
-                logmsg("container init exited with status %d", p->status);
-                close_init_ns();
+            if (p->is_init) {
+                logmsg("container %s: init exited with status %d", p->ctr->id, p->status);
+                ctr_init_exited(p->ctr);
             }
             break;
         }
@@ -514,15 +492,16 @@ void proc_collect(void)
         struct proc *p = &procs[c];
         if (p->state == P_FREE || !p->exited || p->out_fd >= 0 || p->err_fd >= 0 || p->status_fd >= 0)
             continue;
-        uint32_t v = (uint32_t)p->status;
-        unsigned char b[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                              (unsigned char)(v >> 24)};
+        unsigned char b[PC_U32_MSG_LEN];
+        struct pc_exit_msg m = {.status = p->status};
+        pc_exit_encode(b, &m);
         chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
         close_stdin(p);
         close_fd(&p->start_fd);
+        if (p->is_init)
+            ctr_init_reported(p->ctr);
+        ctr_release(p->ctr);
         memset(p, 0, sizeof *p);
         p->state = P_FREE;
-        if (c == 0)
-            init_gone = 1;
     }
 }

@@ -4,7 +4,8 @@
  * setup code can trust the struct.  Unknown keys are rejected rather than
  * skipped: a key we do not understand may be a security setting the host
  * expects us to apply. */
-#include "agent.h"
+#define _GNU_SOURCE
+#include "spec.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -100,9 +101,22 @@ static int parse_mount(char *v, struct spec_mount *m)
     return 0;
 }
 
+/* The id is only compared and quoted in one-line messages, never used as a
+ * path, but '/' is kept out so that it could be one. */
+static int container_id_ok(const char *id)
+{
+    size_t n = strlen(id);
+    if (!n || n > PC_SPEC_MAX_CONTAINER_ID)
+        return 0;
+    for (const unsigned char *c = (const unsigned char *)id; *c; c++)
+        if (*c < 0x20 || *c > 0x7e || *c == '/')
+            return 0;
+    return 1;
+}
+
 enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
-    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CAP0,
+    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_CAP0,
 };
 
 static const char *const cap_keys[SC_COUNT] = {
@@ -113,6 +127,8 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
 {
     unsigned seen = 0;
     uint64_t n;
+    /* Named in the error when the spec also says role=exec. */
+    const char *init_key = NULL;
 
     memset(s, 0, sizeof *s);
     if (!len || buf[len - 1])
@@ -134,13 +150,28 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
     } while (0)
 #define BAD() return fail(err, errlen, "bad value for %.40s", key)
 
-        if (!strcmp(key, "arg")) {
-            if (s->argc >= SPEC_MAX_ARGS)
-                return fail(err, errlen, "more than %d args", SPEC_MAX_ARGS);
+        if (!strcmp(key, "container")) {
+            ONCE(ONCE_CONTAINER);
+            if (!container_id_ok(val))
+                return fail(err, errlen,
+                            "container id must be 1 to %d printable ASCII characters, no '/'",
+                            PC_SPEC_MAX_CONTAINER_ID);
+            s->container = val;
+        } else if (!strcmp(key, "role")) {
+            ONCE(ONCE_ROLE);
+            if (!strcmp(val, "init"))
+                s->role = SPEC_ROLE_INIT;
+            else if (!strcmp(val, "exec"))
+                s->role = SPEC_ROLE_EXEC;
+            else
+                BAD();
+        } else if (!strcmp(key, "arg")) {
+            if (s->argc >= PC_SPEC_MAX_ARGS)
+                return fail(err, errlen, "more than %d args", PC_SPEC_MAX_ARGS);
             s->argv[s->argc++] = val;
         } else if (!strcmp(key, "env")) {
-            if (s->envc >= SPEC_MAX_ENV)
-                return fail(err, errlen, "more than %d env entries", SPEC_MAX_ENV);
+            if (s->envc >= PC_SPEC_MAX_ENV)
+                return fail(err, errlen, "more than %d env entries", PC_SPEC_MAX_ENV);
             if (val[0] == '=' || !strchr(val, '='))
                 BAD();
             s->envp[s->envc++] = val;
@@ -160,8 +191,8 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             s->gid = (uint32_t)n;
         } else if (!strcmp(key, "gid+")) {
-            if (s->ngids >= SPEC_MAX_GIDS)
-                return fail(err, errlen, "more than %d additional gids", SPEC_MAX_GIDS);
+            if (s->ngids >= PC_SPEC_MAX_GIDS)
+                return fail(err, errlen, "more than %d additional gids", PC_SPEC_MAX_GIDS);
             if (parse_uint(val, 10, UINT32_MAX - 1, &n))
                 BAD();
             s->gids[s->ngids++] = (uint32_t)n;
@@ -172,8 +203,8 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             s->umask = (unsigned)n;
             s->has_umask = 1;
         } else if (!strcmp(key, "rlimit")) {
-            if (s->nrlimits >= SPEC_MAX_RLIMITS)
-                return fail(err, errlen, "more than %d rlimits", SPEC_MAX_RLIMITS);
+            if (s->nrlimits >= PC_SPEC_MAX_RLIMITS)
+                return fail(err, errlen, "more than %d rlimits", PC_SPEC_MAX_RLIMITS);
             if (parse_rlimit(val, &s->rlimits[s->nrlimits]))
                 BAD();
             s->nrlimits++;
@@ -210,16 +241,19 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             if (strlen(val) > 64) /* HOST_NAME_MAX */
                 BAD();
             s->hostname = val;
+            init_key = init_key ? init_key : "hostname";
         } else if (!strcmp(key, "root.readonly")) {
             ONCE(ONCE_READONLY);
             if (parse_bool(val, &s->root_readonly))
                 BAD();
+            init_key = init_key ? init_key : "root.readonly";
         } else if (!strcmp(key, "mount")) {
-            if (s->nmounts >= SPEC_MAX_MOUNTS)
-                return fail(err, errlen, "more than %d mounts", SPEC_MAX_MOUNTS);
+            if (s->nmounts >= PC_SPEC_MAX_MOUNTS)
+                return fail(err, errlen, "more than %d mounts", PC_SPEC_MAX_MOUNTS);
             if (parse_mount(val, &s->mounts[s->nmounts]))
                 BAD();
             s->nmounts++;
+            init_key = init_key ? init_key : "mount";
         } else {
             return fail(err, errlen, "unknown key %.40s", key);
         }
@@ -227,6 +261,15 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
 #undef BAD
     }
 
+    if (!s->container)
+        return fail(err, errlen, "no container given");
+    if (init_key) {
+        /* Only an init sets up the container's filesystem and hostname; an
+         * exec that carried them would silently not get them. */
+        if (s->role == SPEC_ROLE_EXEC)
+            return fail(err, errlen, "%s is for a container's init, not for role=exec", init_key);
+        s->role = SPEC_ROLE_INIT;
+    }
     if (!s->argc || !s->argv[0][0])
         return fail(err, errlen, "no arg given");
     s->argv[s->argc] = NULL;

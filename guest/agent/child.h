@@ -1,0 +1,21 @@
+/* The child side of a container process, from fork to execve.  It runs in a
+ * copy of the agent and talks back only through the fds it is handed. */
+#ifndef PARACELL_AGENT_CHILD_H
+#define PARACELL_AGENT_CHILD_H
+
+#include "spec.h"
+
+struct child_ctx {
+    const struct spec *spec;
+    int is_init;
+    int stdio[3];     /* fds for 0,1,2; -1 with a terminal */
+    int tty;          /* 1: the child opens a pty; its slave becomes stdio */
+    int status_fd;    /* CLOEXEC seqpacket socket to the agent: "O" (with the
+                       * pty master when tty) or "E<text>", at most ERRTEXT_MAX */
+    int start_fd;     /* pipe from the agent: one byte means START */
+    int ns_mnt, ns_uts, ns_ipc; /* exec only: the container's namespaces */
+};
+
+void child_main(const struct child_ctx *c) __attribute__((noreturn));
+
+#endif

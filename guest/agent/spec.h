@@ -1,0 +1,58 @@
+/* The launch spec (docs/agent-protocol.md), parsed and checked before any
+ * process exists, so that the code which applies it can trust every field. */
+#ifndef PARACELL_AGENT_SPEC_H
+#define PARACELL_AGENT_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agent_proto.h"
+
+enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_AMBIENT, SC_COUNT };
+
+/* What the SPEC asks of its container: create it (its process is the init),
+ * join it (an exec), or whichever its existence decides. */
+enum spec_role { SPEC_ROLE_ANY, SPEC_ROLE_INIT, SPEC_ROLE_EXEC };
+
+struct spec_mount {
+    const char *dest, *type, *source, *data;
+    unsigned long flags;
+};
+
+struct spec_rlimit {
+    int resource;
+    uint64_t soft, hard;
+};
+
+struct spec {
+    const char *container;
+    /* SPEC_ROLE_INIT too when role= is absent but an init-only key is given. */
+    enum spec_role role;
+    char *argv[PC_SPEC_MAX_ARGS + 1];
+    int argc;
+    char *envp[PC_SPEC_MAX_ENV + 1];
+    int envc;
+    const char *cwd;
+    uint32_t uid, gid;
+    uint32_t gids[PC_SPEC_MAX_GIDS];
+    int ngids;
+    int has_umask;
+    unsigned umask;
+    struct spec_rlimit rlimits[PC_SPEC_MAX_RLIMITS];
+    int nrlimits;
+    int nnp;
+    uint64_t caps[SC_COUNT];
+    unsigned caps_given; /* bit per enum spec_capset */
+    int terminal;
+    unsigned rows, cols;
+    const char *hostname;
+    int root_readonly;
+    struct spec_mount mounts[PC_SPEC_MAX_MOUNTS];
+    int nmounts;
+};
+
+/* Parses in place (buf is modified and must outlive *s). 0, or -1 with err
+ * set to one line that starts with "spec: ". */
+int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen);
+
+#endif
