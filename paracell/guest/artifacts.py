@@ -3,6 +3,13 @@
 `paracell guest build` hashes every input, builds what is missing and records
 the result in `current.json`; the runtime only reads that record, so starting a
 container never hashes a 130 MB source tarball.
+
+The kernel key covers guest/kernel/ and the patches its `series` lists. The
+initramfs key covers every file under proto/ and under guest/ but guest/kernel/,
+so a new folder there (guest/xgate/, guest/pager/) is an input as soon as it
+exists. A folder adds static programs to the initramfs by listing them in its
+own `programs` file (format in `guest_programs`); guest/agent/ lists /init.
+Keys hash paths relative to the repository, so every checkout gets the same keys.
 """
 
 from __future__ import annotations
@@ -12,8 +19,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from paracell import settings
 from paracell.errors import ParacellError
@@ -22,8 +30,9 @@ from paracell.guest import cpio
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GUEST_SRC = REPO_ROOT / "guest"
 KERNEL_TARBALL = Path("/usr/src/linux-source-6.1.tar.xz")
-PROTO_SRC = REPO_ROOT / "proto"
-AGENT_CFLAGS = ["-static", "-Os", "-Wall", "-Wextra", "-Werror"]
+# Every guest program gets these, plus -I proto and -I for its own folder.
+PROGRAM_CFLAGS = ["-static", "-Os", "-Wall", "-Wextra", "-Werror"]
+PROGRAMS_FILE = "programs"
 # The agent makes its share mount points itself, after it leaves the initramfs.
 INITRAMFS_DIRS = ("dev", "proc", "sys", "tmp")
 
@@ -79,9 +88,74 @@ def kernel_key(tarball: Path = KERNEL_TARBALL) -> str:
     return _hash_inputs(parts)
 
 
-def _agent_sources() -> list[Path]:
-    agent = GUEST_SRC / "agent"
-    return sorted([*agent.glob("*.c"), *agent.glob("*.h"), *PROTO_SRC.glob("*.h")])
+@dataclass(frozen=True)
+class GuestProgram:
+    """A static program in the initramfs, built from C sources of one guest/ folder."""
+
+    dest: str  # its path inside the initramfs, e.g. "init" or "usr/bin/xgate-selftest"
+    folder: str  # the folder relative to the repository, e.g. "guest/agent"
+    sources: tuple[str, ...]  # relative to the repository, sorted
+
+
+def _walk_files(top: Path) -> list[Path]:
+    """Every file under top, sorted; hidden names and __pycache__ are not sources."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+        found += [Path(dirpath) / f for f in filenames if not f.startswith(".")]
+    return sorted(found)
+
+
+def _initramfs_folders(root: Path) -> list[Path]:
+    skip = ("kernel", "__pycache__")
+    return sorted(p for p in (root / "guest").iterdir()
+                  if p.is_dir() and p.name not in skip and not p.name.startswith("."))
+
+
+def initramfs_sources(root: Path = REPO_ROOT) -> list[Path]:
+    """Everything the initramfs is built from; guest/kernel/ is the kernel key's."""
+    loose = [p for p in (root / "guest").iterdir() if p.is_file() and not p.name.startswith(".")]
+    files = _walk_files(root / "proto") + sorted(loose)
+    for folder in _initramfs_folders(root):
+        files += _walk_files(folder)
+    return files
+
+
+def guest_programs(root: Path = REPO_ROOT) -> list[GuestProgram]:
+    """The programs that guest/*/programs list.
+
+    One program per line: its path in the initramfs, then one or more globs of
+    its sources, relative to the folder. `#` starts a comment. For example,
+    guest/agent/programs holds `init *.c`.
+    """
+    programs: list[GuestProgram] = []
+    taken = {*INITRAMFS_DIRS, "dev/console"}
+    for folder in _initramfs_folders(root):
+        listing = folder / PROGRAMS_FILE
+        if not listing.is_file():
+            continue
+        for n, line in enumerate(listing.read_text().splitlines(), 1):
+            words = line.split("#", 1)[0].split()
+            if not words:
+                continue
+            where = f"{listing.relative_to(root)}:{n}"
+            dest = PurePosixPath(words[0])
+            if (len(words) < 2 or not dest.parts or dest.is_absolute() or ".." in dest.parts
+                    or str(dest) in taken):
+                raise ParacellError(f"{where}: want `<relative initramfs path> <sources>...`, "
+                                    f"each path once")
+            taken.add(str(dest))
+            sources: set[Path] = set()
+            for pattern in words[1:]:
+                inside = not (PurePosixPath(pattern).is_absolute()
+                              or ".." in PurePosixPath(pattern).parts)
+                matched = [p for p in folder.glob(pattern) if p.is_file()] if inside else []
+                if not matched:
+                    raise ParacellError(f"{where}: {pattern} names no file in {folder.name}/")
+                sources.update(matched)
+            rel = tuple(sorted(p.relative_to(root).as_posix() for p in sources))
+            programs.append(GuestProgram(str(dest), folder.relative_to(root).as_posix(), rel))
+    return programs
 
 
 def _gcc_version() -> bytes:
@@ -89,10 +163,10 @@ def _gcc_version() -> bytes:
     return out.stdout.splitlines()[0]
 
 
-def initramfs_key() -> str:
-    parts = [(str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in _agent_sources()]
+def initramfs_key(root: Path = REPO_ROOT) -> str:
+    parts = [(p.relative_to(root).as_posix(), p.read_bytes()) for p in initramfs_sources(root)]
     parts.append(("gcc", _gcc_version()))
-    parts.append(("cflags", " ".join(AGENT_CFLAGS).encode()))
+    parts.append(("cflags", " ".join(PROGRAM_CFLAGS).encode()))
     parts.append(("layout", Path(cpio.__file__).read_bytes() + repr(INITRAMFS_DIRS).encode()))
     return _hash_inputs(parts)
 
@@ -123,25 +197,51 @@ def build_kernel(key: str, tarball: Path = KERNEL_TARBALL) -> Path:
     return out / "bzImage"
 
 
-def build_initramfs(key: str) -> Path:
+def compile_program(program: GuestProgram, out: Path, root: Path = REPO_ROOT) -> None:
+    # Relative paths, run from the repository: nothing of the checkout's
+    # location can end up in the binary.
+    cmd = ["gcc", *PROGRAM_CFLAGS, "-Iproto", f"-I{program.folder}", "-o", str(out),
+           *program.sources]
+    result = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        errors = [ln for ln in lines if "error" in ln] or lines[-3:]
+        raise ParacellError(f"building /{program.dest} from {program.folder}/ failed: "
+                            + " | ".join(errors[:3]))
+
+
+def _initramfs_entries(programs: dict[str, bytes]) -> list[cpio.Entry]:
+    entries = [cpio.directory(d) for d in INITRAMFS_DIRS]
+    entries.append(cpio.char_device("dev/console", 5, 1))
+    dirs = set(INITRAMFS_DIRS)
+    for dest in sorted(programs):
+        for parent in reversed(PurePosixPath(dest).parents[:-1]):
+            if str(parent) not in dirs:
+                dirs.add(str(parent))
+                entries.append(cpio.directory(str(parent)))
+        entries.append(cpio.executable(dest, programs[dest]))
+    return entries
+
+
+def build_initramfs(key: str, root: Path = REPO_ROOT) -> Path:
     out = settings.cache_dir() / "initramfs" / key / "initramfs.cpio"
     if out.exists():
         _log(f"initramfs {key} is cached")
         return out
-    _log(f"building agent and initramfs {key}")
-    agent = out.with_name("agent")
+    _log(f"building guest programs and initramfs {key}")
+    programs = guest_programs(root)
+    if "init" not in {p.dest for p in programs}:
+        raise ParacellError("no guest folder lists the program `init` (guest/agent/programs)")
     out.parent.mkdir(parents=True, exist_ok=True)
-    sources = [str(p) for p in _agent_sources() if p.suffix == ".c"]
-    cmd = ["gcc", *AGENT_CFLAGS, f"-I{PROTO_SRC}", "-o", str(agent), *sources]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ParacellError(f"agent build failed: {result.stderr.strip().splitlines()[-1:]}")
-    entries = [cpio.directory(d) for d in INITRAMFS_DIRS]
-    entries.append(cpio.char_device("dev/console", 5, 1))
-    entries.append(cpio.executable("init", agent.read_bytes()))
+    built: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        for i, program in enumerate(programs):
+            exe = Path(tmp) / str(i)
+            compile_program(program, exe, root)
+            built[program.dest] = exe.read_bytes()
     # Uncompressed on purpose: under TCG, gunzip in the guest costs more than
     # reading a bigger image through fw_cfg.
-    _atomic_write(out, cpio.newc_archive(entries))
+    _atomic_write(out, cpio.newc_archive(_initramfs_entries(built)))
     return out
 
 
