@@ -16,6 +16,7 @@ from typing import Any
 
 from paracell._native import ffi, lib
 from paracell.errors import ParacellError
+from paracell.linux import MS_BIND
 from paracell.runtime.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -54,7 +55,6 @@ MOUNT_FLAGS = {
     "relatime": (0x200000, True), "norelatime": (0x200000, False),
     "strictatime": (0x1000000, True),
 }
-MS_BIND = 0x1000
 # Propagation is meaningless inside a VM that has one mount namespace per container.
 IGNORED_OPTIONS = {
     "private", "rprivate", "shared", "rshared", "slave", "rslave",
