@@ -228,6 +228,9 @@ static void run(int sfd)
                 if (timeout < 0 || timeout > left)
                     timeout = (int)left;
             }
+        } else {
+            /* A container created meanwhile starts the wait afresh. */
+            idle_since = 0;
         }
 
         if (poll(pfd, (nfds_t)n, timeout) < 0) {

@@ -1,10 +1,10 @@
 #define _GNU_SOURCE
 #include "caps.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <errno.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
