@@ -356,7 +356,7 @@ def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
     config = bundle.config
     bundle.host_binds.clear()
     bundle.mount_points.clear()
-    records = [("container", container_id), *_process_records(config["process"])]
+    records = [("container", container_id), ("role", "init"), *_process_records(config["process"])]
     if config.get("hostname"):
         records.append(("hostname", config["hostname"]))
     if bundle.rootfs_readonly:
@@ -368,4 +368,5 @@ def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
 
 def exec_launch_spec(container_id: str, process: dict[str, Any]) -> bytes:
     """Records for another process in a container that exists in the guest."""
-    return encode_records([("container", container_id), *_process_records(process)])
+    return encode_records([("container", container_id), ("role", "exec"),
+                           *_process_records(process)])

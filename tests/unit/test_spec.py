@@ -24,7 +24,8 @@ def records(payload: bytes) -> list[tuple[str, str]]:
 def test_default_config_round_trips(tmp_path):
     bundle = spec.load_bundle(write(tmp_path / "b", defaultspec.default_config(["sh", "-c", "x"])))
     recs = records(spec.init_launch_spec("c1", bundle))
-    assert recs[:4] == [("container", "c1"), ("arg", "sh"), ("arg", "-c"), ("arg", "x")]
+    assert recs[:5] == [("container", "c1"), ("role", "init"), ("arg", "sh"), ("arg", "-c"),
+                       ("arg", "x")]
     assert ("root.readonly", "1") in recs and ("nnp", "1") in recs
     assert ("rlimit", "7 1024 1024") in recs
     caps = dict(r for r in recs if r[0].startswith("cap."))
