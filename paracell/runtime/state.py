@@ -31,7 +31,9 @@ STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 # The shim's socket for exec proxies and control requests (start, kill --all).
 CONTROL_SOCKET = "shim.sock"
-_NEW_PREFIX = ".new-"
+# Not a valid container ID (ids.py allows [A-Za-z0-9_+.-] only), so a sweep of
+# abandoned creates can never take a real container for one.
+_NEW_PREFIX = "~new-"
 
 
 class Record:
@@ -269,8 +271,8 @@ class StateStore:
     def list_ids(self) -> list[str]:
         try:
             names = os.listdir(self.root)
-            return sorted(n for n in names
-                          if os.path.exists(os.path.join(self.root, n, STATE_FILE)))
+            return sorted(n for n in names if not n.startswith(_NEW_PREFIX)
+                          and os.path.exists(os.path.join(self.root, n, STATE_FILE)))
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return []

@@ -32,8 +32,8 @@ def test_remains_of_killed_creates_and_removals_do_not_block_the_id(tmp_path):
     store = StateStore(str(tmp_path / "root"))
     os.makedirs(store.root)
     # A create killed before its rename (a temporary directory nobody locks)...
-    os.makedirs(os.path.join(store.root, ".new-1-abcd"))
-    open(os.path.join(store.root, ".new-1-abcd", "lock"), "w").close()
+    os.makedirs(os.path.join(store.root, "~new-1-abcd"))
+    open(os.path.join(store.root, "~new-1-abcd", "lock"), "w").close()
     # ...and a removal killed after the state file went (the old runtime's
     # `lock` plus a stray temporary state file).
     os.makedirs(store.path("c"))
@@ -44,6 +44,13 @@ def test_remains_of_killed_creates_and_removals_do_not_block_the_id(tmp_path):
     os.close(store.create(ContainerState(id="c", status=status.CREATING)))
     assert store.load("c").status == status.STOPPED  # its creator (pid 0) is gone
     assert sorted(os.listdir(store.root)) == ["c"]
+
+
+def test_the_sweep_never_takes_a_real_container(tmp_path):
+    store = StateStore(str(tmp_path / "root"))
+    os.close(store.create(ContainerState(id=".new-1-abcd", status=status.CREATING)))
+    os.close(store.create(ContainerState(id="other", status=status.CREATING)))
+    assert store.list_ids() == [".new-1-abcd", "other"]
 
 
 def test_a_directory_someone_holds_is_not_taken(tmp_path):
