@@ -151,6 +151,16 @@ class ContainerLock:
         os.close(self.fd)
 
 
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def _lock_is_free(lock_path: str) -> bool:
     try:
         fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
@@ -213,9 +223,11 @@ class StateStore:
         except OSError:
             return
         for name in names:
-            path = os.path.join(self.root, name)
-            if _lock_is_free(os.path.join(path, LOCK_FILE)):
-                shutil.rmtree(path, ignore_errors=True)
+            # By the pid in its name, not by its lock: a create that is alive
+            # has made the directory a moment before it can lock it.
+            pid = name[len(_NEW_PREFIX):].partition("-")[0]
+            if not pid.isdigit() or not _pid_exists(int(pid)):
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
 
     def _remove_stale(self, container_id: str) -> bool:
         """Removes a directory without state that nobody holds (the remains of

@@ -32,8 +32,13 @@ def test_remains_of_killed_creates_and_removals_do_not_block_the_id(tmp_path):
     store = StateStore(str(tmp_path / "root"))
     os.makedirs(store.root)
     # A create killed before its rename (a temporary directory nobody locks)...
-    os.makedirs(os.path.join(store.root, "~new-1-abcd"))
-    open(os.path.join(store.root, "~new-1-abcd", "lock"), "w").close()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.makedirs(os.path.join(store.root, f"~new-{dead.pid}-abcd"))
+    open(os.path.join(store.root, f"~new-{dead.pid}-abcd", "lock"), "w").close()
+    # ...and one of a live create that has not locked it yet: not taken.
+    live = os.path.join(store.root, f"~new-{os.getpid()}-beef")
+    os.makedirs(live)
     # ...and a removal killed after the state file went (the old runtime's
     # `lock` plus a stray temporary state file).
     os.makedirs(store.path("c"))
@@ -43,7 +48,7 @@ def test_remains_of_killed_creates_and_removals_do_not_block_the_id(tmp_path):
         store.load("c")
     os.close(store.create(ContainerState(id="c", status=status.CREATING)))
     assert store.load("c").status == status.STOPPED  # its creator (pid 0) is gone
-    assert sorted(os.listdir(store.root)) == ["c"]
+    assert sorted(os.listdir(store.root)) == ["c", os.path.basename(live)]
 
 
 def test_the_sweep_never_takes_a_real_container(tmp_path):
