@@ -10,6 +10,7 @@ from pathlib import Path
 from paracell.guest.artifacts import REPO_ROOT
 from paracell.runtime import defaultspec, lifecycle
 from paracell.runtime.lifecycle import Context
+from paracell.vmm.devices import GuestRam
 
 EXAMPLE = REPO_ROOT / "oci" / "examples" / "hello"
 
@@ -49,7 +50,8 @@ def run_demo(ctx: Context) -> int:
     container_id = f"paracell-demo-{os.getpid()}"
     began = time.monotonic()
     state = lifecycle.create(ctx, container_id, str(EXAMPLE), None, None, detach=False)
-    sampler = MemorySampler(state.vm.qemu_pid, Path(state.vm.memory_file))
+    ram = state.vm.device(GuestRam.kind)
+    sampler = MemorySampler(state.vm.qemu_pid, Path(ram["path"]))
     sampler.start()
     try:
         lifecycle.start(ctx, container_id)

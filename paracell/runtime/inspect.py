@@ -74,11 +74,8 @@ def _qmp(state: ContainerState, command: str) -> None:
     from paracell import unixsock
     from paracell.vmm.devices import QmpSocket
 
-    paths = [d["path"] for d in state.vm.devices if d.get("kind") == QmpSocket.kind]
-    if not paths:
-        raise ParacellError(f"container {state.id} has no QMP socket")
     try:
-        sock = unixsock.connect(Path(paths[0]))
+        sock = unixsock.connect(Path(state.vm.device(QmpSocket.kind)["path"]))
     except OSError as err:
         raise ParacellError(f"QMP {command}: {err.strerror}") from None
 

@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paracell import unixsock
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import kill_same, process_start_time
 from paracell.runtime import channel, status
@@ -97,8 +96,7 @@ def create(
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
                                     memory_mib, vcpus=1)
-    state.vm = VmRecord(memory_file=str(memory_file), memory_mib=memory_mib, engine=engine,
-                        devices=vm.record())
+    state.vm = VmRecord(devices=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
@@ -194,7 +192,6 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     _wait_shim_gone(state)
     kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
     builder.reclaim(state.vm.devices)
-    unixsock.unlink(ctx.store.dir(state.id) / CONTROL_SOCKET)
     was_started = state.status != status.CREATING
     state.status = status.STOPPED
     ctx.store.remove(state.id)

@@ -82,7 +82,10 @@ class Spawned:
     commit_fd: int
 
     def commit(self) -> None:
-        os.write(self.commit_fd, b"c")
+        try:
+            os.write(self.commit_fd, b"c")
+        except BrokenPipeError:
+            pass  # the child died after its report: the record settles to stopped
         self.abandon()
 
     def abandon(self) -> None:

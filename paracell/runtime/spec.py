@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from paracell._native import ffi, lib
+from paracell import wire
+from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND
 from paracell.runtime.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
 
 MAX_CONFIG_BYTES = 4 << 20
-GUEST_ROOTFS = ffi.string(lib.PC_ROOTFS_DIR).decode()
-GUEST_HOSTSHARE = ffi.string(lib.PC_HOSTSHARE_DIR).decode()
+GUEST_ROOTFS = wire.text("PC_ROOTFS_DIR")
+GUEST_HOSTSHARE = wire.text("PC_HOSTSHARE_DIR")
 MAX_ID_VALUE = 2**32 - 2
 RLIM_INFINITY = 2**64 - 1
 

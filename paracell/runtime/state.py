@@ -14,14 +14,13 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import same_process
 from paracell.runtime import status as st
 from paracell.runtime.ids import check_id
 
-# typing, contextlib and pathlib cost more to import than `state` does to run.
+# typing, contextlib, pathlib and shutil cost more to import than `state` does to run.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
@@ -69,15 +68,18 @@ class VmRecord(Record):
     after its shim has died. `devices` holds each attached device's facts, as
     its builder recorded them (paracell.vmm.builder)."""
 
-    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "memory_file": "", "memory_mib": 0,
-              "engine": "", "devices": []}
+    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "devices": []}
 
     qemu_pid: int
     qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
-    memory_file: str
-    memory_mib: int
-    engine: str
     devices: list[dict[str, Any]]
+
+    def device(self, kind: str) -> dict[str, Any]:
+        """The recorded facts of the VM's device of that kind."""
+        for entry in self.devices:
+            if entry.get("kind") == kind:
+                return entry
+        raise ParacellError(f"the container's VM has no {kind} device")
 
 
 class ContainerState(Record):
@@ -128,8 +130,8 @@ class ContainerLock:
     The file is never created here: a container being removed cannot be
     brought back half-alive by a verb that races with its removal."""
 
-    def __init__(self, store: StateStore, container_id: str, must_exist: bool) -> None:
-        self.store, self.container_id, self.must_exist = store, container_id, must_exist
+    def __init__(self, store: StateStore, container_id: str) -> None:
+        self.store, self.container_id = store, container_id
         self.fd = -1
 
     def __enter__(self) -> None:
@@ -140,8 +142,7 @@ class ContainerLock:
             raise NotExistError(self.container_id) from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
-            if self.must_exist and not os.path.exists(
-                    self.store.path(self.container_id, STATE_FILE)):
+            if not os.path.exists(self.store.path(self.container_id, STATE_FILE)):
                 raise NotExistError(self.container_id)
         except BaseException:
             os.close(self.fd)
@@ -149,6 +150,12 @@ class ContainerLock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+
+
+def _rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _pid_exists(pid: int) -> bool:
@@ -200,21 +207,19 @@ class StateStore:
                               os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             self._write(os.path.join(tmp, STATE_FILE), state)
-            target = self.path(state.id)
-            for attempt in (1, 2):
-                try:
-                    os.rename(tmp, target)
-                    return lock_fd
-                except OSError as err:
-                    if err.errno not in (errno.EEXIST, errno.ENOTEMPTY) or attempt == 2 \
-                            or not self._remove_stale(state.id):
-                        raise ParacellError(f"container with id exists: {state.id}") from None
+            self.remove_stale(state.id)
+            try:
+                os.rename(tmp, self.path(state.id))
+            except OSError as err:
+                if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise ParacellError(f"container with id exists: {state.id}") from None
+                raise
+            return lock_fd
         except BaseException:
             if lock_fd >= 0:
                 os.close(lock_fd)
-            shutil.rmtree(tmp, ignore_errors=True)
+            _rmtree(tmp)
             raise
-        raise AssertionError("unreachable")
 
     def _sweep_abandoned(self) -> None:
         """Temporary directories of creates that were killed before the rename."""
@@ -227,17 +232,15 @@ class StateStore:
             # has made the directory a moment before it can lock it.
             pid = name[len(_NEW_PREFIX):].partition("-")[0]
             if not pid.isdigit() or not _pid_exists(int(pid)):
-                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                _rmtree(os.path.join(self.root, name))
 
-    def _remove_stale(self, container_id: str) -> bool:
-        """Removes a directory without state that nobody holds (the remains of
-        a removal that was killed half-way); True if it was one."""
+    def remove_stale(self, container_id: str) -> None:
+        """Removes a directory without state that nobody holds: the remains of
+        a removal that was killed half-way."""
         path = self.path(container_id)
-        if os.path.exists(os.path.join(path, STATE_FILE)) \
-                or not _lock_is_free(os.path.join(path, LOCK_FILE)):
-            return False
-        shutil.rmtree(path, ignore_errors=True)
-        return not os.path.exists(path)
+        if os.path.isdir(path) and not os.path.exists(os.path.join(path, STATE_FILE)) \
+                and _lock_is_free(os.path.join(path, LOCK_FILE)):
+            _rmtree(path)
 
     def remove(self, container_id: str) -> None:
         """The state file goes first, so the container vanishes at once from
@@ -246,11 +249,7 @@ class StateStore:
             os.unlink(self.path(container_id, STATE_FILE))
         except FileNotFoundError:
             pass
-        shutil.rmtree(self.path(container_id), ignore_errors=True)
-
-    def remove_stale(self, container_id: str) -> None:
-        if os.path.isdir(self.path(container_id)):
-            self._remove_stale(container_id)
+        _rmtree(self.path(container_id))
 
     def load(self, container_id: str) -> ContainerState:
         try:
@@ -261,8 +260,8 @@ class StateStore:
             raise NotExistError(container_id) from None
         except (ValueError, TypeError) as err:
             raise ParacellError(f"state of container {container_id} is corrupt: {err}") from None
-        state.status = st.settle(state.status, shim_alive(state),
-                                 same_process(state.creator_pid, state.creator_start))
+        state.status = st.settle(state.status, lambda: shim_alive(state),
+                                 lambda: same_process(state.creator_pid, state.creator_start))
         return state
 
     def _write(self, path: str, state: ContainerState) -> None:
@@ -276,9 +275,9 @@ class StateStore:
     def save(self, state: ContainerState) -> None:
         self._write(self.path(state.id, STATE_FILE), state)
 
-    def locked(self, container_id: str, must_exist: bool = True) -> ContainerLock:
+    def locked(self, container_id: str) -> ContainerLock:
         """Serialises verbs on one container."""
-        return ContainerLock(self, container_id, must_exist)
+        return ContainerLock(self, container_id)
 
     def list_ids(self) -> list[str]:
         try:

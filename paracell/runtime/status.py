@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from paracell.errors import NotRunningError, ParacellError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 CREATING = "creating"  # create holds the lock; the VM is booting
 CREATED = "created"    # the VM is up, the process waits for start
 RUNNING = "running"
@@ -62,12 +66,14 @@ def transition(verb: str, status: str, container_id: str) -> str:
     return target
 
 
-def settle(status: str, shim_alive: bool, creator_alive: bool) -> str:
+def settle(status: str, shim_alive: Callable[[], bool],
+           creator_alive: Callable[[], bool]) -> str:
     """What the status really is, given which recorded processes still live: a
-    crash can never leave a container that looks alive."""
-    if status in SHIM_LIVE and not shim_alive:
+    crash can never leave a container that looks alive. The checks read /proc,
+    so only the one the status needs runs."""
+    if status in SHIM_LIVE and not shim_alive():
         return STOPPED
-    if status == CREATING and not creator_alive:
+    if status == CREATING and not creator_alive():
         return STOPPED
     return status
 

@@ -7,15 +7,9 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from paracell import unixsock
+from paracell import unixsock, wire
 from paracell.vmm import hostshare, memory
 from paracell.vmm.builder import Device, device_kind
-
-
-def _wire_name(name: str) -> str:
-    from paracell._native import ffi, lib
-
-    return ffi.string(getattr(lib, name)).decode()
 
 
 @device_kind
@@ -93,7 +87,7 @@ class AgentPort(Device):
         return [
             "-device", "virtio-serial-device,max_ports=2",
             "-chardev", f"socket,id=agent,fd={fd}",
-            "-device", f"virtserialport,chardev=agent,name={_wire_name('PC_AGENT_PORT_NAME')}",
+            "-device", f"virtserialport,chardev=agent,name={wire.text('PC_AGENT_PORT_NAME')}",
         ]
 
     def launched(self) -> None:
@@ -127,7 +121,7 @@ class Share(Device):
 
 
 def rootfs_share(path: Path, readonly: bool) -> Share:
-    return Share(_wire_name("PC_ROOTFS_TAG"), path, readonly)
+    return Share(wire.text("PC_ROOTFS_TAG"), path, readonly)
 
 
 @device_kind
@@ -138,7 +132,7 @@ class HostShare(Share):
     kind = "host-share"
 
     def __init__(self, directory: Path, binds: list[tuple[Path, str]]) -> None:
-        super().__init__(_wire_name("PC_HOSTSHARE_TAG"), directory, readonly=False)
+        super().__init__(wire.text("PC_HOSTSHARE_TAG"), directory, readonly=False)
         self.binds = binds
 
     def facts(self) -> dict[str, Any]:

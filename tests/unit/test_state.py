@@ -71,10 +71,20 @@ def test_a_directory_someone_holds_is_not_taken(tmp_path):
 
 
 def test_creating_settles_by_its_creator():
-    assert status.settle(status.CREATING, False, True) == status.CREATING
-    assert status.settle(status.CREATING, False, False) == status.STOPPED
-    assert status.settle(status.RUNNING, False, True) == status.STOPPED
-    assert status.settle(status.RUNNING, True, False) == status.RUNNING
+    def alive():
+        return True
+
+    def dead():
+        return False
+
+    def unasked():
+        raise AssertionError("a check the status does not need was run")
+
+    assert status.settle(status.CREATING, unasked, alive) == status.CREATING
+    assert status.settle(status.CREATING, unasked, dead) == status.STOPPED
+    assert status.settle(status.RUNNING, dead, unasked) == status.STOPPED
+    assert status.settle(status.RUNNING, alive, unasked) == status.RUNNING
+    assert status.settle(status.STOPPED, unasked, unasked) == status.STOPPED
 
 
 def test_ram_file_names_are_fixed_length_for_255_byte_ids():
