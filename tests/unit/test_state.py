@@ -119,3 +119,16 @@ def test_a_child_waiting_for_commit_ends_when_its_creator_dies(tmp_path):
     while not marker.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert marker.read_text() == f"{child} False"
+
+
+def test_commit_to_a_child_that_died_after_its_report_is_not_an_error():
+    from paracell.runtime import spawn
+
+    def body(handshake):
+        handshake.report(spawn.Ready(pid=os.getpid()))
+        return 0  # gone without waiting for the commit
+
+    spawned = spawn.spawn(body, False, print)
+    os.waitpid(spawned.pid, 0)
+    spawned.commit()  # EPIPE: the record will settle to stopped
+    assert spawned.commit_fd == -1
