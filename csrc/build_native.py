@@ -1,4 +1,4 @@
-"""cffi builder for paracell._native: the relay and frame I/O in csrc/, plus
+"""cffi builder for paracell._native: the relay, frame I/O and Pager server in csrc/, plus
 every constant, enum and struct of the host<->guest formats in proto/.
 
 The headers are the one definition: their declarations are handed to cffi's
@@ -15,7 +15,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent / "proto"
 # Read by Python through cffi, in this order (later headers may use earlier types).
-CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", HERE / "relay.h")
+CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "pager_proto.h",
+                HERE / "relay.h", HERE / "pager.h")
 
 _DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")
 
@@ -45,7 +46,7 @@ ffibuilder.cdef("\n".join(cdef_of(h) for h in CDEF_HEADERS))
 ffibuilder.set_source(
     "paracell._native",
     "\n".join(f'#include "{h.name}"' for h in CDEF_HEADERS),
-    sources=[str(HERE / "relay.c")],
+    sources=[str(HERE / "relay.c"), str(HERE / "pager.c")],
     include_dirs=[str(PROTO), str(HERE)],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
 )

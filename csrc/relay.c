@@ -502,7 +502,7 @@ static int live_exec_clients(struct relay *r)
     return 0;
 }
 
-enum { P_CHAN, P_LISTEN, P_STDIN, P_SIG, P_OUT, P_ERR, P_FIXED };
+enum { P_CHAN, P_LISTEN, P_STDIN, P_SIG, P_OUT, P_ERR, P_ABORT, P_FIXED };
 
 static void add_pollfd(struct pollfd *pfd, int slot, int fd, short events)
 {
@@ -530,6 +530,7 @@ static void run_loop(struct relay *r)
                    sink_pending(&r->out) && r->out.kind == SINK_NONBLOCK ? POLLOUT : 0);
         add_pollfd(pfd, P_ERR, r->err.fd,
                    sink_pending(&r->err) && r->err.kind == SINK_NONBLOCK ? POLLOUT : 0);
+        add_pollfd(pfd, P_ABORT, r->cfg->abort_fd, r->cfg->abort_fd >= 0 ? POLLIN : 0);
         for (int i = 0; i < MAX_CLIENTS; i++) {
             struct client *c = r->clients[i];
             short ev = 0;
@@ -541,6 +542,10 @@ static void run_loop(struct relay *r)
         if (poll(pfd, P_FIXED + MAX_CLIENTS, timeout) < 0) {
             if (errno == EINTR) continue;
             end_with(r, PC_END_ERROR, "poll: %s", strerror(errno));
+            break;
+        }
+        if (pfd[P_ABORT].revents) {
+            end_with(r, PC_END_ERROR, "%s", "a VM service failed");
             break;
         }
         if (pfd[P_CHAN].revents & (POLLIN | POLLHUP | POLLERR)) {

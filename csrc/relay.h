@@ -18,6 +18,7 @@ struct pc_relay_cfg {
     int out_fd;     /* process stdout sink, -1 to discard */
     int err_fd;     /* process stderr sink, -1 to discard */
     int tty_fd;     /* host pty slave whose size follows SIGWINCH, -1 for none */
+    int abort_fd;   /* readable: a VM service (the Pager) failed; end at once. -1 for none */
     unsigned long long forward_mask;  /* bit n: relay signal n to the process */
 };
 

@@ -35,11 +35,14 @@ def _version_text() -> str:
 @click.option("--criu", default=None, hidden=True)
 @click.option("--engine", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
               help="accelerator; default auto, or $PARACELL_ENGINE")
+@click.option("--memory-manager", type=click.Choice(["pager", "balloon", "none"]), default=None,
+              help="guest memory handling; default pager, or $PARACELL_MEMORY_MANAGER")
 @click.version_option(__version__, "-v", "--version", message=_version_text())
 @click.pass_context
 def main(
     ctx: click.Context, root: str, log_path: str | None, log_format: str, debug: bool,
     systemd_cgroup: bool, rootless: str, criu: str | None, engine: str | None,
+    memory_manager: str | None,
 ) -> None:
     """ParaCell: an OCI runtime that runs every container in its own micro-VM."""
     from paracell import settings
@@ -50,7 +53,8 @@ def main(
             "--systemd-cgroup: the container's cgroups live inside its VM; "
             "configure the runtime without systemd cgroups"
         )
-    ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto")
+    ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto",
+                      memory_manager=memory_manager)
 
 
 def _ctx() -> Context:
@@ -172,6 +176,24 @@ def ps(fmt: str, container_id: str, ps_args: tuple[str, ...]) -> None:
     from paracell.runtime import inspect
 
     click.echo(inspect.ps(_ctx(), container_id, fmt))
+
+
+@main.command()
+@click.option("--stats", "once", is_flag=True, help="print one stats event and exit")
+@click.option("--interval", default=5, type=click.IntRange(1, 3600), show_default=True,
+              help="seconds between stats events")
+@click.argument("container_id")
+def events(once: bool, interval: int, container_id: str) -> None:
+    """Stats of the container's VM: runc's events JSON plus a paracell section."""
+    import json
+
+    from paracell.runtime import events as container_events
+
+    if once:
+        click.echo(json.dumps(container_events.stats(_ctx(), container_id)))
+        return
+    for line in container_events.stream(_ctx(), container_id, interval):
+        click.echo(line)
 
 
 @main.command("list")

@@ -31,7 +31,7 @@ def memory_dir() -> Path:
 
 
 CONFIG_FILE = "/etc/paracell/config.json"
-_CONFIG_KEYS = {"engine": str, "guest_memory_mib": int}
+_CONFIG_KEYS = {"engine": str, "guest_memory_mib": int, "memory_manager": str}
 
 
 def file_config() -> dict[str, object]:
@@ -61,6 +61,11 @@ def file_config() -> dict[str, object]:
 
 def engine_override() -> str | None:
     value = os.environ.get("PARACELL_ENGINE") or file_config().get("engine")
+    return str(value) if value else None
+
+
+def memory_manager_override() -> str | None:
+    value = os.environ.get("PARACELL_MEMORY_MANAGER") or file_config().get("memory_manager")
     return str(value) if value else None
 
 

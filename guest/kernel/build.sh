@@ -21,6 +21,10 @@ cd "$work/src"
     patch -p1 --forward --batch < "$guest_dir/$patch"
 done
 
+# Formats shared with the host have one definition, in proto/; the drivers
+# that speak them get a copy at build time.
+cp "$guest_dir/../proto/pager_proto.h" drivers/misc/paracell/
+
 fragment="$guest_dir/kernel/paracell.config"
 make -s ARCH=x86_64 tinyconfig
 scripts/kconfig/merge_config.sh -m -O . .config "$fragment" >/dev/null

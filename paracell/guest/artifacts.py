@@ -4,7 +4,8 @@
 the result in `current.json`; the runtime only reads that record, so starting a
 container never hashes a 130 MB source tarball.
 
-The kernel key covers guest/kernel/ and the patches its `series` lists. The
+The kernel key covers guest/kernel/, the patches its `series` lists and the
+proto/ headers the kernel build copies in. The
 initramfs key covers every file under proto/ and under guest/ but guest/kernel/,
 so a new folder there (guest/xgate/, guest/pager/) is an input as soon as it
 exists. A folder adds static programs to the initramfs by listing them in its
@@ -75,6 +76,10 @@ def _hash_inputs(parts: list[tuple[str, bytes]]) -> str:
     return digest.hexdigest()[:20]
 
 
+# proto/ headers that build.sh copies into the kernel tree.
+KERNEL_PROTO = [REPO_ROOT / "proto" / "pager_proto.h"]
+
+
 def _patch_paths() -> list[Path]:
     lines = (GUEST_SRC / "kernel" / "series").read_text().splitlines()
     return [GUEST_SRC / ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
@@ -83,6 +88,7 @@ def _patch_paths() -> list[Path]:
 def kernel_key(tarball: Path = KERNEL_TARBALL) -> str:
     files = [GUEST_SRC / "kernel" / n for n in ("build.sh", "paracell.config", "series")]
     files += _patch_paths()
+    files += KERNEL_PROTO
     parts = [(str(p.relative_to(REPO_ROOT)), p.read_bytes()) for p in files]
     parts.append(("tarball", _tarball_digest(tarball).encode()))
     return _hash_inputs(parts)

@@ -1,1 +1,1 @@
-"""Host half of the Pager (a later issue)."""
+"""The Pager: host memory that follows the guest page allocator (docs/pager.md)."""

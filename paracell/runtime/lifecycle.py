@@ -34,6 +34,7 @@ class Context:
     root: str
     log: RuntimeLog
     engine: str = "auto"
+    memory_manager: str | None = None  # the global flag; see runtime/memorymanager.py
 
     @property
     def store(self) -> StateStore:
@@ -69,7 +70,7 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
-    from paracell.runtime import hooks, shim, spawn, spec, vmplan
+    from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -86,6 +87,8 @@ def create(
     engine, qemu, notice = _choose_engine(ctx)
     memory_file = memory.path_for(ctx.root, container_id)
     memory_mib = settings.guest_memory_mib()
+    memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
+                                       bundle.annotations, memory_mib)
     me = os.getpid()
     state = ContainerState(
         id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
@@ -95,14 +98,15 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, vcpus=1)
+                                    memory_mib, memory_plan, vcpus=1)
     state.vm = VmRecord(devices=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
     spawned = None
     try:
-        ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB")
+        ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
+                     f"memory manager {memory_plan.manager}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,

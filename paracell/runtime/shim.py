@@ -25,7 +25,7 @@ from paracell.runtime.signals import exit_status_for_signal
 from paracell.runtime.spawn import Handshake, Ready
 from paracell.runtime.state import CONTROL_SOCKET
 from paracell.vmm.builder import Vm, VmBuilder
-from paracell.vmm.devices import AgentPort
+from paracell.vmm.devices import AgentPort, PagerChannel
 
 BOOT_TIMEOUT_S = 60.0
 POWEROFF_GRACE_S = 5.0
@@ -89,13 +89,22 @@ class Shim:
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0)
 
+    def _pager(self) -> PagerChannel | None:
+        return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)
+
     def relay(self) -> tuple[int, str]:
         from paracell._native import lib
 
         assert self.listener is not None
         self._debug("relay running")
-        end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd)
+        pager = self._pager()
+        abort_fd = pager.server.abort_fd if pager and pager.server else -1
+        end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd)
         self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
+        failure = pager.server.failure() if pager and pager.server else None
+        if failure and end.kind != lib.PC_END_EXIT:
+            # The guest broke the Pager's protocol: the VM is not trusted to run on.
+            return EXIT_RUNTIME_ERROR, failure
         if end.kind == lib.PC_END_EXIT:
             return end.status & 0xFF, ""
         if end.kind == lib.PC_END_HANGUP and self.vm is not None:

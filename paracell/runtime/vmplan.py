@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paracell.guest.artifacts import GuestArtifacts
+from paracell.runtime.memorymanager import MemoryPlan
 from paracell.runtime.spec import Bundle
 from paracell.vmm import devices
 from paracell.vmm.builder import Machine, VmBuilder
@@ -14,11 +15,15 @@ SHARE_DIR = "share"
 
 
 def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
-                 memory_file: Path, memory_mib: int, vcpus: int
+                 memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int
                  ) -> tuple[VmBuilder, devices.AgentPort]:
     vm = VmBuilder(Machine(qemu=qemu, engine=engine, kernel=guest.kernel,
                            initramfs=guest.initramfs, memory_mib=memory_mib, vcpus=vcpus))
-    vm.attach(devices.GuestRam(memory_file, memory_mib))
+    ram = vm.attach(devices.GuestRam(memory_file, memory_mib))
+    if memory.manager == "pager":
+        vm.attach(devices.PagerChannel(ram, state_dir, memory.kernel_knobs))
+    elif memory.manager == "balloon":
+        vm.attach(devices.Balloon())
     vm.attach(devices.SerialConsole(state_dir / "console.log"))
     vm.attach(devices.DebugExit())
     agent = vm.attach(devices.AgentPort())

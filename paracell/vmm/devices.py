@@ -3,6 +3,7 @@ Names the guest looks for come from proto/vm_proto.h."""
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,10 @@ from typing import Any
 from paracell import unixsock, wire
 from paracell.vmm import hostshare, memory
 from paracell.vmm.builder import Device, device_kind
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.pager.server import PagerServer
 
 
 @device_kind
@@ -182,3 +187,85 @@ class QmpSocket(Device):
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:
         unixsock.unlink(Path(facts["path"]))
+
+
+@device_kind
+class PagerChannel(Device):
+    """The Pager's ivshmem-doorbell device. Its server runs in this process
+    (paracell/pager/server.py) and is greeted onto a socketpair before QEMU
+    starts, so there is no listening socket to race for or to leak."""
+
+    kind = "pager"
+    # microvm has a PCI bus only with its PCIe host bridge, described by ACPI.
+    machine_options = ("acpi=on", "pcie=on")
+
+    def __init__(self, ram: GuestRam, state_dir: Path, kernel_knobs: dict[str, int]) -> None:
+        self.ram, self.state_dir, self.kernel_knobs = ram, state_dir, kernel_knobs
+        self.server: PagerServer | None = None
+        self._host_end: socket.socket | None = None
+        self._vm_end: socket.socket | None = None
+
+    def facts(self) -> dict[str, Any]:
+        return {"dir": str(self.state_dir)}
+
+    def prepare(self) -> None:
+        from paracell.pager.server import PagerServer
+
+        self.server = PagerServer(self.ram.path, self.ram.size_mib << 20, self.state_dir)
+        self._host_end, self._vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self.server.greet(self._host_end.fileno())
+        except BaseException:
+            self.release()
+            raise
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self._vm_end.fileno(),) if self._vm_end else ()
+
+    def qemu_args(self) -> list[str]:
+        from paracell._native import lib
+
+        fd = self._vm_end.fileno() if self._vm_end else -1
+        return ["-chardev", f"socket,id=pager,fd={fd}",
+                "-device", f"ivshmem-doorbell,chardev=pager,vectors={lib.PC_PAGER_VECTORS}"]
+
+    def kernel_args(self) -> list[str]:
+        return [f"{name}={value}" for name, value in self.kernel_knobs.items()]
+
+    def launched(self) -> None:
+        if self._vm_end:
+            self._vm_end.close()
+            self._vm_end = None
+        if self.server:
+            self.server.start()
+
+    def release(self) -> None:
+        if self.server:
+            self.server.close()
+            self.server = None
+        for sock in (self._host_end, self._vm_end):
+            if sock is not None:
+                sock.close()
+        self._host_end = self._vm_end = None
+        self.reclaim(self.facts())
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        from paracell.pager import server
+
+        for name in (server.SHM_FILE, server.STATS_FILE):
+            try:
+                os.unlink(Path(facts["dir"]) / name)
+            except FileNotFoundError:
+                pass
+
+
+@device_kind
+class Balloon(Device):
+    """virtio-balloon with free page reporting: the mainstream baseline, where
+    QEMU itself discards what the guest reports (2 MiB blocks, 2 s pacing)."""
+
+    kind = "balloon"
+
+    def qemu_args(self) -> list[str]:
+        return ["-device", "virtio-balloon-device,free-page-reporting=on"]

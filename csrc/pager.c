@@ -1,0 +1,342 @@
+/* The host half of the Pager (see pager.h and docs/pager.md).
+ *
+ * The guest is hostile.  Every index and range is copied out of the shared
+ * memory once, validated as a whole batch, and only then acted on; a batch
+ * with any bad entry is refused entirely and ends the VM.  The only file this
+ * code writes is the guest-RAM file it was given, and only inside it. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pager_proto.h"
+#include "pager.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+#define FOUR_GIB (1ULL << 32)
+#define NS_PER_S 1000000000ULL
+
+_Static_assert(sizeof(struct pc_pager_shm) <= PC_PAGER_SHM_SIZE, "rings must fit the BAR");
+_Static_assert(sizeof(((struct pc_pager_shm *)0)->unbind_ring) ==
+               PC_PAGER_UNBIND_SLOTS * sizeof(struct pc_pager_range), "unbind slots");
+_Static_assert(sizeof(((struct pc_pager_shm *)0)->bind_ring) ==
+               PC_PAGER_BIND_SLOTS * sizeof(struct pc_pager_range), "bind slots");
+_Static_assert((PC_PAGER_SHM_SIZE & (PC_PAGER_SHM_SIZE - 1)) == 0, "a BAR is a power of two");
+
+static int fail(struct pc_pager *p, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->error, sizeof p->error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static uint64_t monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
+static void close_fd(int *fd)
+{
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+}
+
+int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ram_split,
+                  int shm_fd, int stats_fd)
+{
+    memset(p, 0, sizeof *p);
+    p->ram_fd = p->shm_fd = p->doorbell_fd = p->irq_fd = p->stop_fd = p->abort_fd = -1;
+    if (ram_size == 0 || ram_size % PC_PAGER_PAGE_SIZE || ram_split > ram_size ||
+        ram_split % PC_PAGER_PAGE_SIZE || ram_split > FOUR_GIB)
+        return fail(p, PC_PAGER_IO_ERROR, "bad guest RAM layout");
+    p->ram_size = ram_size;
+    p->ram_split = ram_split;
+    p->ram_fd = dup(ram_fd);
+    p->shm_fd = dup(shm_fd);
+    if (p->ram_fd < 0 || p->shm_fd < 0) goto io_error;
+    if (ftruncate(p->shm_fd, PC_PAGER_SHM_SIZE) < 0 ||
+        ftruncate(stats_fd, sizeof(struct pc_pager_stats)) < 0)
+        goto io_error;
+    p->shm = mmap(NULL, PC_PAGER_SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p->shm_fd, 0);
+    if (p->shm == MAP_FAILED) { p->shm = NULL; goto io_error; }
+    p->stats = mmap(NULL, sizeof *p->stats, PROT_READ | PROT_WRITE, MAP_SHARED, stats_fd, 0);
+    if (p->stats == MAP_FAILED) { p->stats = NULL; goto io_error; }
+    /* NORESERVE: this mapping only ever populates what the guest asked for. */
+    p->ram_map = mmap(NULL, ram_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                      p->ram_fd, 0);
+    if (p->ram_map == MAP_FAILED) { p->ram_map = NULL; goto io_error; }
+    p->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p->irq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (p->doorbell_fd < 0 || p->irq_fd < 0 || p->stop_fd < 0 || p->abort_fd < 0) goto io_error;
+
+    memset(p->shm, 0, PC_PAGER_SHM_SIZE);
+    memset(p->stats, 0, sizeof *p->stats);
+    p->shm->magic = PC_PAGER_MAGIC;
+    p->shm->version = PC_PAGER_VERSION;
+    p->shm->unbind_slots = PC_PAGER_UNBIND_SLOTS;
+    p->shm->bind_slots = PC_PAGER_BIND_SLOTS;
+    p->shm->ram_size = ram_size;
+    p->shm->ram_split = ram_split;
+    return PC_PAGER_OK;
+io_error:
+    fail(p, PC_PAGER_IO_ERROR, "setting up the Pager: %s", strerror(errno));
+    pc_pager_close(p);
+    return PC_PAGER_IO_ERROR;
+}
+
+/* One int64 little-endian message, with an fd attached when fd >= 0. */
+static int send_msg(int sock, int64_t value, int fd)
+{
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    struct iovec iov = {.iov_base = &value, .iov_len = sizeof value};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&control, 0, sizeof control);
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+        cmsg->cmsg_level = SOL_SOCKET;
+        cmsg->cmsg_type = SCM_RIGHTS;
+        cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cmsg), &fd, sizeof fd);
+    }
+    ssize_t n;
+    do n = sendmsg(sock, &msg, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    return n == (ssize_t)sizeof value ? 0 : -1;
+}
+
+int pc_pager_greet(struct pc_pager *p, int sock_fd)
+{
+    /* x86-64 is little-endian, as the protocol is. */
+    if (send_msg(sock_fd, 0, -1) < 0 ||                        /* protocol version */
+        send_msg(sock_fd, PC_PAGER_GUEST_PEER, -1) < 0 ||      /* QEMU's own id */
+        send_msg(sock_fd, -1, p->shm_fd) < 0 ||                /* the shared memory */
+        send_msg(sock_fd, PC_PAGER_GUEST_PEER, p->irq_fd) < 0 ||  /* QEMU's vector 0 */
+        send_msg(sock_fd, PC_PAGER_HOST_PEER, p->doorbell_fd) < 0)  /* our vector 0 */
+        return fail(p, PC_PAGER_IO_ERROR, "greeting QEMU's ivshmem device: %s", strerror(errno));
+    return PC_PAGER_OK;
+}
+
+/* The offset in the RAM file of a valid guest-physical range, or -1. */
+static int64_t ram_offset(const struct pc_pager *p, uint64_t addr, uint64_t len)
+{
+    if (len == 0 || addr % PC_PAGER_PAGE_SIZE || len % PC_PAGER_PAGE_SIZE ||
+        len / PC_PAGER_PAGE_SIZE > PC_PAGER_MAX_RANGE_PAGES || addr + len < addr)
+        return -1;
+    if (addr + len <= p->ram_split) return (int64_t)addr;
+    uint64_t above = p->ram_size - p->ram_split;
+    if (addr >= FOUR_GIB && addr - FOUR_GIB <= above && len <= above - (addr - FOUR_GIB))
+        return (int64_t)(p->ram_split + (addr - FOUR_GIB));
+    return -1;
+}
+
+static int bad_range(struct pc_pager *p, const char *ring, const struct pc_pager_range *r)
+{
+    return fail(p, PC_PAGER_VIOLATION,
+                "pager protocol violation: %s range 0x%llx+0x%llx is not page-aligned "
+                "guest RAM (0x%llx bytes)", ring, (unsigned long long)r->addr,
+                (unsigned long long)r->len, (unsigned long long)p->ram_size);
+}
+
+/* How many entries the guest published, or a violation for an impossible index. */
+static int64_t published(struct pc_pager *p, const char *ring, const uint32_t *prod_word,
+                         uint32_t cons, uint32_t slots)
+{
+    uint32_t prod = __atomic_load_n(prod_word, __ATOMIC_ACQUIRE);
+    uint32_t avail = prod - cons;
+    if (avail > UINT32_MAX / 2)
+        return fail(p, PC_PAGER_VIOLATION,
+                    "pager protocol violation: %s ring index %u is behind the host's %u",
+                    ring, prod, cons);
+    if (avail > slots)
+        return fail(p, PC_PAGER_VIOLATION,
+                    "pager protocol violation: oversized %s batch of %u entries (ring has %u)",
+                    ring, avail, slots);
+    return avail;
+}
+
+static int populate(struct pc_pager *p, int64_t off, uint64_t len)
+{
+    if (madvise(p->ram_map + off, len, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno != EINVAL) return -1;
+    /* Hosts before Linux 5.14: allocate in the file; QEMU's fault then maps it. */
+    return fallocate(p->ram_fd, 0, off, (off_t)len);
+}
+
+static int drain_bind(struct pc_pager *p, int *more)
+{
+    int64_t avail = published(p, "BIND", &p->shm->bind.prod, p->bind_cons, PC_PAGER_BIND_SLOTS);
+    if (avail < 0) return (int)avail;
+    uint32_t n = avail > PC_PAGER_MAX_BIND_PER_WAKEUP ? PC_PAGER_MAX_BIND_PER_WAKEUP : (uint32_t)avail;
+    for (uint32_t i = 0; i < n; i++) {
+        struct pc_pager_range r;
+        memcpy(&r, (const void *)&p->shm->bind_ring[(p->bind_cons + i) % PC_PAGER_BIND_SLOTS],
+               sizeof r);
+        int64_t off = ram_offset(p, r.addr, r.len);
+        if (off < 0) return bad_range(p, "BIND", &r);
+        if (populate(p, off, r.len) < 0 && errno != ENOMEM)
+            return fail(p, PC_PAGER_IO_ERROR, "binding guest memory: %s", strerror(errno));
+        p->stats->bind_ranges++;
+        p->stats->bind_pages += r.len / PC_PAGER_PAGE_SIZE;
+    }
+    if (n) {
+        p->bind_cons += n;
+        __atomic_store_n(&p->shm->bind.cons, p->bind_cons, __ATOMIC_RELEASE);
+        p->stats->bind_batches++;
+    }
+    *more = (uint32_t)avail > n;
+    return (int)n;
+}
+
+static int by_addr(const void *a, const void *b)
+{
+    const struct pc_pager_range *x = a, *y = b;
+    return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+static int drain_unbind(struct pc_pager *p, uint64_t now_ns)
+{
+    int64_t avail = published(p, "UNBIND", &p->shm->unbind.prod, p->unbind_cons,
+                              PC_PAGER_UNBIND_SLOTS);
+    if (avail <= 0) return (int)avail;
+    struct pc_pager_range batch[PC_PAGER_UNBIND_SLOTS];
+    int64_t offs[PC_PAGER_UNBIND_SLOTS];
+    /* One copy: what is checked is what is acted on, whatever the guest
+     * writes to the ring meanwhile. */
+    for (int64_t i = 0; i < avail; i++)
+        memcpy(&batch[i], (const void *)&p->shm->unbind_ring[(p->unbind_cons + i) %
+                                                              PC_PAGER_UNBIND_SLOTS],
+               sizeof batch[i]);
+    for (int64_t i = 0; i < avail; i++)
+        if (ram_offset(p, batch[i].addr, batch[i].len) < 0) return bad_range(p, "UNBIND", &batch[i]);
+    qsort(batch, (size_t)avail, sizeof batch[0], by_addr);
+    for (int64_t i = 1; i < avail; i++)
+        if (batch[i - 1].addr + batch[i - 1].len > batch[i].addr)
+            return fail(p, PC_PAGER_VIOLATION,
+                        "pager protocol violation: UNBIND ranges 0x%llx+0x%llx and 0x%llx+0x%llx "
+                        "overlap in one batch", (unsigned long long)batch[i - 1].addr,
+                        (unsigned long long)batch[i - 1].len, (unsigned long long)batch[i].addr,
+                        (unsigned long long)batch[i].len);
+    for (int64_t i = 0; i < avail; i++) offs[i] = ram_offset(p, batch[i].addr, batch[i].len);
+    for (int64_t i = 0; i < avail; i++) {
+        if (fallocate(p->ram_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offs[i],
+                      (off_t)batch[i].len) < 0)
+            return fail(p, PC_PAGER_IO_ERROR, "unbinding guest memory: %s", strerror(errno));
+        p->stats->unbind_ranges++;
+        p->stats->unbind_pages += batch[i].len / PC_PAGER_PAGE_SIZE;
+    }
+    p->unbind_cons += (uint32_t)avail;
+    __atomic_store_n(&p->shm->unbind.cons, p->unbind_cons, __ATOMIC_RELEASE);
+    uint64_t one = 1;
+    if (write(p->irq_fd, &one, sizeof one) < 0 && errno != EAGAIN)
+        return fail(p, PC_PAGER_IO_ERROR, "interrupting the guest: %s", strerror(errno));
+    p->stats->unbind_batches++;
+    p->stats->last_reclaim_ns = monotonic_ns() - now_ns;
+    return (int)avail;
+}
+
+int pc_pager_wakeup(struct pc_pager *p, uint64_t doorbells, uint64_t now_ns)
+{
+    int more = 0;
+    p->stats->doorbells += doorbells;
+    /* BIND first: the guest publishes binds older than an UNBIND before it,
+     * and populating after punching would only waste memory. */
+    int bound = drain_bind(p, &more);
+    if (bound < 0) return bound;
+    int unbound = drain_unbind(p, now_ns);
+    if (unbound < 0) return unbound;
+    if (bound == 0 && unbound == 0 && doorbells) {
+        if (now_ns - p->idle_window_ns >= NS_PER_S) {
+            p->idle_window_ns = now_ns;
+            p->idle_doorbells = 0;
+        }
+        p->idle_doorbells += doorbells;
+        if (p->idle_doorbells > PC_PAGER_MAX_IDLE_WAKEUPS)
+            return fail(p, PC_PAGER_VIOLATION,
+                        "pager protocol violation: doorbell storm (%llu doorbells with no work "
+                        "within a second)", (unsigned long long)p->idle_doorbells);
+    }
+    return more ? 1 : PC_PAGER_OK;
+}
+
+static void *serve(void *arg)
+{
+    struct pc_pager *p = arg;
+    int rc = PC_PAGER_OK;
+    for (;;) {
+        struct pollfd pfd[2] = {{.fd = p->doorbell_fd, .events = POLLIN},
+                                {.fd = p->stop_fd, .events = POLLIN}};
+        /* Leftover BIND work runs again at once; otherwise wait. */
+        if (poll(pfd, 2, rc == 1 ? 0 : -1) < 0) {
+            if (errno == EINTR) continue;
+            rc = fail(p, PC_PAGER_IO_ERROR, "poll: %s", strerror(errno));
+            break;
+        }
+        if (pfd[1].revents) return NULL;
+        uint64_t doorbells = 0;
+        if (pfd[0].revents && read(p->doorbell_fd, &doorbells, sizeof doorbells) < 0 &&
+            errno != EAGAIN) {
+            rc = fail(p, PC_PAGER_IO_ERROR, "reading the doorbell: %s", strerror(errno));
+            break;
+        }
+        rc = pc_pager_wakeup(p, doorbells, monotonic_ns());
+        if (rc < 0) break;
+    }
+    if (rc == PC_PAGER_VIOLATION) p->stats->violations++;
+    uint64_t one = 1;
+    if (write(p->abort_fd, &one, sizeof one) < 0) { /* the relay still sees QEMU go */ }
+    return NULL;
+}
+
+int pc_pager_start(struct pc_pager *p)
+{
+    pthread_t t;
+    int err = pthread_create(&t, NULL, serve, p);
+    if (err) return fail(p, PC_PAGER_IO_ERROR, "starting the Pager thread: %s", strerror(err));
+    p->thread = (unsigned long)t;
+    p->running = 1;
+    return PC_PAGER_OK;
+}
+
+void pc_pager_close(struct pc_pager *p)
+{
+    if (p->running) {
+        uint64_t one = 1;
+        if (write(p->stop_fd, &one, sizeof one) < 0) { /* join below still ends it */ }
+        pthread_join((pthread_t)p->thread, NULL);
+        p->running = 0;
+    }
+    if (p->ram_map) munmap(p->ram_map, p->ram_size);
+    if (p->shm) munmap(p->shm, PC_PAGER_SHM_SIZE);
+    if (p->stats) munmap(p->stats, sizeof *p->stats);
+    p->ram_map = NULL;
+    p->shm = NULL;
+    p->stats = NULL;
+    close_fd(&p->ram_fd);
+    close_fd(&p->shm_fd);
+    close_fd(&p->doorbell_fd);
+    close_fd(&p->irq_fd);
+    close_fd(&p->stop_fd);
+    close_fd(&p->abort_fd);
+}

@@ -1,0 +1,67 @@
+/* The host half of the Pager: the ivshmem server for one VM and the C loop
+ * that drains its rings (layout: proto/pager_proto.h).  Python sets it up and
+ * starts its thread; no Python runs per range.  Handed to cffi's cdef like
+ * relay.h, so keep to the subset it reads. */
+#ifndef PARACELL_PAGER_H
+#define PARACELL_PAGER_H
+
+/* How a wakeup ended. */
+#define PC_PAGER_OK 0
+#define PC_PAGER_VIOLATION -1  /* the guest broke the protocol; error says how */
+#define PC_PAGER_IO_ERROR -2   /* a host call failed; error says which */
+
+/* Host-side figures.  They live in a small file in the container's state
+ * directory, mapped shared, so `paracell events --stats` reads them without
+ * asking the shim.  Only the Pager thread writes them. */
+struct pc_pager_stats {
+    uint64_t unbind_ranges;
+    uint64_t unbind_pages;
+    uint64_t unbind_batches;
+    uint64_t bind_ranges;
+    uint64_t bind_pages;
+    uint64_t bind_batches;
+    uint64_t last_reclaim_ns;  /* doorbell seen to ack sent, for the last UNBIND batch */
+    uint64_t doorbells;
+    uint64_t violations;
+};
+
+struct pc_pager {
+    int ram_fd;
+    int shm_fd;
+    int doorbell_fd;  /* the host's vector: the guest rings it */
+    int irq_fd;       /* the guest's vector: the host rings it to ack */
+    int stop_fd;
+    int abort_fd;     /* readable once the Pager stops on a violation */
+    uint64_t ram_size;
+    uint64_t ram_split;
+    uint8_t *ram_map;
+    struct pc_pager_shm *shm;
+    struct pc_pager_stats *stats;
+    uint32_t unbind_cons;
+    uint32_t bind_cons;
+    uint64_t idle_window_ns;
+    uint64_t idle_doorbells;
+    unsigned long thread;
+    int running;
+    char error[240];
+};
+
+/* Maps guest RAM (ram_fd, ram_size bytes, of which ram_split sit below 4 GiB),
+ * the channel's shared memory (shm_fd, PC_PAGER_SHM_SIZE bytes, initialised
+ * here) and the stats file (stats_fd), and makes the eventfds. */
+int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ram_split,
+                  int shm_fd, int stats_fd);
+/* Queues the ivshmem server's greeting for QEMU on sock_fd, which QEMU gets
+ * as `-chardev socket,fd=`: version, QEMU's peer id, the shared memory, its
+ * own vectors, then the host's. */
+int pc_pager_greet(struct pc_pager *p, int sock_fd);
+/* One doorbell's work, bounded: BIND entries first (up to
+ * PC_PAGER_MAX_BIND_PER_WAKEUP), then the UNBIND batch.  Returns PC_PAGER_*,
+ * or 1 when BIND entries are left for another pass. */
+int pc_pager_wakeup(struct pc_pager *p, uint64_t doorbells, uint64_t now_ns);
+/* The serving thread: waits for doorbells until pc_pager_stop. */
+int pc_pager_start(struct pc_pager *p);
+/* Stops the thread and releases every fd and mapping. Idempotent. */
+void pc_pager_close(struct pc_pager *p);
+
+#endif

@@ -1,0 +1,100 @@
+"""`paracell events`: runc's stats events, with memory figures the host really
+holds for the guest, plus a `paracell` section for the memory manager."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.procfs import same_process
+from paracell.runtime import status
+from paracell.runtime.lifecycle import Context
+from paracell.runtime.state import ContainerState
+
+PAGE = 4096
+
+
+def _manager(state: ContainerState) -> str:
+    kinds = {entry.get("kind") for entry in state.vm.devices} if state.vm else set()
+    return "pager" if "pager" in kinds else "balloon" if "balloon" in kinds else "none"
+
+
+def _qemu_figures(state: ContainerState) -> dict[str, int]:
+    import psutil
+
+    vm = state.vm
+    if vm is None or not vm.qemu_pid or not same_process(vm.qemu_pid, vm.qemu_start):
+        return {}
+    try:
+        proc = psutil.Process(vm.qemu_pid)
+        with proc.oneshot():
+            cpu, mem = proc.cpu_times(), proc.memory_info()
+    except psutil.Error:
+        return {}
+    return {"user_ns": int(cpu.user * 1e9), "kernel_ns": int(cpu.system * 1e9), "rss": mem.rss}
+
+
+def stats(ctx: Context, container_id: str) -> dict[str, Any]:
+    from paracell.pager import telemetry
+    from paracell.vmm import memory
+
+    state = ctx.store.load(container_id)
+    if not status.stands_for_a_process(state.status):
+        raise ParacellError(f"container {container_id} is not running")
+    if state.vm is None:
+        raise ParacellError(f"container {container_id} has no VM record")
+    ram_path = Path(state.vm.device("guest-ram")["path"])
+    resident = memory.resident_bytes(ram_path)
+    try:
+        limit = ram_path.stat().st_size
+    except OSError:
+        limit = 0
+    qemu = _qemu_figures(state)
+    pager = telemetry.read(ctx.store.dir(container_id))
+    guest = pager["guest"] if pager else {}
+    used = (guest["total_pages"] - guest["free_pages"]) * PAGE if guest else None
+    paracell: dict[str, Any] = {
+        "memory_manager": _manager(state),
+        "guest_ram_bytes": limit,
+        "host_resident_bytes": resident,
+        "guest_used_bytes": used,
+        "bound_bytes": resident,
+        "unbound_bytes": max(limit - resident, 0),
+        "qemu_rss_bytes": qemu.get("rss"),
+    }
+    if pager:
+        host = pager["host"]
+        paracell |= {
+            "guest_unbound_free_bytes": guest["unbound_pages"] * PAGE,
+            "unbind_batches": host["unbind_batches"],
+            "bind_batches": host["bind_batches"],
+            "unbound_total_bytes": host["unbind_pages"] * PAGE,
+            "bound_total_bytes": host["bind_pages"] * PAGE,
+            "last_reclaim_ms": host["last_reclaim_ms"],
+            "guest": guest,
+        }
+    total_ns = qemu.get("user_ns", 0) + qemu.get("kernel_ns", 0)
+    return {
+        "type": "stats",
+        "id": container_id,
+        "data": {
+            "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
+                              "kernel": qemu.get("kernel_ns", 0)}},
+            "memory": {"usage": {"usage": resident, "limit": limit}},
+            "paracell": paracell,
+        },
+    }
+
+
+def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:
+    """One stats event per interval while the container runs, as `runc events` does."""
+    while True:
+        try:
+            yield json.dumps(stats(ctx, container_id))
+        except ParacellError:
+            return
+        time.sleep(interval_s)
