@@ -6,18 +6,29 @@ from __future__ import annotations
 import os
 
 
-def process_start_time(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of a live, non-zombie process."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from the state field on (field 3 is index 0)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
     # The command name may hold spaces and parentheses; fields resume after the last ')'.
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":
+    return stat[stat.rindex(b")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> int | None:
+    """The start time (clock ticks since boot) of a live, non-zombie process."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == b"Z":
         return None
     return int(fields[19])
+
+
+def page_faults(pid: int) -> int | None:
+    """Minor plus major page faults the process has taken so far."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[7]) + int(fields[9])
 
 
 def same_process(pid: int, start_time: int) -> bool:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from paracell.bench import common, plot
@@ -18,7 +16,7 @@ GOAL_STATE_MEDIAN_S = 0.030
 
 def run(ctx: Context, runs: int, output: str) -> str:
     bundle = common.example_bundle("sleep", ["sleep", "600"])
-    paracell = str(Path(sys.executable).with_name("paracell"))
+    paracell = common.paracell_executable()
     root = str(common.bench_dir() / "root")
     runc = common.oci_runtime("runc")
     cid = f"bench-cli-{os.getpid()}"

@@ -31,6 +31,18 @@ def summarize(samples: list[float]) -> dict[str, float]:
     }
 
 
+def paracell_executable() -> str:
+    """The `paracell` next to this interpreter: benchmarks time the real CLI."""
+    import sys
+
+    return str(Path(sys.executable).with_name("paracell"))
+
+
+def state_root() -> str:
+    """A private state root, so benchmarks never meet a user's containers."""
+    return str(bench_dir() / "root")
+
+
 def bench_dir() -> Path:
     path = settings.cache_dir() / "bench"
     path.mkdir(parents=True, exist_ok=True)

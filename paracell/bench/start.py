@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -46,8 +45,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
     facts = probe.probe_host()
     choice = probe.choose_engine(ctx.engine, facts)
     bundle = common.example_bundle("true", ["/bin/true"])
-    paracell = str(Path(sys.executable).with_name("paracell"))
-    root = str(common.bench_dir() / "root")
+    paracell = common.paracell_executable()
+    root = common.state_root()
     runc = common.oci_runtime("runc")
     samples: dict[str, list[float]] = {"paracell": [], "raw_qemu": []}
     if runc:

@@ -120,16 +120,23 @@ class VmBuilder:
     def kernel_cmdline(self) -> str:
         m = self.machine
         words = [*KERNEL_CMDLINE, *(TCG_KERNEL_CMDLINE if m.engine == "tcg" else ())]
+        if self._acpi():
+            # With ACPI, microvm's PIT is not the tick: the LAPIC timer is,
+            # in TSC-deadline mode, which needs no calibration.
+            words.remove("noapictimer") if "noapictimer" in words else None
         for device in self.devices:
             words += device.kernel_args()
         return " ".join([*words, *m.kernel_args])
+
+    def _acpi(self) -> bool:
+        return any(opt == "acpi=on" for d in self.devices for opt in d.machine_options)
 
     def command_line(self) -> list[str]:
         m = self.machine
         machine_opts = ["microvm", "x-option-roms=off"]
         for device in self.devices:
             machine_opts += device.machine_options
-        if not any(opt.startswith("acpi=") for opt in machine_opts):
+        if not self._acpi():
             # Without a PCI device nothing needs ACPI, and parsing it costs boot time.
             machine_opts.append("acpi=off")
         argv = [

@@ -1,0 +1,261 @@
+"""`paracell bench memory`: the Pager, virtio-balloon free page reporting and
+no memory manager (RunV's behaviour), side by side in one run, interleaved.
+
+Each run boots a real container whose workload (paracell/bench/programs/
+pagerload.c) prints one line per event, with the guest's own figure of what
+its allocator holds. The host samples the guest-RAM file's allocated blocks
+every few milliseconds: that is the memory the host really holds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paracell.bench import common, programs
+from paracell.procfs import page_faults
+from paracell.runtime import defaultspec
+from paracell.runtime.lifecycle import Context
+
+MANAGERS = ("pager", "balloon", "none")
+GUEST_MIB = 512
+MIB = 1 << 20
+PAGERLOAD = "/usr/local/bin/pagerload"
+SAMPLE_S = 0.002
+GAP_MS = 2500  # idle after each free: long enough for the balloon's 2 s pacing
+RETOUCH_MIB = 64
+
+
+@dataclass
+class Event:
+    t: float
+    words: list[str]
+
+
+@dataclass
+class Run:
+    manager: str
+    events: list[Event] = field(default_factory=list)
+    samples: list[tuple[float, int]] = field(default_factory=list)
+    faults: list[int] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def _rootfs() -> Path:
+    root = common.bench_dir() / "memory-rootfs"
+    if not (root / "bin" / "busybox").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        defaultspec.busybox_rootfs(root)
+    programs.install("pagerload", root)
+    return root
+
+
+def _bundle(name: str, args: list[str], rootfs: Path) -> Path:
+    import json
+
+    bundle = common.bench_dir() / name
+    bundle.mkdir(exist_ok=True)
+    config = defaultspec.default_config(args)
+    config["root"] = {"path": str(rootfs), "readonly": True}
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+def _sample(path_of: Path, out: list[tuple[float, int]], stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            out.append((time.monotonic(), os.stat(path_of).st_blocks * 512))
+        except OSError:
+            pass
+        time.sleep(SAMPLE_S)
+
+
+def _qemu_pid(cid: str) -> int | None:
+    from paracell.runtime.state import StateStore
+
+    try:
+        vm = StateStore(common.state_root()).load(cid).vm
+    except Exception:  # noqa: BLE001 — not created yet, or gone
+        return None
+    return vm.qemu_pid if vm and vm.qemu_pid else None
+
+
+def run_one(manager: str, bundle: Path, cid: str) -> Run:
+    from paracell.vmm import memory
+
+    run = Run(manager)
+    env = dict(os.environ, PARACELL_GUEST_MEMORY_MIB=str(GUEST_MIB))
+    root = common.state_root()
+    ram = memory.path_for(root, cid)
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(ram, run.samples, stop), daemon=True)
+    sampler.start()
+    began = time.monotonic()
+    cmd = [common.paracell_executable(), "--root", root, "--memory-manager", manager,
+           "run", "--bundle", str(bundle), cid]
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        words = raw.decode(errors="replace").split()
+        run.events.append(Event(time.monotonic(), words))
+        if words[:1] == ["mark"]:
+            pid = _qemu_pid(cid)
+            run.faults.append((page_faults(pid) or 0) if pid else 0)
+    rc = proc.wait()
+    run.wall_s = time.monotonic() - began
+    stop.set()
+    sampler.join()
+    if rc != 0:
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        raise RuntimeError(f"{manager} run exited {rc}: {err[-300:]}")
+    return run
+
+
+def _resident_at(run: Run, t: float) -> int:
+    before = [r for ts, r in run.samples if ts <= t]
+    return before[-1] if before else 0
+
+
+def trace_figures(run: Run) -> dict[str, Any]:
+    frees = [e for e in run.events if e.words[:1] == ["freed"]]
+    allocs = [e for e in run.events if e.words[:1] == ["allocated"]]
+    peak_used = max(int(e.words[2]) * 1024 for e in allocs)
+    waste = []
+    for ev in frees:
+        used = int(ev.words[2]) * 1024
+        waste.append((_resident_at(run, ev.t + 1.0) - used) / peak_used * 100)
+    reclaims = []
+    for ev in frees:
+        if int(ev.words[1]) != 256:
+            continue
+        start = _resident_at(run, ev.t)
+        target = start - 0.9 * 256 * MIB
+        hit = next((ts for ts, r in run.samples if ts >= ev.t and r <= target), None)
+        reclaims.append((hit - ev.t) * 1000 if hit is not None else None)
+    done = [r for r in reclaims if r is not None]
+    return {
+        "waste_pct": statistics.mean(waste),
+        "reclaim_ms": statistics.median(done) if len(done) == len(reclaims) and done else None,
+        "reclaim_ms_each": reclaims,
+        "peak_host_mib": max(r for _, r in run.samples) / MIB,
+        "trace_s": run.wall_s,
+    }
+
+
+def retouch_figures(run: Run) -> dict[str, Any]:
+    values = {e.words[0]: float(e.words[1]) for e in run.events
+              if e.words[:1] in (["warm"], ["retouch"])}
+    pages = RETOUCH_MIB * MIB // 4096
+    faults = run.faults[1] - run.faults[0] if len(run.faults) == 2 else None
+    return {
+        "retouch_us_per_page": values["retouch"],
+        "warm_us_per_page": values["warm"],
+        "host_faults_per_page": faults / pages if faults is not None else None,
+    }
+
+
+def _plot(runs: dict[str, Run], output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    colours = {"pager": "#2a9d8f", "balloon": "#e76f51", "none": "#6c757d"}
+    for manager, run in runs.items():
+        t0 = run.samples[0][0] if run.samples else 0
+        ax.plot([t - t0 for t, _ in run.samples], [r / MIB for _, r in run.samples],
+                color=colours[manager], label=f"{manager}: host-resident")
+        used = [(e.t - t0, int(e.words[-1]) / 1024) for e in run.events
+                if e.words[:1] in (["idle"], ["allocated"], ["freed"])]
+        ax.step([t for t, _ in used], [u for _, u in used], where="post", linestyle="--",
+                color=colours[manager], alpha=0.6, label=f"{manager}: guest-used")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("MiB")
+    ax.set_title("Guest RAM the host holds vs what the guest uses (bursty trace)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
+
+
+def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
+    p, b, n = results["pager"], results["balloon"], results["none"]
+
+    def ok(value: Any, test: Any) -> bool:
+        return value is not None and bool(test(value))
+
+    return [
+        ("pager waste_pct <= 1.0 and <= balloon's / 5",
+         ok(p["waste_pct"], lambda w: w <= 1.0 and w <= b["waste_pct"] / 5)),
+        ("pager reclaim_ms <= 100", ok(p["reclaim_ms"], lambda r: r <= 100)),
+        ("pager retouch <= 1.1 x warm, host faults/page <= 0.1",
+         ok(p["host_faults_per_page"], lambda f: f <= 0.1
+            and p["retouch_us_per_page"] <= 1.1 * p["warm_us_per_page"])),
+        ("pager workload_s <= 1.05 x none's",
+         ok(p["workload_s"], lambda w: w <= 1.05 * n["workload_s"])),
+    ]
+
+
+def run(ctx: Context, quick: bool, output: str) -> str:
+    rounds, bursts = (1, 4) if quick else (3, 8)
+    rootfs = _rootfs()
+    trace = _bundle("memory-trace", [PAGERLOAD, "trace", str(bursts), str(GAP_MS)], rootfs)
+    retouch = _bundle("memory-retouch", [PAGERLOAD, "retouch", str(RETOUCH_MIB), "1000"], rootfs)
+    traces: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
+    touches: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
+    first: dict[str, Run] = {}
+    for r in range(rounds):
+        # Rotate the order each round so no manager always runs on a cold or hot host.
+        order = MANAGERS[r % 3:] + MANAGERS[:r % 3]
+        for manager in order:
+            t = run_one(manager, trace, f"bench-mem-{manager}")
+            first.setdefault(manager, t)
+            traces[manager].append(trace_figures(t))
+            touches[manager].append(retouch_figures(run_one(manager, retouch,
+                                                            f"bench-touch-{manager}")))
+    results: dict[str, dict[str, Any]] = {}
+    for manager in MANAGERS:
+        tr, to = traces[manager], touches[manager]
+        reclaim = [x["reclaim_ms"] for x in tr]
+        faults = [x["host_faults_per_page"] for x in to]
+        results[manager] = {
+            "waste_pct": statistics.median(x["waste_pct"] for x in tr),
+            "reclaim_ms": statistics.median(reclaim) if None not in reclaim else None,
+            "retouch_us_per_page": statistics.median(x["retouch_us_per_page"] for x in to),
+            "warm_us_per_page": statistics.median(x["warm_us_per_page"] for x in to),
+            "host_faults_per_page": statistics.median(faults) if None not in faults else None,
+            # --quick has no real-userland workload: the bursty trace's run time stands in.
+            "workload_s": statistics.median(x["trace_s"] for x in tr),
+            "peak_host_mib": max(x["peak_host_mib"] for x in tr),
+            "rounds": tr,
+        }
+    out = Path(output)
+    png = _plot(first, out.with_suffix(".png"))
+    checked = goals(results)
+    common.write_result(output, {
+        "benchmark": "memory", "quick": quick, "guest_mib": GUEST_MIB, "rounds": rounds,
+        "workload": "bursty trace" if quick else "bursty trace (no real-userland workload yet)",
+        "results": results, "goals": {name: met for name, met in checked}, "plot": str(png),
+    })
+    lines = [f"{'':8} {'waste%':>7} {'reclaim ms':>10} {'retouch us':>10} {'warm us':>8} "
+             f"{'faults/pg':>9} {'work s':>7} {'peak MiB':>8}"]
+    for manager, x in results.items():
+        def fmt(v: Any, spec: str) -> str:
+            return format(v, spec) if v is not None else "never"
+        lines.append(f"{manager:8} {x['waste_pct']:7.2f} {fmt(x['reclaim_ms'], '10.1f')} "
+                     f"{x['retouch_us_per_page']:10.2f} {x['warm_us_per_page']:8.2f} "
+                     f"{fmt(x['host_faults_per_page'], '9.3f')} {x['workload_s']:7.2f} "
+                     f"{x['peak_host_mib']:8.1f}")
+    lines += [f"goal {'met' if met else 'NOT met'}: {name}" for name, met in checked]
+    lines.append(f"wrote {output} and {png}")
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+/* Memory workloads run inside a container to exercise and measure the Pager
+ * (paracell bench memory, tests/integration/test_pager.py).  Static, no libc
+ * beyond the basics, so it runs in a busybox rootfs.  Every event is one line
+ * on stdout, flushed at once, so the host can time what follows it.
+ *
+ *   pagerload burst MIB HOLD_MS AFTER_MS   allocate+touch, hold, free, wait
+ *   pagerload trace BURSTS GAP_MS          bursts of 16..256 MiB with idle gaps
+ *   pagerload retouch MIB WAIT_MS          warm re-touch vs re-touch after WAIT_MS
+ *   pagerload churn SECONDS WORKERS        integrity: tagged patterns, verified
+ */
+#define _GNU_SOURCE
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096UL
+#define MIB (1UL << 20)
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0) {}
+}
+
+/* What the guest's allocator holds: MemTotal - MemFree, in KiB. */
+static long used_kb(void)
+{
+    char line[128];
+    long total = -1, free_kb = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f)) {
+        sscanf(line, "MemTotal: %ld kB", &total);
+        sscanf(line, "MemFree: %ld kB", &free_kb);
+    }
+    fclose(f);
+    return total >= 0 && free_kb >= 0 ? total - free_kb : -1;
+}
+
+static char *alloc(size_t bytes)
+{
+    char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { perror("mmap"); exit(2); }
+    return p;
+}
+
+/* One store per page: what a fresh allocation costs, page by page. */
+static double touch_us_per_page(char *p, size_t bytes)
+{
+    double t0 = now_s();
+    for (size_t off = 0; off < bytes; off += PAGE) p[off] = (char)off | 1;
+    return (now_s() - t0) * 1e6 / (bytes / PAGE);
+}
+
+static int burst(size_t mib, long hold_ms, long after_ms)
+{
+    char *p = alloc(mib * MIB);
+    double us = touch_us_per_page(p, mib * MIB);
+    say("allocated %zu %.3f %ld", mib, us, used_kb());
+    sleep_ms(hold_ms);
+    munmap(p, mib * MIB);
+    say("freed %zu %ld", mib, used_kb());
+    sleep_ms(after_ms);
+    say("done");
+    return 0;
+}
+
+static int trace(int bursts, long gap_ms)
+{
+    static const size_t sizes[] = {16, 256, 64, 128, 32, 256, 48, 192};
+    say("idle %ld", used_kb());
+    for (int r = 0; r < bursts; r++) {
+        size_t mib = sizes[r % (sizeof sizes / sizeof sizes[0])];
+        char *p = alloc(mib * MIB);
+        touch_us_per_page(p, mib * MIB);
+        say("allocated %zu %ld", mib, used_kb());
+        sleep_ms(300);
+        munmap(p, mib * MIB);
+        say("freed %zu %ld", mib, used_kb());
+        sleep_ms(gap_ms);
+    }
+    say("done");
+    return 0;
+}
+
+static int retouch(size_t mib, long wait_ms)
+{
+    size_t bytes = mib * MIB;
+    char *p = alloc(bytes);
+    touch_us_per_page(p, bytes);
+    munmap(p, bytes);
+    /* At once: the pages just freed are still backed on the host. */
+    p = alloc(bytes);
+    double warm = touch_us_per_page(p, bytes);
+    munmap(p, bytes);
+    sleep_ms(wait_ms);
+    p = alloc(bytes);
+    say("mark start");
+    double cold = touch_us_per_page(p, bytes);
+    say("mark end");
+    munmap(p, bytes);
+    say("warm %.3f", warm);
+    say("retouch %.3f", cold);
+    say("done");
+    return 0;
+}
+
+/* Each cache line's first word holds (address, generation, seed): a page that
+ * was lost (reads as zeros) or swapped shows as a mismatch. */
+static uint64_t tag(const void *addr, uint64_t gen, uint64_t seed)
+{
+    return ((uint64_t)(uintptr_t)addr * 0x9E3779B97F4A7C15ULL) ^ (gen << 48) ^ seed ^ 1;
+}
+
+static void fill(char *p, size_t bytes, uint64_t gen, uint64_t seed)
+{
+    for (size_t off = 0; off < bytes; off += 64) *(uint64_t *)(p + off) = tag(p + off, gen, seed);
+}
+
+static long verify(char *p, size_t bytes, uint64_t gen, uint64_t seed)
+{
+    long bad = 0;
+    for (size_t off = 0; off < bytes; off += 64)
+        if (*(uint64_t *)(p + off) != tag(p + off, gen, seed)) bad++;
+    return bad;
+}
+
+#define SLOTS 12
+
+static int churn_worker(double seconds, uint64_t seed)
+{
+    struct { char *p; size_t bytes; uint64_t gen; } slot[SLOTS] = {{0}};
+    uint64_t gen = 0, rng = seed | 1;
+    long bad = 0, cycles = 0;
+    double end = now_s() + seconds;
+    while (now_s() < end) {
+        rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+        int i = (int)(rng % SLOTS);
+        if (slot[i].p) {
+            bad += verify(slot[i].p, slot[i].bytes, slot[i].gen, seed);
+            munmap(slot[i].p, slot[i].bytes);
+            slot[i].p = NULL;
+        } else {
+            size_t bytes = (size_t)(16 + rng % 1008) * PAGE;  /* 64 KiB .. 4 MiB */
+            slot[i].p = alloc(bytes);
+            slot[i].bytes = bytes;
+            slot[i].gen = ++gen;
+            fill(slot[i].p, bytes, slot[i].gen, seed);
+        }
+        cycles++;
+        if (cycles % 64 == 0) sleep_ms(30);  /* let reporting run between bursts */
+    }
+    for (int i = 0; i < SLOTS; i++)
+        if (slot[i].p) bad += verify(slot[i].p, slot[i].bytes, slot[i].gen, seed);
+    say("worker %llu cycles %ld mismatches %ld", (unsigned long long)seed, cycles, bad);
+    return bad ? 1 : 0;
+}
+
+static int churn(double seconds, int workers)
+{
+    for (int w = 0; w < workers; w++) {
+        pid_t pid = fork();
+        if (pid < 0) { perror("fork"); return 2; }
+        if (pid == 0) _exit(churn_worker(seconds, 0x1000 + (uint64_t)w));
+    }
+    int failed = 0, status;
+    while (wait(&status) > 0)
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed++;
+    say("churn %s", failed ? "FAILED" : "ok");
+    return failed ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 5 && !strcmp(argv[1], "burst"))
+        return burst(strtoul(argv[2], 0, 10), atol(argv[3]), atol(argv[4]));
+    if (argc >= 4 && !strcmp(argv[1], "trace")) return trace(atoi(argv[2]), atol(argv[3]));
+    if (argc >= 4 && !strcmp(argv[1], "retouch"))
+        return retouch(strtoul(argv[2], 0, 10), atol(argv[3]));
+    if (argc >= 4 && !strcmp(argv[1], "churn")) return churn(atof(argv[2]), atoi(argv[3]));
+    fprintf(stderr, "usage: pagerload burst|trace|retouch|churn ...\n");
+    return 2;
+}
