@@ -311,6 +311,16 @@ def bench_start(runs: int, output: str) -> None:
     click.echo(bench_start_mod.run(_ctx(), runs, output))
 
 
+@bench.command("memory")
+@click.option("--quick", is_flag=True, help="workloads 1 and 2 only, one round (about 3 min)")
+@click.option("--output", "-o", default="bench-results/memory.json")
+def bench_memory(quick: bool, output: str) -> None:
+    """The Pager against virtio-balloon and no memory manager, interleaved."""
+    from paracell.bench import memory as bench_memory_mod
+
+    click.echo(bench_memory_mod.run(_ctx(), quick, output))
+
+
 @bench.command("cli")
 @click.option("--runs", default=30, show_default=True)
 @click.option("--output", "-o", default="bench-results/cli.json")
