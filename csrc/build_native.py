@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent / "proto"
 # Read by Python through cffi, in this order (later headers may use earlier types).
 CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "pager_proto.h",
-                HERE / "relay.h", HERE / "pager.h")
+                HERE / "relay.h", HERE / "pager.h", HERE / "hostclock.h")
 
 _DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")
 
@@ -46,7 +46,7 @@ ffibuilder.cdef("\n".join(cdef_of(h) for h in CDEF_HEADERS))
 ffibuilder.set_source(
     "paracell._native",
     "\n".join(f'#include "{h.name}"' for h in CDEF_HEADERS),
-    sources=[str(HERE / "relay.c"), str(HERE / "pager.c")],
+    sources=[str(HERE / n) for n in ("relay.c", "pager.c", "hostclock.c")],
     include_dirs=[str(PROTO), str(HERE)],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
 )

@@ -59,6 +59,9 @@ class Runtime:
         assert self.qemu_processes() == [], "a QEMU process was left running"
         leftovers = list(self.memory_dir.glob("*")) if self.memory_dir.exists() else []
         assert leftovers == [], f"guest memory files left behind: {leftovers}"
+        with open("/proc/self/mountinfo") as f:
+            mounted = [ln for ln in f if str(self.memory_dir) in ln]
+        assert mounted == [], f"guest memory mount left behind: {mounted}"
         states = [p for p in self.root.iterdir()] if self.root.exists() else []
         assert states == [], f"state left behind: {states}"
 
@@ -72,7 +75,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):
         rt("delete", "--force", cid.name)
+    subprocess.run(["umount", "-l", str(memory_dir)], capture_output=True)
     shutil.rmtree(memory_dir, ignore_errors=True)
+    memory_dir.with_name(f".{memory_dir.name}.lock").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

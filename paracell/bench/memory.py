@@ -31,6 +31,7 @@ PAGERLOAD = "/usr/local/bin/pagerload"
 SAMPLE_S = 0.002
 GAP_MS = 2500  # idle after each free: long enough for the balloon's 2 s pacing
 RETOUCH_MIB = 64
+RECLAIM_WAIT_MS = 3000  # before the re-touch: past the balloon's 2 s pacing too
 
 
 @dataclass
@@ -124,16 +125,19 @@ def _resident_at(run: Run, t: float) -> int:
     return before[-1] if before else 0
 
 
+def _guest_used(event: Event) -> int:
+    """Guest RAM minus the guest's MemFree: what the host must back at least."""
+    return GUEST_MIB * MIB - int(event.words[-1]) * 1024
+
+
 def trace_figures(run: Run) -> dict[str, Any]:
     frees = [e for e in run.events if e.words[:1] == ["freed"]]
     allocs = [e for e in run.events if e.words[:1] == ["allocated"]]
-    peak_used = max(int(e.words[2]) * 1024 for e in allocs)
-    waste = []
-    for ev in frees:
-        used = int(ev.words[2]) * 1024
-        waste.append((_resident_at(run, ev.t + 1.0) - used) / peak_used * 100)
+    peak_used = max(_guest_used(e) for e in allocs)
+    waste = [(_resident_at(run, ev.t + 1.0) - _guest_used(ev)) / peak_used * 100 for ev in frees]
     reclaims = []
-    for ev in frees:
+    # Timed from the line the workload prints just before it frees.
+    for ev in (e for e in run.events if e.words[:1] == ["freeing"]):
         if int(ev.words[1]) != 256:
             continue
         start = _resident_at(run, ev.t)
@@ -174,7 +178,7 @@ def _plot(runs: dict[str, Run], output: Path) -> Path:
         t0 = run.samples[0][0] if run.samples else 0
         ax.plot([t - t0 for t, _ in run.samples], [r / MIB for _, r in run.samples],
                 color=colours[manager], label=f"{manager}: host-resident")
-        used = [(e.t - t0, int(e.words[-1]) / 1024) for e in run.events
+        used = [(e.t - t0, _guest_used(e) / MIB) for e in run.events
                 if e.words[:1] in (["idle"], ["allocated"], ["freed"])]
         ax.step([t for t, _ in used], [u for _, u in used], where="post", linestyle="--",
                 color=colours[manager], alpha=0.6, label=f"{manager}: guest-used")
@@ -210,7 +214,8 @@ def run(ctx: Context, quick: bool, output: str) -> str:
     rounds, bursts = (1, 4) if quick else (3, 8)
     rootfs = _rootfs()
     trace = _bundle("memory-trace", [PAGERLOAD, "trace", str(bursts), str(GAP_MS)], rootfs)
-    retouch = _bundle("memory-retouch", [PAGERLOAD, "retouch", str(RETOUCH_MIB), "1000"], rootfs)
+    retouch = _bundle("memory-retouch", [PAGERLOAD, "retouch", str(RETOUCH_MIB),
+                                         str(RECLAIM_WAIT_MS)], rootfs)
     traces: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
     touches: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
     first: dict[str, Run] = {}

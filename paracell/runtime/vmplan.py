@@ -17,8 +17,12 @@ SHARE_DIR = "share"
 def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
                  memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int
                  ) -> tuple[VmBuilder, devices.AgentPort]:
+    from paracell.vmm import hostclock
+
+    tsc_khz = hostclock.tsc_khz() if engine == "tcg" else 0
     vm = VmBuilder(Machine(qemu=qemu, engine=engine, kernel=guest.kernel,
-                           initramfs=guest.initramfs, memory_mib=memory_mib, vcpus=vcpus))
+                           initramfs=guest.initramfs, memory_mib=memory_mib, vcpus=vcpus,
+                           tsc_khz=tsc_khz))
     ram = vm.attach(devices.GuestRam(memory_file, memory_mib))
     if memory.manager == "pager":
         vm.attach(devices.PagerChannel(ram, state_dir, memory.kernel_knobs))

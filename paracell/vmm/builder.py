@@ -26,6 +26,9 @@ KERNEL_CMDLINE = ("console=ttyS0", "quiet", "panic=-1", "mitigations=off")
 # busy-waits ~200 ms under TCG (and its check often fails there anyway).
 # no_timer_check: skip the ~20 ms test of the PIT interrupt; microvm wires it.
 # noreplace-smp: keep the SMP lock prefixes rather than patching them out.
+# tsc_early_khz= (added when known): the TSC needs no calibration against the
+# PIT, which a busy host can make fail; the jiffies-based fallback then waits
+# forever on an ACPI microvm, whose PIT never ticks.
 TCG_KERNEL_CMDLINE = ("noapictimer", "no_timer_check", "noreplace-smp")
 # TCG's translation cache defaults to 1 GiB of host memory; containers need far less.
 TCG_TB_SIZE_MIB = 64
@@ -96,6 +99,8 @@ class Machine:
     memory_mib: int
     vcpus: int
     kernel_args: tuple[str, ...] = ()
+    # TCG: the host's TSC rate, which is the guest's (paracell/vmm/hostclock.py).
+    tsc_khz: int = 0
 
 
 def _accel(engine: str) -> list[str]:
@@ -119,11 +124,15 @@ class VmBuilder:
 
     def kernel_cmdline(self) -> str:
         m = self.machine
-        words = [*KERNEL_CMDLINE, *(TCG_KERNEL_CMDLINE if m.engine == "tcg" else ())]
-        if self._acpi():
-            # With ACPI, microvm's PIT is not the tick: the LAPIC timer is,
-            # in TSC-deadline mode, which needs no calibration.
-            words.remove("noapictimer") if "noapictimer" in words else None
+        words = [*KERNEL_CMDLINE]
+        if m.engine == "tcg":
+            words += TCG_KERNEL_CMDLINE
+            if m.tsc_khz:
+                words.append(f"tsc_early_khz={m.tsc_khz}")
+            if self._acpi():
+                # With ACPI, microvm's PIT does not tick: the LAPIC timer does,
+                # in TSC-deadline mode, which needs no calibration.
+                words.remove("noapictimer")
         for device in self.devices:
             words += device.kernel_args()
         return " ".join([*words, *m.kernel_args])

@@ -38,7 +38,7 @@ class GuestRam(Device):
     def qemu_args(self) -> list[str]:
         size = f"{self.size_mib}M"
         return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
-                f"mem-path={self.path},share=on,prealloc=off"]
+                f"mem-path={self.path},share=on,prealloc=off,align=2M"]
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:

@@ -46,19 +46,19 @@ static void sleep_ms(long ms)
     while (nanosleep(&ts, &ts) < 0) {}
 }
 
-/* What the guest's allocator holds: MemTotal - MemFree, in KiB. */
-static long used_kb(void)
+/* MemFree in KiB: the host subtracts it from the guest's RAM size to get
+ * what the guest holds, kernel image and struct pages included, which
+ * MemTotal leaves out but the host must back all the same. */
+static long free_kb(void)
 {
     char line[128];
-    long total = -1, free_kb = -1;
+    long value = -1;
     FILE *f = fopen("/proc/meminfo", "r");
     if (!f) return -1;
-    while (fgets(line, sizeof line, f)) {
-        sscanf(line, "MemTotal: %ld kB", &total);
-        sscanf(line, "MemFree: %ld kB", &free_kb);
-    }
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemFree: %ld kB", &value) == 1) break;
     fclose(f);
-    return total >= 0 && free_kb >= 0 ? total - free_kb : -1;
+    return value;
 }
 
 static char *alloc(size_t bytes)
@@ -80,10 +80,11 @@ static int burst(size_t mib, long hold_ms, long after_ms)
 {
     char *p = alloc(mib * MIB);
     double us = touch_us_per_page(p, mib * MIB);
-    say("allocated %zu %.3f %ld", mib, us, used_kb());
+    say("allocated %zu %.3f %ld", mib, us, free_kb());
     sleep_ms(hold_ms);
+    say("freeing %zu", mib);
     munmap(p, mib * MIB);
-    say("freed %zu %ld", mib, used_kb());
+    say("freed %zu %ld", mib, free_kb());
     sleep_ms(after_ms);
     say("done");
     return 0;
@@ -92,15 +93,16 @@ static int burst(size_t mib, long hold_ms, long after_ms)
 static int trace(int bursts, long gap_ms)
 {
     static const size_t sizes[] = {16, 256, 64, 128, 32, 256, 48, 192};
-    say("idle %ld", used_kb());
+    say("idle %ld", free_kb());
     for (int r = 0; r < bursts; r++) {
         size_t mib = sizes[r % (sizeof sizes / sizeof sizes[0])];
         char *p = alloc(mib * MIB);
         touch_us_per_page(p, mib * MIB);
-        say("allocated %zu %ld", mib, used_kb());
+        say("allocated %zu %ld", mib, free_kb());
         sleep_ms(300);
+        say("freeing %zu", mib);
         munmap(p, mib * MIB);
-        say("freed %zu %ld", mib, used_kb());
+        say("freed %zu %ld", mib, free_kb());
         sleep_ms(gap_ms);
     }
     say("done");
