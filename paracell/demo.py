@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ class MemorySampler(threading.Thread):
     def __init__(self, qemu_pid: int, memory_file: Path) -> None:
         super().__init__(daemon=True)
         self.qemu_pid, self.memory_file = qemu_pid, memory_file
-        self.peak_rss = self.peak_backed = 0
+        self.peak_rss = self.peak_backed = self.last_backed = 0
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -39,32 +40,61 @@ class MemorySampler(threading.Thread):
                 self.peak_rss = max(self.peak_rss, proc.memory_info().rss)
             except psutil.Error:
                 return
-            self.peak_backed = max(self.peak_backed, memory.resident_bytes(self.memory_file))
+            backed = memory.resident_bytes(self.memory_file)
+            if backed:
+                self.last_backed = backed
+            self.peak_backed = max(self.peak_backed, backed)
             time.sleep(0.02)
+
+
+def _run_once(ctx: Context, manager: str) -> dict[str, float | int | None]:
+    """The example under one memory manager; the figures the host saw."""
+    from paracell.pager import telemetry
+
+    run_ctx = dataclasses.replace(ctx, memory_manager=manager)
+    container_id = f"paracell-demo-{os.getpid()}-{manager}"
+    began = time.monotonic()
+    state = lifecycle.create(run_ctx, container_id, str(EXAMPLE), None, None, detach=False)
+    ram = state.vm.device(GuestRam.kind)
+    sampler = MemorySampler(state.vm.qemu_pid, Path(ram["path"]))
+    sampler.start()
+    pager = None
+    try:
+        lifecycle.start(run_ctx, container_id)
+        status = lifecycle.wait_child(state.shim_pid)
+        pager = telemetry.read(ctx.store.dir(container_id))
+    finally:
+        sampler.done.set()
+        sampler.join()
+        lifecycle.delete(run_ctx, container_id, force=True)
+    return {"status": status, "elapsed": time.monotonic() - began, "peak": sampler.peak_backed,
+            "last": sampler.last_backed, "rss": sampler.peak_rss,
+            "unbound": pager["host"]["unbind_pages"] * 4096 if pager else None,
+            "reclaim_ms": pager["host"]["last_reclaim_ms"] if pager else None}
 
 
 def run_demo(ctx: Context) -> int:
     from paracell import settings
 
     defaultspec.busybox_rootfs(EXAMPLE / "rootfs")
-    container_id = f"paracell-demo-{os.getpid()}"
-    began = time.monotonic()
-    state = lifecycle.create(ctx, container_id, str(EXAMPLE), None, None, detach=False)
-    ram = state.vm.device(GuestRam.kind)
-    sampler = MemorySampler(state.vm.qemu_pid, Path(ram["path"]))
-    sampler.start()
-    try:
-        lifecycle.start(ctx, container_id)
-        status = lifecycle.wait_child(state.shim_pid)
-    finally:
-        sampler.done.set()
-        lifecycle.delete(ctx, container_id, force=True)
-    elapsed = time.monotonic() - began
+    # The example's own output comes first, from the Pager run: the default.
+    runs = {"pager": _run_once(ctx, "pager"), "none": _run_once(ctx, "none")}
     mib = 1 << 20
+
+    def row(label: str, key: str, fmt: str) -> str:
+        cells = [format(r[key] / mib if fmt.endswith("MiB") else r[key], fmt.split()[0])
+                 if r[key] is not None else "-" for r in runs.values()]
+        unit = fmt.split()[1] if " " in fmt else ""
+        return f"{label:<28}" + "".join(f"{c + ' ' + unit:>16}" for c in cells)
+
     print("--- paracell demo ---")
-    print(f"exit status:              {status}")
-    print(f"create to exit:           {elapsed:.2f} s")
-    print(f"guest RAM (configured):   {settings.guest_memory_mib()} MiB")
-    print(f"guest RAM backed on host: {sampler.peak_backed / mib:.1f} MiB (peak)")
-    print(f"QEMU resident set:        {sampler.peak_rss / mib:.1f} MiB (peak)")
-    return status
+    print(f"guest RAM (configured):     {settings.guest_memory_mib()} MiB")
+    print(f"{'':<28}{'Pager':>16}{'none (RunV)':>16}")
+    print(row("exit status", "status", "d"))
+    print(row("create to exit", "elapsed", ".2f s"))
+    print(row("guest RAM backed, peak", "peak", ".1f MiB"))
+    print(row("guest RAM backed, at exit", "last", ".1f MiB"))
+    print(row("QEMU resident set, peak", "rss", ".1f MiB"))
+    print(row("returned to the host", "unbound", ".1f MiB"))
+    print(row("last reclaim", "reclaim_ms", ".2f ms"))
+    return int(runs["pager"]["status"] or runs["none"]["status"])

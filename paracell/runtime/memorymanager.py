@@ -22,11 +22,13 @@ KNOB_ANNOTATIONS = {
     "io.paracell.pager.bind-batch-kb": ("paracell_pager.bind_batch_kb", 0, 1 << 20),
     "io.paracell.pager.testing": ("paracell_pager.testing", 0, 1),
 }
-# Reclaim within tens of milliseconds of a free, in 8 KiB granules, keeping
-# 2 MiB bound for the next burst (docs/pager.md has the measurements).
+# Reclaim within tens of milliseconds of a free, in 2 MiB blocks: guest RAM
+# sits on a huge-page tmpfs (paracell/vmm/memory.py), where a smaller hole
+# splits a 2 MiB page and costs QEMU a fault per 4 KiB when it is bound back.
+# docs/pager.md has the measurements behind these values.
 DEFAULT_KNOBS = {
-    "page_reporting.delay_ms": 20,
-    "paracell_pager.order": 1,
+    "page_reporting.delay_ms": 10,
+    "paracell_pager.order": 9,
     "paracell_pager.reserve_kb": 2048,
     "paracell_pager.bind_batch_kb": 2048,
 }
@@ -40,10 +42,9 @@ class MemoryPlan:
 
 def _parse_knob(key: str, raw: str) -> int:
     _, low, high = KNOB_ANNOTATIONS[key]
-    try:
-        value = int(raw, 10)
-    except ValueError:
-        raise ParacellError(f"annotation {key}: {raw!r} is not a whole number") from None
+    if not (isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 10):
+        raise ParacellError(f"annotation {key}: {raw!r} is not a whole number")
+    value = int(raw)
     if not low <= value <= high:
         raise ParacellError(f"annotation {key}: {value} is outside {low}..{high}")
     return value
