@@ -57,6 +57,8 @@ def _libc() -> ctypes.CDLL:
 
 
 def _mount_huge_tmpfs(directory: Path) -> None:
+    if directory != settings.memory_dir():
+        return  # only the runtime's own directory holds nothing but RAM files
     if _is_mount_point(directory) or any(directory.iterdir()):
         return  # mounted already, or files a mount would hide from their owners
     # Failure only costs 2 MiB mappings: plain tmpfs below works the same.

@@ -65,7 +65,7 @@ def test_tcg_command_line():
     joined = " ".join(argv)
     assert argv[argv.index("-cpu") + 1] == "max"
     assert "tcg,tb-size=" in joined
-    assert "microvm,acpi=off,x-option-roms=off,memory-backend=mem" in joined
+    assert "microvm,x-option-roms=off,memory-backend=mem,acpi=off" in joined
     assert "mem-path=/dev/shm/m,share=on" in joined
     assert "-nodefaults" in argv
     assert "virtserialport,chardev=agent,name=paracell.agent" in joined
@@ -73,6 +73,25 @@ def test_tcg_command_line():
     assert "isa-debug-exit,iobase=0xf4" in joined
     assert "hostshare" not in joined
     assert "noapictimer" in argv[argv.index("-append") + 1]
+
+
+def test_pager_and_balloon_devices(tmp_path):
+    """The Pager needs microvm's PCIe bus, found through ACPI, where the LAPIC
+    timer must tick; its ivshmem device gets its server's socket as an fd."""
+    vm = builder()
+    vm.machine = Machine(**{**vm.machine.__dict__, "tsc_khz": 2596000})
+    ram = vm.devices[0]
+    vm.attach(devices.PagerChannel(ram, tmp_path, {"paracell_pager.order": 9}))
+    argv = vm.command_line()
+    joined, append = " ".join(argv), argv[argv.index("-append") + 1]
+    assert "memory-backend=mem,acpi=on,pcie=on" in joined and "acpi=off" not in joined
+    assert "ivshmem-doorbell,chardev=pager,vectors=1" in joined
+    assert "-chardev socket,id=pager,fd=" in joined
+    assert "noapictimer" not in append
+    assert "tsc_early_khz=2596000" in append and "paracell_pager.order=9" in append
+    balloon = builder()
+    balloon.attach(devices.Balloon())
+    assert "virtio-balloon-device,free-page-reporting=on" in " ".join(balloon.command_line())
 
 
 def test_kvm_command_line_and_hostshare():

@@ -38,7 +38,7 @@ def relay(guest_bytes: bytes, tmp_path, close_guest: bool = True):
     reader.start()
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), listener.fileno()
-    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = -1, out_w, -1, -1
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, out_w, -1, -1, -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
     lib.pc_relay(cfg, res)
@@ -103,7 +103,7 @@ def test_exit_wins_over_a_shim_that_hangs_up_right_after(tmp_path):
     in_fd = os.open(stdin_file, os.O_RDONLY)
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
-    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = in_fd, -1, -1, -1
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = in_fd, -1, -1, -1, -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
 
@@ -119,3 +119,20 @@ def test_exit_wins_over_a_shim_that_hangs_up_right_after(tmp_path):
     os.close(in_fd)
     ours.close()
     assert (res.end, res.status) == (lib.PC_END_EXIT, 3), ffi.string(res.message)
+
+
+def test_a_failed_vm_service_ends_the_relay_at_once(tmp_path):
+    """The Pager's abort eventfd: readable means the guest broke its protocol."""
+    ours, guest = socket.socketpair()
+    abort = os.eventfd(0)
+    os.eventfd_write(abort, 1)
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, abort
+    res = ffi.new("struct pc_relay_result *")
+    lib.pc_relay(cfg, res)
+    for fd in (ours, guest):
+        fd.close()
+    os.close(abort)
+    assert res.end == lib.PC_END_ERROR
+    assert ffi.string(res.message).decode() == "a VM service failed"
