@@ -55,7 +55,8 @@ def set_size(fd: int, rows: int, cols: int) -> None:
 
 
 def test_console_socket_and_resize(runtime, make_bundle, tmp_path):
-    script = "tty; stty size; read line; stty size; echo got-$line"
+    script = ('tty; stty size; while read line; do stty size; echo got-$line; '
+              '[ "$line" = end ] && break; done')
     bundle = make_bundle(["sh", "-c", script], terminal=True)
     receiver = ConsoleReceiver(tmp_path / "console.sock")
     result = runtime("create", "--bundle", str(bundle), "--console-socket",
@@ -68,10 +69,17 @@ def test_console_socket_and_resize(runtime, make_bundle, tmp_path):
     first = receiver.read_until(b"40 100")
     assert b"/dev/pts/" in first or b"/dev/console" in first
     set_size(receiver.master, 50, 120)
-    time.sleep(1.0)  # the resize travels as SIGWINCH -> RESIZE frame -> TIOCSWINSZ
-    os.write(receiver.master, b"hello\r")
-    rest = receiver.read_until(b"got-hello")
+    # The resize travels as SIGWINCH -> RESIZE frame -> TIOCSWINSZ: ask again
+    # until the guest sees it, for a bounded time.
+    rest = b""
+    for attempt in range(40):
+        os.write(receiver.master, f"hello{attempt}\r".encode())
+        rest += receiver.read_until(f"got-hello{attempt}".encode())
+        if b"50 120" in rest:
+            break
+        time.sleep(0.25)
     assert b"50 120" in rest
+    os.write(receiver.master, b"end\r")
     runtime("delete", "--force", "tty1", check=True)
     os.close(receiver.master)
     runtime.assert_no_leaks()
