@@ -144,7 +144,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     _expect(root, dict, "root")
     root_path = _expect(root.get("path"), str, "root.path")
     readonly = _expect(root.get("readonly", False), bool, "root.readonly")
-    rootfs = _check_rootfs(path, root_path)
+    rootfs = check_rootfs(path, root_path)
     annotations = config.get("annotations") or {}
     _expect(annotations, dict, "annotations")
     for key, value in annotations.items():
@@ -165,7 +165,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     return bundle
 
 
-def _check_rootfs(bundle: Path, root_path: str) -> Path:
+def check_rootfs(bundle: Path, root_path: str) -> Path:
     """runc's check: root.path, made absolute against the bundle (runc works in
     the bundle's real directory), must have no symlink in it, so that the
     share cannot be pointed at the host's / or anywhere else by a link."""

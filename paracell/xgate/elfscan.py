@@ -1,0 +1,127 @@
+"""Scans one ELF file's executable bytes for the patterns of rule.py.
+
+What is scanned is what a loader maps executable: each PT_LOAD segment with
+PF_X, widened to the whole 4 KiB pages it occupies (mmap maps pages, so the
+bytes around a segment in its first and last page execute too), clipped to the
+file. Segments that touch in the file are scanned as one run, and so are
+segments that touch in memory, so an encoding split across two segments counts.
+
+The per-byte work is re.finditer over the segment bytes (C code); Python only
+sees the hits. Files are read with pread, never mmap: a file truncated while it
+is scanned gives short data, not SIGBUS.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from paracell.xgate.rule import LONGEST, PATTERN, Hit, classify
+
+PAGE = 4096
+PT_LOAD = 1
+PF_X = 1
+X86_MACHINES = ("EM_X86_64", "EM_386")
+MAGIC = b"\x7fELF"
+
+
+@dataclass(frozen=True)
+class Span:
+    """File bytes [lo, hi) mapped executable at vaddr (None: no program headers)."""
+
+    lo: int
+    hi: int
+    vaddr: int | None
+
+
+@dataclass
+class ElfScan:
+    hits: list[tuple[Hit, int | None]] = field(default_factory=list)  # (hit, vaddr)
+    note: str | None = None  # why the scan was partial, skipped or widened
+
+
+def is_elf(fd: int) -> bool:
+    return os.pread(fd, len(MAGIC), 0) == MAGIC
+
+
+def scan_fd(fd: int, size: int) -> ElfScan:
+    """`fd` is an ELF file (is_elf) of `size` bytes."""
+    spans, note = _exec_spans(fd, size)
+    result = ElfScan(note=note)
+    seen: set[int] = set()
+    for lo, hi in _file_runs(spans):
+        data = os.pread(fd, hi - lo, lo)
+        for match in PATTERN.finditer(data):
+            _add(result, seen, spans, classify(match, data, lo))
+    for hit in _vaddr_joins(fd, spans):
+        _add(result, seen, spans, hit)
+    result.hits.sort(key=lambda pair: pair[0].offset)
+    return result
+
+
+def _add(result: ElfScan, seen: set[int], spans: list[Span], hit: Hit) -> None:
+    if hit.offset not in seen:
+        seen.add(hit.offset)
+        result.hits.append((hit, _vaddr_of(spans, hit.offset)))
+
+
+def _exec_spans(fd: int, size: int) -> tuple[list[Span], str | None]:
+    from elftools.elf.elffile import ELFFile
+
+    try:
+        with open(fd, "rb", closefd=False) as stream:
+            elf = ELFFile(stream)
+            machine = elf["e_machine"]
+            headers = [seg.header for seg in elf.iter_segments()]
+    # pyelftools raises many kinds of errors on hostile headers; none may stop the vet.
+    except Exception as err:  # noqa: BLE001
+        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        return [Span(0, size, None)], f"unreadable ELF headers ({reason}): whole file scanned"
+    if machine not in X86_MACHINES:
+        return [], f"{machine} code cannot run on an x86 guest: not scanned"
+    spans, clipped = [], False
+    for h in headers:
+        if h["p_type"] not in ("PT_LOAD", PT_LOAD) or not h["p_flags"] & PF_X:
+            continue
+        lo = h["p_offset"] - h["p_offset"] % PAGE
+        end = h["p_offset"] + h["p_filesz"]
+        hi = min(-(-end // PAGE) * PAGE, size)
+        clipped |= end > size
+        if lo < hi:
+            spans.append(Span(lo, hi, h["p_vaddr"] - (h["p_offset"] - lo)))
+    return spans, "a segment runs past the end of the file" if clipped else None
+
+
+def _file_runs(spans: list[Span]) -> list[tuple[int, int]]:
+    """Merges spans that overlap or touch in the file."""
+    runs: list[tuple[int, int]] = []
+    for span in sorted(spans, key=lambda s: s.lo):
+        if runs and span.lo <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], span.hi))
+        else:
+            runs.append((span.lo, span.hi))
+    return runs
+
+
+def _vaddr_joins(fd: int, spans: list[Span]) -> list[Hit]:
+    """Encodings split between two spans that touch in memory but not in the file."""
+    hits = []
+    ordered = sorted((s for s in spans if s.vaddr is not None), key=lambda s: s.vaddr or 0)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        assert a.vaddr is not None
+        if b.vaddr != a.vaddr + (a.hi - a.lo) or b.lo == a.hi:
+            continue
+        tail_lo = max(a.lo, a.hi - (LONGEST - 1))
+        tail = os.pread(fd, a.hi - tail_lo, tail_lo)
+        joined = tail + os.pread(fd, LONGEST - 1, b.lo)
+        for match in PATTERN.finditer(joined):
+            if match.start() < len(tail) < match.end():
+                hits.append(classify(match, joined, tail_lo))
+    return hits
+
+
+def _vaddr_of(spans: list[Span], offset: int) -> int | None:
+    for span in spans:
+        if span.lo <= offset < span.hi:
+            return None if span.vaddr is None else span.vaddr + offset - span.lo
+    return None
