@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from paracell.xgate.rule import LONGEST, PATTERN, Hit, classify
 
 PAGE = 4096
+CHUNK = 64 << 20  # bytes per read: bounds memory on huge segments
 PT_LOAD = 1
 PF_X = 1
 X86_MACHINES = ("EM_X86_64", "EM_386")
@@ -50,13 +51,26 @@ def scan_fd(fd: int, size: int) -> ElfScan:
     result = ElfScan(note=note)
     seen: set[int] = set()
     for lo, hi in _file_runs(spans):
-        data = os.pread(fd, hi - lo, lo)
-        for match in PATTERN.finditer(data):
-            _add(result, seen, spans, classify(match, data, lo))
+        for hit in _scan_run(fd, lo, hi):
+            _add(result, seen, spans, hit)
     for hit in _vaddr_joins(fd, spans):
         _add(result, seen, spans, hit)
     result.hits.sort(key=lambda pair: pair[0].offset)
     return result
+
+
+def _scan_run(fd: int, lo: int, hi: int) -> list[Hit]:
+    """File bytes [lo, hi), read CHUNK bytes at a time. Each read starts LONGEST
+    bytes early, so an encoding cut by the previous read's end is found whole,
+    REX prefix included; matches that end inside that overlap were already found."""
+    hits = []
+    for pos in range(lo, hi, CHUNK):
+        start = max(lo, pos - LONGEST)
+        data = os.pread(fd, min(CHUNK, hi - pos) + pos - start, start)
+        for match in PATTERN.finditer(data):
+            if start + match.end() > pos:
+                hits.append(classify(match, data, start))
+    return hits
 
 
 def _add(result: ElfScan, seen: set[int], spans: list[Span], hit: Hit) -> None:
