@@ -31,7 +31,7 @@ def memory_dir() -> Path:
 
 
 CONFIG_FILE = "/etc/paracell/config.json"
-_CONFIG_KEYS = {"engine": str, "guest_memory_mib": int}
+_CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "xgates": bool}
 
 
 def file_config() -> dict[str, object]:
@@ -54,7 +54,9 @@ def file_config() -> dict[str, object]:
         raise ParacellError(f"{path}: expected a JSON object")
     for key, value in data.items():
         kind = _CONFIG_KEYS.get(key)
-        if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+        # bool is an int in Python: only a bool key takes true/false.
+        if kind is None or not isinstance(value, kind) or (isinstance(value, bool)
+                                                           and kind is not bool):
             raise ParacellError(f"{path}: unknown or mistyped setting {key!r}")
     return data
 
@@ -75,3 +77,8 @@ def guest_memory_mib() -> int:
     if not 64 <= value <= 65536:
         raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")
     return value
+
+
+def xgates_default() -> bool:
+    """XGates for containers whose bundle does not say (io.paracell.xgates)."""
+    return file_config().get("xgates") is True

@@ -351,9 +351,10 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
+def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False) -> bytes:
     """Records for the container's init: its process plus the container-wide keys.
-    The first spec that names a container makes it; its process is the init."""
+    The first spec that names a container makes it; its process is the init.
+    `xgates=on` switches XGates on for every process of the container."""
     config = bundle.config
     bundle.host_binds.clear()
     bundle.mount_points.clear()
@@ -362,6 +363,8 @@ def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
         records.append(("hostname", config["hostname"]))
     if bundle.rootfs_readonly:
         records.append(("root.readonly", "1"))
+    if xgates:
+        records.append(("xgates", "on"))
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
     return encode_records(records)
