@@ -13,13 +13,16 @@ is scanned gives short data, not SIGBUS.
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from paracell.xgate.rule import LONGEST, PATTERN, Hit, classify
 
 PAGE = 4096
 CHUNK = 64 << 20  # bytes per read: bounds memory on huge segments
+MAX_HITS = 1000  # findings kept per file: a file of nothing but encodings stays cheap
 PT_LOAD = 1
 PF_X = 1
 X86_MACHINES = ("EM_X86_64", "EM_386")
@@ -46,37 +49,40 @@ def is_elf(fd: int) -> bool:
 
 
 def scan_fd(fd: int, size: int) -> ElfScan:
-    """`fd` is an ELF file (is_elf) of `size` bytes."""
+    """`fd` is an ELF file (is_elf) of `size` bytes. At most MAX_HITS findings
+    are kept; past that, the scan goes on only until it has an offence."""
     spans, note = _exec_spans(fd, size)
     result = ElfScan(note=note)
     seen: set[int] = set()
-    for lo, hi in _file_runs(spans):
-        for hit in _scan_run(fd, lo, hi):
-            _add(result, seen, spans, hit)
-    for hit in _vaddr_joins(fd, spans):
-        _add(result, seen, spans, hit)
+    offence = False
+    runs = (hit for lo, hi in _file_runs(spans) for hit in _scan_run(fd, lo, hi))
+    for hit in itertools.chain(runs, _vaddr_joins(fd, spans)):
+        if hit.offset in seen:
+            continue
+        if len(result.hits) >= MAX_HITS:
+            result.note = "; ".join(filter(None, [note, f"only the first {MAX_HITS} "
+                                                  "encodings (and the first offence) listed"]))
+            if offence:
+                break
+            if not hit.offence:
+                continue
+        seen.add(hit.offset)
+        offence |= hit.offence
+        result.hits.append((hit, _vaddr_of(spans, hit.offset)))
     result.hits.sort(key=lambda pair: pair[0].offset)
     return result
 
 
-def _scan_run(fd: int, lo: int, hi: int) -> list[Hit]:
+def _scan_run(fd: int, lo: int, hi: int) -> Iterator[Hit]:
     """File bytes [lo, hi), read CHUNK bytes at a time. Each read starts LONGEST
     bytes early, so an encoding cut by the previous read's end is found whole,
     REX prefix included; matches that end inside that overlap were already found."""
-    hits = []
     for pos in range(lo, hi, CHUNK):
         start = max(lo, pos - LONGEST)
         data = os.pread(fd, min(CHUNK, hi - pos) + pos - start, start)
         for match in PATTERN.finditer(data):
             if start + match.end() > pos:
-                hits.append(classify(match, data, start))
-    return hits
-
-
-def _add(result: ElfScan, seen: set[int], spans: list[Span], hit: Hit) -> None:
-    if hit.offset not in seen:
-        seen.add(hit.offset)
-        result.hits.append((hit, _vaddr_of(spans, hit.offset)))
+                yield classify(match, data, start)
 
 
 def _exec_spans(fd: int, size: int) -> tuple[list[Span], str | None]:

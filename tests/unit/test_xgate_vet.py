@@ -292,3 +292,16 @@ def test_a_hard_linked_file_is_scanned_once(tmp_path):
     os.link(tmp_path / "one", tmp_path / "two")
     report = vet.vet_paths([str(tmp_path)])
     assert report.elf_files == 1 and len(report.offences) == 1
+
+
+def test_a_file_full_of_encodings_lists_a_bounded_number_and_still_its_offence(tmp_path):
+    xrstors = b"\x0f\xae\x2f" * 2000
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x3000)], 0x4000,
+                   {0x1000: xrstors, 0x1000 + len(xrstors): WRPKRU})
+    report = vet.vet_paths([str(elf)])
+    assert len(report.findings) == elfscan.MAX_HITS + 1
+    assert [(f.offset, f.offence) for f in report.offences] == [(0x1000 + len(xrstors), True)]
+    assert "only the first" in report.notes[0][1]
+    flood = make_elf(tmp_path / "b", [(PF_R | PF_X, 0x1000, 0x401000, 0x40000)], 0x41000,
+                     {0x1000: WRPKRU * 80000})
+    assert len(vet.vet_paths([str(flood)]).findings) == elfscan.MAX_HITS
