@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from paracell.xgate.elfheaders import BadElf, read_headers
 from paracell.xgate.rule import LONGEST, PATTERN, Hit, classify
 
 PAGE = 4096
@@ -86,19 +87,13 @@ def _scan_run(fd: int, lo: int, hi: int) -> Iterator[Hit]:
 
 
 def _exec_spans(fd: int, size: int) -> tuple[list[Span], str | None]:
-    from elftools.elf.elffile import ELFFile
-
     try:
-        with open(fd, "rb", closefd=False) as stream:
-            elf = ELFFile(stream)
-            machine = elf["e_machine"]
-            headers = [seg.header for seg in elf.iter_segments()]
-    # pyelftools raises many kinds of errors on hostile headers; none may stop the vet.
-    except Exception as err:  # noqa: BLE001
-        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        return [Span(0, size, None)], f"unreadable ELF headers ({reason}): whole file scanned"
-    if machine not in X86_MACHINES:
-        return [], f"{machine} code cannot run on an x86 guest: not scanned"
+        elf = read_headers(fd, X86_MACHINES)
+    except (BadElf, OSError) as err:
+        return [Span(0, size, None)], f"unreadable ELF headers ({err}): whole file scanned"
+    if elf.machine not in X86_MACHINES:
+        return [], f"{elf.machine} code cannot run on an x86 guest: not scanned"
+    headers = elf.segments
     spans, clipped = [], False
     for h in headers:
         if h["p_type"] not in ("PT_LOAD", PT_LOAD) or not h["p_flags"] & PF_X:

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from paracell.errors import ParacellError
 from paracell.xgate import elfscan, vet
 from tests.conftest import PARACELL
-from tests.xgate_elf import EM_AARCH64, PF_R, PF_X, WRPKRU, make_elf
+from tests.xgate_elf import EM_AARCH64, EM_X86_64, PF_R, PF_X, WRPKRU, make_elf
 
 
 def found(path: Path) -> list[tuple[int, int | None, str, bool]]:
@@ -192,7 +193,9 @@ def test_truncated_and_garbage_elf_headers_are_scanned_whole(tmp_path):
     garbage.write_bytes(b"\x7fELF" + bytes(rng.randrange(256) for _ in range(4000)))
     vet.vet_paths([str(garbage)])  # whatever it holds, no exception
     headless = tmp_path / "headless"
-    headless.write_bytes(b"\x7fELF\x02\x01\x01" + b"\xff" * 57 + b"\0" * 100 + WRPKRU)
+    ident = b"\x7fELF\x02\x01\x01" + b"\0" * 9
+    headless.write_bytes(ident + struct.pack("<HH", 2, EM_X86_64) + b"\xff" * 44 + b"\0" * 100
+                         + WRPKRU)  # program header table: 65535 entries of 65535 bytes
     report = vet.vet_paths([str(headless)])
     assert [(f.offset, f.vaddr, f.offence) for f in report.findings] == [(164, None, True)]
     assert "whole file scanned" in report.notes[0][1]
@@ -305,3 +308,13 @@ def test_a_file_full_of_encodings_lists_a_bounded_number_and_still_its_offence(t
     flood = make_elf(tmp_path / "b", [(PF_R | PF_X, 0x1000, 0x401000, 0x40000)], 0x41000,
                      {0x1000: WRPKRU * 80000})
     assert len(vet.vet_paths([str(flood)]).findings) == elfscan.MAX_HITS
+
+
+def test_a_broken_section_table_does_not_matter(tmp_path):
+    """Loaders read program headers only; so does the vet."""
+    garbage_sections = {0x28: b"\xff" * 8, 0x3c: struct.pack("<HH", 0x1234, 0x1233)}
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000,
+                   {**garbage_sections, 0x1010: WRPKRU, 0x80: WRPKRU})
+    report = vet.vet_paths([str(elf)])
+    assert [(f.offset, f.vaddr) for f in report.findings] == [(0x1010, 0x401010)]
+    assert report.notes == []
