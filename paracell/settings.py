@@ -34,6 +34,10 @@ CONFIG_FILE = "/etc/paracell/config.json"
 _CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "xgates": bool}
 
 
+def config_path() -> str:
+    return os.environ.get("PARACELL_CONFIG", CONFIG_FILE)
+
+
 def file_config() -> dict[str, object]:
     """Operator settings for callers that cannot pass flags (containerd, podman):
     a JSON object in $PARACELL_CONFIG or /etc/paracell/config.json. The
@@ -42,7 +46,7 @@ def file_config() -> dict[str, object]:
 
     from paracell.errors import ParacellError
 
-    path = os.environ.get("PARACELL_CONFIG", CONFIG_FILE)
+    path = config_path()
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read(65536))

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.runtime.log import RuntimeLog
-from paracell.vmm.probe import HostFacts
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.log import RuntimeLog
+    from paracell.vmm.probe import HostFacts
 
 ANNOTATION = "io.paracell.xgates"
 VET_ANNOTATION = "io.paracell.xgates.vet"
@@ -36,7 +39,7 @@ def plan(annotations: dict[str, str]) -> XgatesPlan:
 
     raw = annotations.get(ANNOTATION)
     if raw is None:
-        enabled, source = settings.xgates_default(), f"{settings.CONFIG_FILE} \"xgates\""
+        enabled, source = settings.xgates_default(), f'"xgates" in {settings.config_path()}'
     elif raw in SWITCH:
         enabled, source = SWITCH[raw], f"annotation {ANNOTATION}"
     else:
