@@ -72,7 +72,13 @@ def vet_rootfs(xgates: XgatesPlan, rootfs: Path, log: RuntimeLog) -> None:
     if not xgates.enabled:
         return
     began = time.monotonic()
-    found = vet.vet_rootfs(rootfs)
+    try:
+        found = vet.vet_rootfs(rootfs)
+    except ParacellError as err:  # a tree past the vet's bounds: never a silent pass
+        if xgates.vet != WARN:
+            raise ParacellError(f"XGates: rootfs not vetted: {err}") from None
+        log.warning(f"xgates vet (warn): rootfs not vetted: {err}")
+        return
     log.info(f"xgates vet of {rootfs}: {found.elf_files} ELF files in "
              f"{time.monotonic() - began:.2f}s, {len(found.offences)} offences")
     for path, note in found.notes:

@@ -99,3 +99,17 @@ def test_check_says_whether_xgates_can_run():
     assert ("yes" if report["xgates"]["supported"] else "unsupported") in line
     if report["engine"]["engine"] == "tcg":
         assert report["xgates"]["supported"] is True
+
+
+def test_a_rootfs_past_the_vet_bounds_is_refused_or_warned(tmp_path, monkeypatch):
+    from paracell.runtime.log import RuntimeLog
+    from paracell.xgate import vet
+
+    monkeypatch.setattr(vet, "MAX_ENTRIES", 2)
+    for i in range(3):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+    with pytest.raises(ParacellError, match="rootfs not vetted: .*more than 2 entries"):
+        xgates.vet_rootfs(xgates.XgatesPlan(True, "refuse", ""), tmp_path, RuntimeLog())
+    log = tmp_path / "log"
+    xgates.vet_rootfs(xgates.XgatesPlan(True, "warn", ""), tmp_path, RuntimeLog(str(log)))
+    assert "rootfs not vetted" in log.read_text()
