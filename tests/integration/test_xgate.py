@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from paracell.bench.xgate import xgate_rootfs
+from paracell.bench.xgate import SOURCES, xgate_rootfs
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +33,10 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     stock = root / "lib" / "stock"
     stock.mkdir()
     shutil.copy2(Path("/lib/x86_64-linux-gnu/libc.so.6").resolve(), stock / "libc.so.6")
+    example = REPO / "oci" / "examples" / "xgate-domain" / "agent-secret.c"
+    subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", f"-I{SOURCES}", "-o",
+                    str(root / "bin" / "agent-secret"), str(example), str(SOURCES / "libxgate.c")],
+                   check=True)
     return root
 
 
@@ -179,3 +185,14 @@ def test_stock_debian_libc_is_refused(guest):
     assert result.returncode != 0
     assert b"idloop" not in result.stdout
     assert b"libc.so.6" in result.stdout + result.stderr
+
+
+def test_domain_example(guest):
+    # oci/examples/xgate-domain: the tool code faults on the key, the agent keeps signing.
+    result = guest(["/bin/agent-secret"], ON)
+    out = result.stdout.decode()
+    assert result.returncode == 0, out + result.stderr.decode()
+    lines = out.splitlines()
+    assert lines[0].startswith("agent: request 42 signed: ")
+    assert lines[1] == "tool: reading the key faulted (si_code 4, SEGV_PKUERR is 4)"
+    assert lines[2].split(": ")[-1] == lines[0].split(": ")[-1]
