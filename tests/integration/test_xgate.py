@@ -41,17 +41,16 @@ def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def guest(runtime, tmp_path: Path, rootfs: Path):
-    """guest(args, annotations, env=...) -> CompletedProcess of `paracell run`."""
+def xbundle(tmp_path: Path, rootfs: Path):
+    """xbundle(args, annotations, env=..., caps=...) -> a bundle on the shared rootfs."""
     counter = iter(range(100))
 
-    def run(args: list[str], annotations: dict[str, str], env: list[str] | None = None,
-            caps: list[str] | None = None):
-        n = next(counter)
-        bundle = tmp_path / f"b{n}"
-        bundle.mkdir()
+    def make(args: list[str], annotations: dict[str, str], env: list[str] | None = None,
+             caps: list[str] | None = None) -> Path:
         from paracell.runtime import defaultspec
 
+        bundle = tmp_path / f"b{next(counter)}"
+        bundle.mkdir()
         config = defaultspec.default_config(args)
         config["root"] = {"path": str(rootfs), "readonly": True}
         config["annotations"] = annotations
@@ -61,7 +60,19 @@ def guest(runtime, tmp_path: Path, rootfs: Path):
             for kind in ("bounding", "effective", "permitted"):
                 config["process"]["capabilities"][kind] += caps
         (bundle / "config.json").write_text(json.dumps(config))
-        return runtime("run", "--bundle", str(bundle), f"xg{n}", timeout=300)
+        return bundle
+
+    return make
+
+
+@pytest.fixture
+def guest(runtime, xbundle):
+    """guest(args, annotations, ...) -> CompletedProcess of `paracell run`."""
+    counter = iter(range(100))
+
+    def run(args: list[str], annotations: dict[str, str], **kw):
+        return runtime("run", "--bundle", str(xbundle(args, annotations, **kw)),
+                       f"xg{next(counter)}", timeout=300)
 
     return run
 
@@ -79,6 +90,17 @@ def test_status_busybox_and_launch_record(guest):
     # bit 0: enabled for the task, bit 1: gate pages mapped in this mm
     assert "prctl=3 available=1" in out
     assert "\n3\n" in out
+
+
+def test_exec_processes_inherit_xgates(runtime, xbundle):
+    # Only the init's launch spec says xgates=on; the agent's container slot
+    # remembers it for every exec.
+    bundle = xbundle(["sleep", "60"], ON)
+    assert runtime("create", "--bundle", str(bundle), "xgex").returncode == 0
+    runtime("start", "xgex", check=True)
+    out = ok(runtime("exec", "xgex", "xgate-test", "status"), "status")
+    assert "prctl=3 available=1" in out
+    runtime("delete", "--force", "xgex", check=True)
 
 
 def test_xgates_off_has_no_gate_page(guest):
