@@ -425,6 +425,43 @@ static void check_pkey(void)
         printf("ok pkey allocated %d keys, none is 15; pkey_mprotect/pkey_free(15) refused\n", n);
 }
 
+/* What was vetted stays vetted: a file mapped executable cannot be opened
+ * for writing afterwards, for the rest of the process's life (XGates on);
+ * without XGates, as before, it can. */
+static void check_denywrite(int xgates)
+{
+    const char *path = "/tmp/xgate-code";
+    unsigned char code[4096];
+    memset(code, 0xc3, sizeof code);
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0755);
+    EXPECT(fd >= 0 && write(fd, code, sizeof code) == (ssize_t)sizeof code, "write %s: %s", path,
+           strerror(errno));
+    close(fd);
+    fd = open(path, O_RDONLY);
+    void *m = mmap(NULL, sizeof code, PROT_READ | PROT_EXEC, MAP_PRIVATE, fd, 0);
+    EXPECT(m != MAP_FAILED, "mmap(PROT_EXEC) of a clean file: %s", strerror(errno));
+    close(fd);
+    int w = open(path, O_WRONLY);
+    int mapped_errno = errno;
+    if (w >= 0)
+        close(w);
+    munmap(m, sizeof code);
+    int w2 = open(path, O_WRONLY);
+    int unmapped_errno = errno;
+    if (w2 >= 0)
+        close(w2);
+    if (xgates) {
+        EXPECT(w < 0 && mapped_errno == ETXTBSY, "open for writing while mapped: %s",
+               w < 0 ? strerror(mapped_errno) : "allowed");
+        EXPECT(w2 < 0 && unmapped_errno == ETXTBSY, "open for writing after munmap: %s",
+               w2 < 0 ? strerror(unmapped_errno) : "allowed");
+    } else {
+        EXPECT(w >= 0 && w2 >= 0, "open for writing refused without XGates");
+    }
+    if (!failed)
+        printf("ok denywrite xgates=%d writes %s\n", xgates, xgates ? "refused (ETXTBSY)" : "allowed");
+}
+
 static void check_exec_stray(const char *path)
 {
     char *argv[] = {(char *)path, NULL};
@@ -468,6 +505,8 @@ int main(int argc, char **argv)
         check_xrstor();
     else if (!strcmp(check, "pkey"))
         check_pkey();
+    else if (!strcmp(check, "denywrite"))
+        check_denywrite(xgate_available());
     else if (!strcmp(check, "exec-stray"))
         check_exec_stray(arg);
     else {

@@ -134,6 +134,13 @@ def test_stray_wrpkru_refused_at_execve_mmap_and_mprotect(guest):
     assert "mprotect refused: WRPKRU at 0x" in out, out
 
 
+def test_vetted_file_stays_vetted(guest):
+    # A file mapped executable by an XGates process cannot be opened for writing
+    # for the rest of that process's life; without XGates nothing changes.
+    ok(guest(["xgate-test", "denywrite"], ON), "denywrite xgates=1 writes refused (ETXTBSY)")
+    ok(guest(["xgate-test", "denywrite"], OFF), "denywrite xgates=0 writes allowed")
+
+
 def test_stray_binary_as_container_process_is_refused(guest):
     result = guest(["/bin/xgate-stray"], ON)
     assert result.returncode != 0
