@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 /* 0: not looked up yet, 1: no XGates here, else the gate page. */
@@ -63,6 +64,33 @@ int xgate_sched_getcpu(void)
     if (syscall(SYS_getcpu, &cpu, NULL, NULL) < 0)
         return -1;
     return (int)cpu;
+}
+
+typedef long (*gate_clock)(long, struct timespec *);
+
+long xgate_clock_gate(clockid_t clk, struct timespec *ts)
+{
+    unsigned long p = page();
+    if (p == 1)
+        return -ENOSYS;
+    return ((gate_clock)(p + ((unsigned long)XGATE_G_CLOCK << XGATE_SLOT_SHIFT)))((long)clk, ts);
+}
+
+int xgate_clock_gettime(clockid_t clk, struct timespec *ts)
+{
+    if (xgate_clock_gate(clk, ts) == 0)
+        return 0;
+    return (int)syscall(SYS_clock_gettime, clk, ts);
+}
+
+int xgate_gettimeofday(struct timeval *tv, void *tz)
+{
+    struct timespec ts;
+    if (tz || !tv || xgate_clock_gate(CLOCK_REALTIME, &ts) != 0)
+        return (int)syscall(SYS_gettimeofday, tv, tz);
+    tv->tv_sec = ts.tv_sec;
+    tv->tv_usec = ts.tv_nsec / 1000;
+    return 0;
 }
 
 int xgate_domain_create(size_t size, void (*init)(void *data), xgate_handler handler,

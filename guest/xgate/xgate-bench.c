@@ -1,6 +1,6 @@
 /* In-guest XGates microbenchmark (`paracell bench xgate` runs it).
  * `xgate-bench micro N ROUNDS`: ns per call of getpid through the gate, the
- * getpid syscall, clock_gettime through the vDSO, the clock_gettime
+ * getpid syscall, clock_gettime through the gate, the vDSO and the
  * syscall, and a one-byte pipe round trip to another process; ROUNDS
  * interleaved rounds of N calls each, one line per round and variant.
  * `xgate-bench idloop N`: N rounds of glibc's getpid/getppid/getuid/
@@ -27,6 +27,14 @@ static volatile long sink;
 
 static void gate(long n) { for (long i = 0; i < n; i++) sink += xgate_getpid(); }
 static void sys_getpid(long n) { for (long i = 0; i < n; i++) sink += syscall(SYS_getpid); }
+static void gate_time(long n)
+{
+    struct timespec ts;
+    for (long i = 0; i < n; i++) {
+        xgate_clock_gettime(CLOCK_MONOTONIC, &ts);
+        sink += ts.tv_nsec;
+    }
+}
 static void vdso_time(long n)
 {
     struct timespec ts;
@@ -58,6 +66,7 @@ static void micro(long n, int rounds)
     static const struct { const char *name; void (*fn)(long); } v[] = {
         {"gate getpid", gate},
         {"syscall getpid", sys_getpid},
+        {"gate clock_gettime", gate_time},
         {"vdso clock_gettime", vdso_time},
         {"syscall clock_gettime", sys_time},
         {"pipe round trip", pipe_rt},

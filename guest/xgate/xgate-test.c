@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -250,6 +251,41 @@ static void *thread_ids(void *arg)
     return NULL;
 }
 
+static long long ns_of(const struct timespec *t) { return (long long)t->tv_sec * 1000000000LL + t->tv_nsec; }
+
+/* The clock gate's reading lies between two syscall readings, for every
+ * clock it answers; the hres clocks must be answered by the gate here. */
+static void compare_clocks(void)
+{
+    static const clockid_t clocks[] = {CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_REALTIME_COARSE,
+                                       CLOCK_MONOTONIC_COARSE};
+    for (unsigned i = 0; i < sizeof clocks / sizeof clocks[0]; i++)
+        for (int n = 0; n < 1000; n++) {
+            struct timespec a, g, b;
+            syscall(SYS_clock_gettime, clocks[i], &a);
+            long r = xgate_clock_gate(clocks[i], &g);
+            syscall(SYS_clock_gettime, clocks[i], &b);
+            EXPECT(r == 0, "clock %d: gate said %ld", (int)clocks[i], r);
+            if (r)
+                return;
+            EXPECT(ns_of(&a) <= ns_of(&g) && ns_of(&g) <= ns_of(&b) && g.tv_nsec < 1000000000,
+                   "clock %d: %lld not in [%lld, %lld]", (int)clocks[i], ns_of(&g), ns_of(&a),
+                   ns_of(&b));
+            if (failed)
+                return;
+        }
+    struct timespec t;
+    EXPECT(xgate_clock_gate(CLOCK_PROCESS_CPUTIME_ID, &t) == -ENOSYS, "cputime clock answered");
+    EXPECT(xgate_clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t) == 0, "cputime fallback failed");
+    struct timeval a, g, b;
+    syscall(SYS_gettimeofday, &a, NULL);
+    xgate_gettimeofday(&g, NULL);
+    syscall(SYS_gettimeofday, &b, NULL);
+    long long ua = a.tv_sec * 1000000LL + a.tv_usec, ug = g.tv_sec * 1000000LL + g.tv_usec,
+              ub = b.tv_sec * 1000000LL + b.tv_usec;
+    EXPECT(ua <= ug && ug <= ub, "gettimeofday %lld not in [%lld, %lld]", ug, ua, ub);
+}
+
 static void check_gates(void)
 {
     EXPECT(xgate_available(), "no gate page");
@@ -281,9 +317,10 @@ static void check_gates(void)
         same = g == (int)cpu;
     }
     EXPECT(same, "sched_getcpu differs from getcpu");
+    compare_clocks();
     if (!failed)
         printf("ok gates pid=%d tid=%d ppid=%d uid=%u gid=%u cpu=%d equal to syscalls, also in "
-               "4 threads, after fork and after setresuid\n", xgate_getpid(), xgate_gettid(),
+               "4 threads, after fork and after setresuid; clocks between syscall readings\n", xgate_getpid(), xgate_gettid(),
                xgate_getppid(), xgate_getuid(), xgate_getgid(), xgate_sched_getcpu());
 }
 

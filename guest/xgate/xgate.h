@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* 1 when this process runs with XGates (the gate page is mapped), else 0. */
 int xgate_available(void);
@@ -22,6 +23,17 @@ uid_t xgate_geteuid(void);
 gid_t xgate_getgid(void);
 gid_t xgate_getegid(void);
 int xgate_sched_getcpu(void);
+
+/* Time from the kernel's vDSO data page, read by kernel-provided code in the
+ * gate page (CLOCK_REALTIME/MONOTONIC with a TSC clocksource, and their
+ * _COARSE forms).  xgate_clock_gate returns 0, or -ENOSYS when the gate cannot
+ * answer (other clocks, another clocksource, no XGates); the other two fall
+ * back to the syscall then. */
+struct timespec;
+struct timeval;
+long xgate_clock_gate(clockid_t clk, struct timespec *ts);
+int xgate_clock_gettime(clockid_t clk, struct timespec *ts);
+int xgate_gettimeofday(struct timeval *tv, void *tz);
 
 /* Application domains: a protection key of its own, memory tagged with it,
  * and one handler, registered with the kernel at creation, that is the only

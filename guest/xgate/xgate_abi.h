@@ -25,6 +25,7 @@
 #define XGATE_G_GETEGID 6
 #define XGATE_G_GETCPU 7
 #define XGATE_G_DCALL 8
+#define XGATE_G_CLOCK 9 /* long clock(long clockid, struct timespec *): 0 or -ENOSYS */
 #define XGATE_MAX_DOMAINS 4
 
 #endif
