@@ -188,15 +188,19 @@ def test_pkru_survives_signal_handlers_without_xgates(guest):
     ok(guest(["xgate-test", "pkru-preserved"], OFF), "pkru-preserved")
 
 
-PY = ("import os; pid = int(open('/proc/self/stat').read().split()[0]); "
-      "print('py', os.getpid() == pid, os.getuid(), os.getgid(), sum(range(10)))")
+# With the preload, os.getpid() and time.monotonic() come from the gates: the
+# kernel's own answers (/proc) must agree.
+PY = ("import os, time; pid = int(open('/proc/self/stat').read().split()[0]); "
+      "up = float(open('/proc/uptime').read().split()[0]); "
+      "print('py', os.getpid() == pid, abs(time.monotonic() - up) < 1, os.getuid(), os.getgid(), "
+      "sum(range(10)))")
 
 
 def test_debian_python3_runs_with_xgates_on(guest):
     result = guest(["sh", "-c", f"python3 -c \"{PY}\" && "
                                 f"LD_PRELOAD=/lib/libxgate-preload.so python3 -c \"{PY}\""], ON)
     assert result.returncode == 0, result.stderr.decode()[-500:]
-    assert result.stdout.decode().count("py True 0 0 45") == 2, result.stdout
+    assert result.stdout.decode().count("py True True 0 0 45") == 2, result.stdout
 
 
 def test_ld_preload_routes_glibc_calls_through_gates(guest):
