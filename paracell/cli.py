@@ -283,6 +283,24 @@ def check(as_json: bool) -> None:
 
 
 @main.group()
+def xgate() -> None:
+    """XGates: vet binaries for instructions that write PKRU."""
+
+
+@xgate.command("vet")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.argument("paths", nargs=-1, required=True)
+def xgate_vet(as_json: bool, paths: tuple[str, ...]) -> None:
+    """Scan ELF files, directories or bundles (their rootfs). Exit 0 when clean,
+    1 when an offence was found, 2 on input that cannot be vetted."""
+    from paracell.xgate import report, vet
+
+    found = vet.vet_paths(list(paths))
+    click.echo(report.as_json(found) if as_json else report.text(found))
+    sys.exit(report.exit_status(found))
+
+
+@main.group()
 def guest() -> None:
     """Build the guest kernel, agent and initramfs."""
 
@@ -329,6 +347,20 @@ def bench_cli(runs: int, output: str) -> None:
     from paracell.bench import cli as bench_cli_mod
 
     click.echo(bench_cli_mod.run(_ctx(), runs, output))
+
+
+@bench.command("xgate")
+@click.option("--output", "-o", default="bench-results/xgate.json")
+def bench_xgate(output: str) -> None:
+    """Gate calls against syscalls, vDSO and a pipe round trip, in a guest."""
+    try:
+        import paracell.bench.xgate as bench_xgate_mod
+    except ModuleNotFoundError as err:
+        if err.name != "paracell.bench.xgate":
+            raise
+        raise ParacellError("paracell bench xgate: paracell/bench/xgate.py is not there yet "
+                            "(the guest half of XGates)") from None
+    click.echo(bench_xgate_mod.run(_ctx(), output))
 
 
 @main.command()

@@ -31,7 +31,12 @@ def memory_dir() -> Path:
 
 
 CONFIG_FILE = "/etc/paracell/config.json"
-_CONFIG_KEYS = {"engine": str, "guest_memory_mib": int, "memory_manager": str}
+_CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
+                                 "xgates": bool}
+
+
+def config_path() -> str:
+    return os.environ.get("PARACELL_CONFIG", CONFIG_FILE)
 
 
 def file_config() -> dict[str, object]:
@@ -42,7 +47,7 @@ def file_config() -> dict[str, object]:
 
     from paracell.errors import ParacellError
 
-    path = os.environ.get("PARACELL_CONFIG", CONFIG_FILE)
+    path = config_path()
     try:
         with open(path, "rb") as f:
             data = json.loads(f.read(65536))
@@ -54,7 +59,9 @@ def file_config() -> dict[str, object]:
         raise ParacellError(f"{path}: expected a JSON object")
     for key, value in data.items():
         kind = _CONFIG_KEYS.get(key)
-        if kind is None or not isinstance(value, kind) or isinstance(value, bool):
+        # bool is an int in Python: only a bool key takes true/false.
+        if kind is None or not isinstance(value, kind) or (isinstance(value, bool)
+                                                           and kind is not bool):
             raise ParacellError(f"{path}: unknown or mistyped setting {key!r}")
     return data
 
@@ -80,3 +87,8 @@ def guest_memory_mib() -> int:
     if not 64 <= value <= 65536:
         raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")
     return value
+
+
+def xgates_default() -> bool:
+    """XGates for containers whose bundle does not say (io.paracell.xgates)."""
+    return file_config().get("xgates") is True

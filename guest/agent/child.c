@@ -7,6 +7,7 @@
  * then share the credential, limit and exec code below. */
 #define _GNU_SOURCE
 #include "child.h"
+#include "../xgate/xgate_abi.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -537,6 +538,11 @@ void child_main(const struct child_ctx *c)
     if (c->tty && ioctl(0, TIOCSCTTY, 0) < 0)
         die("set controlling terminal: %s", strerror(errno));
 
+    /* The kernel applies XGates from the next execve on, to this process
+     * and all its descendants.  A kernel that cannot is an error, never a
+     * silent run without. */
+    if (c->xgates && prctl(PR_XGATE, PR_XGATE_ENABLE, 0, 0, 0) < 0)
+        die("switch on XGates: %s", strerror(errno));
     report_ready();
     char b;
     ssize_t r;

@@ -14,6 +14,7 @@ struct child_ctx {
                        * pty master when tty) or "E<text>", at most ERRTEXT_MAX */
     int start_fd;     /* pipe from the agent: one byte means START */
     int ns_mnt, ns_uts, ns_ipc; /* exec only: the container's namespaces */
+    int xgates;       /* switch XGates on (guest/xgate/) before execve */
 };
 
 void child_main(const struct child_ctx *c) __attribute__((noreturn));

@@ -28,6 +28,7 @@ struct ctr {
     pid_t init_pid;
     int ns[CTR_NS_COUNT];   /* open while CTR_LIVE */
     unsigned procs;         /* process slots that point here; the slot is not reused before 0 */
+    int xgates;             /* the init's xgates=on, which every exec inherits */
     unsigned long long ended_seq;
 };
 

@@ -116,7 +116,7 @@ static int container_id_ok(const char *id)
 
 enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
-    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_CAP0,
+    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_CAP0,
 };
 
 static const char *const cap_keys[SC_COUNT] = {
@@ -247,6 +247,12 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             if (parse_bool(val, &s->root_readonly))
                 BAD();
             init_key = init_key ? init_key : "root.readonly";
+        } else if (!strcmp(key, "xgates")) {
+            ONCE(ONCE_XGATES);
+            if (strcmp(val, "on"))
+                BAD();
+            s->xgates = 1;
+            init_key = init_key ? init_key : "xgates";
         } else if (!strcmp(key, "mount")) {
             if (s->nmounts >= PC_SPEC_MAX_MOUNTS)
                 return fail(err, errlen, "more than %d mounts", PC_SPEC_MAX_MOUNTS);

@@ -47,6 +47,7 @@ struct spec {
     unsigned rows, cols;
     const char *hostname;
     int root_readonly;
+    int xgates; /* xgates=on: every process of the container runs with XGates */
     struct spec_mount mounts[PC_SPEC_MAX_MOUNTS];
     int nmounts;
 };

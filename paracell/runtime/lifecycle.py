@@ -28,6 +28,10 @@ from paracell.runtime.state import (
 
 SHIM_DEATH_WAIT_S = 10.0
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.probe import EngineChoice, HostFacts
+
 
 @dataclass
 class Context:
@@ -50,14 +54,13 @@ def write_pid_file(path: str, pid: int) -> None:
     os.replace(tmp, target)
 
 
-def _choose_engine(ctx: Context) -> tuple[str, str, str | None]:
+def _choose_engine(ctx: Context) -> tuple[EngineChoice, HostFacts, str]:
     from paracell.vmm import probe
 
     facts = probe.probe_host()
     if facts.qemu_path is None:
         raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
-    choice = probe.choose_engine(ctx.engine, facts)
-    return choice.engine, facts.qemu_path, choice.notice
+    return probe.choose_engine(ctx.engine, facts), facts, facts.qemu_path
 
 
 def create(
@@ -70,7 +73,7 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
-    from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan
+    from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan, xgates
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -78,17 +81,23 @@ def create(
     check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
-    launch = spec.init_launch_spec(container_id, bundle)
-    spec.prepare_rootfs(bundle)
+    xgates_plan = xgates.plan(bundle.annotations)
+    launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled)
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    guest = artifacts.current()
-    engine, qemu, notice = _choose_engine(ctx)
-    memory_file = memory.path_for(ctx.root, container_id)
     memory_mib = settings.guest_memory_mib()
     memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
                                        bundle.annotations, memory_mib)
+    choice, facts, qemu = _choose_engine(ctx)
+    engine, notice = choice.engine, choice.notice
+    xgates.require_support(xgates_plan, engine, facts)
+    # Before prepare_rootfs, which writes mount points into the rootfs: a
+    # refused create leaves nothing behind, not even there.
+    xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+    spec.prepare_rootfs(bundle)
+    guest = artifacts.current()
+    memory_file = memory.path_for(ctx.root, container_id)
     me = os.getpid()
     state = ContainerState(
         id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
@@ -106,7 +115,8 @@ def create(
     spawned = None
     try:
         ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
-                     f"memory manager {memory_plan.manager}")
+                     f"memory manager {memory_plan.manager}, "
+                     f"xgates {'on' if xgates_plan.enabled else 'off'}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,

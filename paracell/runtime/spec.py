@@ -144,7 +144,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     _expect(root, dict, "root")
     root_path = _expect(root.get("path"), str, "root.path")
     readonly = _expect(root.get("readonly", False), bool, "root.readonly")
-    rootfs = _check_rootfs(path, root_path)
+    rootfs = check_rootfs(path, root_path)
     annotations = config.get("annotations") or {}
     _expect(annotations, dict, "annotations")
     for key, value in annotations.items():
@@ -165,7 +165,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     return bundle
 
 
-def _check_rootfs(bundle: Path, root_path: str) -> Path:
+def check_rootfs(bundle: Path, root_path: str) -> Path:
     """runc's check: root.path, made absolute against the bundle (runc works in
     the bundle's real directory), must have no symlink in it, so that the
     share cannot be pointed at the host's / or anywhere else by a link."""
@@ -351,9 +351,10 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
+def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False) -> bytes:
     """Records for the container's init: its process plus the container-wide keys.
-    The first spec that names a container makes it; its process is the init."""
+    The first spec that names a container makes it; its process is the init.
+    `xgates=on` switches XGates on for every process of the container."""
     config = bundle.config
     bundle.host_binds.clear()
     bundle.mount_points.clear()
@@ -362,6 +363,8 @@ def init_launch_spec(container_id: str, bundle: Bundle) -> bytes:
         records.append(("hostname", config["hostname"]))
     if bundle.rootfs_readonly:
         records.append(("root.readonly", "1"))
+    if xgates:
+        records.append(("xgates", "on"))
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
     return encode_records(records)

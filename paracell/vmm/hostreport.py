@@ -20,15 +20,17 @@ def collect(engine: str) -> dict[str, object]:
     facts = probe.probe_host()
     report: dict[str, object] = {"host": probe.facts_as_dict(facts)}
     report["guest"] = artifacts.freshness()
+    from paracell.xgate.support import support
+
+    chosen: str | None = None
     try:
         choice = probe.choose_engine(engine, facts)
+        chosen = choice.engine
         report["engine"] = {"requested": engine, "engine": choice.engine, "reason": choice.reason}
     except ParacellError as err:
         report["engine"] = {"requested": engine, "engine": None, "reason": str(err)}
-    report["xgates"] = {
-        "host_pku": facts.host_pku,
-        "guest_pku": "available under TCG with -cpu max" if not facts.host_pku else "host PKU",
-    }
+    xgates = support(chosen, facts)
+    report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
     return report
 
 
@@ -39,7 +41,9 @@ def render(engine: str, as_json: bool) -> str:
     host = report["host"]
     guest = report["guest"]
     chosen = report["engine"]
+    xgates = report["xgates"]
     assert isinstance(host, dict) and isinstance(guest, dict) and isinstance(chosen, dict)
+    assert isinstance(xgates, dict)
     if guest.get("built"):
         guest_line = "built" + ("" if guest.get("up_to_date") else " (stale: rebuild)")
     else:
@@ -50,5 +54,6 @@ def render(engine: str, as_json: bool) -> str:
         f"qemu:    {host['qemu_path'] or 'not found'} {host['qemu_version'] or ''}".rstrip(),
         f"guest:   {guest_line}",
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
+        f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
     return "\n".join(lines)

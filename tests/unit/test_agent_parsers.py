@@ -99,6 +99,19 @@ def test_exec_spec_has_no_role_until_it_says_so(harness):
     assert fields(parse(harness, recs(*BASE, ("role", "init"))), "role") == ["init"]
     # Keys that only an init applies make the spec an init request.
     assert fields(parse(harness, recs(*BASE, ("root.readonly", "1"))), "role") == ["init"]
+    assert fields(parse(harness, recs(*BASE, ("xgates", "on"))), "role") == ["init"]
+
+
+@pytest.mark.parametrize("value", ["off", "1", "", "ON", "on "])
+def test_xgates_is_on_or_absent(harness, value):
+    assert parse(harness, recs(*BASE, ("xgates", value))) == "spec: bad value for xgates"
+
+
+def test_xgates_is_for_an_init_only(harness):
+    assert parse(harness, recs(*BASE, ("xgates", "on"), ("role", "exec"))) == \
+        "spec: xgates is for a container's init, not for role=exec"
+    assert parse(harness, recs(*BASE, ("xgates", "on"), ("xgates", "on"))) == \
+        "spec: duplicate key xgates"
 
 
 @pytest.mark.parametrize("payload, error", [

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from paracell._native import ffi, lib
 
 PAGE = 4096

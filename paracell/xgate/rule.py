@@ -1,0 +1,77 @@
+"""The vetting rule: which byte patterns count, and which of them are offences.
+
+This is the ONE place the rule lives; the guest kernel's vetting
+(docs/xgates.md) applies the same one, and both change together.
+
+- WRPKRU (0f 01 ef) writes PKRU from user mode. Only the kernel's gate page may
+  hold one, and no file ever contains the gate page, so every WRPKRU found in a
+  file is an offence.
+- XRSTOR (0f ae /5, memory operand) could load PKRU if XCR0 enabled the PKRU
+  state component for user XRSTOR; the XGates guest kernel keeps PKRU out of what
+  user-mode XRSTOR can load, so it cannot open the kernel key. glibc's ld.so
+  carries XRSTOR in its lazy-binding trampolines: refusing it would refuse every
+  dynamic binary. Reported for information.
+- XRSTORS (0f c7 /3, memory operand) faults with #GP outside ring 0. Reported for
+  information.
+
+The scan is a byte scan, not a disassembly: it finds the patterns at every byte
+offset, including bytes that belong to other instructions or to data. Code can
+jump into the middle of an instruction, so that is the conservative reading, and
+the one the kernel takes too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+WRPKRU = "wrpkru"
+XRSTOR = "xrstor"
+XRSTORS = "xrstors"
+
+OFFENCES = frozenset({WRPKRU})
+
+WHY = {
+    WRPKRU: "WRPKRU outside the kernel's gate page",
+    XRSTOR: "XRSTOR cannot load PKRU: the guest kernel keeps PKRU out of user XRSTOR's reach",
+    XRSTORS: "XRSTORS faults outside ring 0",
+}
+
+# ModRM bytes with reg = 5 (XRSTOR) or reg = 3 (XRSTORS) and mod != 3 (memory).
+_REG5_MEM = rb"[\x28-\x2f\x68-\x6f\xa8-\xaf]"
+_REG3_MEM = rb"[\x18-\x1f\x58-\x5f\x98-\x9f]"
+# No byte after the leading 0f of one match is 0f, so non-overlapping matching
+# misses none: a match can never swallow the start of the next.
+PATTERN = re.compile(
+    rb"\x0f(?:(\x01\xef)|(\xae" + _REG5_MEM + rb")|(\xc7" + _REG3_MEM + rb"))"
+)
+LONGEST = 3  # bytes of the longest pattern, for scans across segment joins
+
+
+@dataclass(frozen=True)
+class Hit:
+    offset: int  # of the first byte, a REX prefix included
+    instruction: str  # "wrpkru", "xrstor", "xrstor64", "xrstors", "xrstors64"
+    encoding: bytes
+
+    @property
+    def kind(self) -> str:
+        return self.instruction.removesuffix("64")
+
+    @property
+    def offence(self) -> bool:
+        return self.kind in OFFENCES
+
+
+def classify(match: re.Match[bytes], buf: bytes | memoryview | object, base: int) -> Hit:
+    """Names one PATTERN match; `base` maps buffer positions to file offsets.
+    A REX.W prefix just before XRSTOR/XRSTORS makes it the 64-bit form."""
+    start = match.start()
+    if match.group(1) is not None:
+        return Hit(base + start, WRPKRU, match.group(0))
+    name = XRSTOR if match.group(2) is not None else XRSTORS
+    if start > 0:
+        prefix = buf[start - 1]  # type: ignore[index]
+        if 0x48 <= prefix <= 0x4F:
+            return Hit(base + start - 1, name + "64", bytes([prefix]) + match.group(0))
+    return Hit(base + start, name, match.group(0))

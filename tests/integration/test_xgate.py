@@ -1,0 +1,231 @@
+"""XGates in real guests (TCG): the kernel domain, the gates, the PKRU policy,
+vetting, application domains, and glibc programs, with XGates on and off.
+
+The programs come from guest/xgate/ (xgate-test runs one named check and
+prints `ok NAME ...`); paracell.bench.xgate builds them into a busybox
+rootfs with Debian's glibc, python3 and, at /lib/stock/, Debian's unpatched
+libc.so.6.  The rootfs holds offending files on purpose (xgate-stray, the
+stock libc), so containers here vet in warn mode: the guest kernel is what
+is under test."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from paracell.bench.xgate import SOURCES, xgate_rootfs
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.integration
+
+ON = {"io.paracell.xgates": "on", "io.paracell.xgates.vet": "warn"}
+OFF = {"io.paracell.xgates": "off"}
+SIGKILL_STATUS = 137
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = xgate_rootfs(tmp_path_factory.mktemp("xgate") / "rootfs", python=True)
+    stock = root / "lib" / "stock"
+    stock.mkdir()
+    shutil.copy2(Path("/lib/x86_64-linux-gnu/libc.so.6").resolve(), stock / "libc.so.6")
+    example = REPO / "oci" / "examples" / "xgate-domain" / "agent-secret.c"
+    subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", f"-I{SOURCES}", "-o",
+                    str(root / "bin" / "agent-secret"), str(example), str(SOURCES / "libxgate.c")],
+                   check=True)
+    return root
+
+
+@pytest.fixture
+def xbundle(tmp_path: Path, rootfs: Path):
+    """xbundle(args, annotations, env=..., caps=...) -> a bundle on the shared rootfs."""
+    counter = iter(range(100))
+
+    def make(args: list[str], annotations: dict[str, str], env: list[str] | None = None,
+             caps: list[str] | None = None) -> Path:
+        from paracell.runtime import defaultspec
+
+        bundle = tmp_path / f"b{next(counter)}"
+        bundle.mkdir()
+        config = defaultspec.default_config(args)
+        config["root"] = {"path": str(rootfs), "readonly": True}
+        config["annotations"] = annotations
+        if env:
+            config["process"]["env"] += env
+        if caps:
+            for kind in ("bounding", "effective", "permitted"):
+                config["process"]["capabilities"][kind] += caps
+        (bundle / "config.json").write_text(json.dumps(config))
+        return bundle
+
+    return make
+
+
+@pytest.fixture
+def guest(runtime, xbundle):
+    """guest(args, annotations, ...) -> CompletedProcess of `paracell run`."""
+    counter = iter(range(100))
+
+    def run(args: list[str], annotations: dict[str, str], **kw):
+        return runtime("run", "--bundle", str(xbundle(args, annotations, **kw)),
+                       f"xg{next(counter)}", timeout=300)
+
+    return run
+
+
+def ok(result, name: str) -> str:
+    out = result.stdout.decode()
+    assert result.returncode == 0, (result.returncode, out, result.stderr.decode()[-500:])
+    assert f"ok {name}" in out and "FAIL" not in out, out
+    return out
+
+
+def test_status_busybox_and_launch_record(guest):
+    out = ok(guest(["sh", "-c", "xgate-test status; echo a b c | wc -w; ls /bin | grep -c ."],
+                   ON), "status")
+    # bit 0: enabled for the task, bit 1: gate pages mapped in this mm
+    assert "prctl=3 available=1" in out
+    assert "\n3\n" in out
+
+
+def test_exec_processes_inherit_xgates(runtime, xbundle):
+    # Only the init's launch spec says xgates=on; the agent's container slot
+    # remembers it for every exec.
+    bundle = xbundle(["sleep", "60"], ON)
+    assert runtime("create", "--bundle", str(bundle), "xgex").returncode == 0
+    runtime("start", "xgex", check=True)
+    out = ok(runtime("exec", "xgex", "xgate-test", "status"), "status")
+    assert "prctl=3 available=1" in out
+    runtime("delete", "--force", "xgex", check=True)
+
+
+def test_xgates_off_has_no_gate_page(guest):
+    out = ok(guest(["xgate-test", "status"], OFF), "status")
+    assert "prctl=0 available=0" in out
+
+
+def test_kernel_domain_data_faults_with_pkuerr(guest):
+    out = ok(guest(["xgate-test", "data"], ON), "data")
+    assert "si_code=4 (SEGV_PKUERR=4) pkey=15" in out
+
+
+@pytest.mark.parametrize("how", ["past", "onto"])
+def test_mid_gate_jump_is_killed(guest, how):
+    result = guest(["sh", "-c", f"xgate-test midgate {how}; echo status=$?; "
+                                "dmesg | grep 'gate check failed'"], ON)
+    out = result.stdout.decode()
+    assert f"jumping {how}" in out and "survived" not in out, out
+    assert f"status={SIGKILL_STATUS}" in out, out
+    assert "xgate: xgate-test[" in out and "gate check failed at [xgate]+0x" in out, out
+
+
+def test_stray_wrpkru_refused_at_execve_mmap_and_mprotect(guest):
+    result = guest(["sh", "-c", "xgate-test exec-stray /bin/xgate-stray; "
+                                "xgate-test mem /bin/xgate-stray; dmesg | grep 'refused'"], ON)
+    out = ok(result, "exec-stray refused: Operation not permitted")
+    assert "ok mem" in out
+    assert "stray ran" not in out
+    assert "execve refused: WRPKRU in xgate-stray at offset 0x" in out, out
+    assert "mmap refused: WRPKRU in xgate-stray" in out, out
+    assert "mprotect refused: WRPKRU at 0x" in out, out
+
+
+def test_vetted_file_stays_vetted(guest):
+    # A file mapped executable by an XGates process cannot be opened for writing
+    # for the rest of that process's life; without XGates nothing changes.
+    ok(guest(["xgate-test", "denywrite"], ON), "denywrite xgates=1 writes refused (ETXTBSY)")
+    ok(guest(["xgate-test", "denywrite"], OFF), "denywrite xgates=0 writes allowed")
+
+
+def test_stray_binary_as_container_process_is_refused(guest):
+    result = guest(["/bin/xgate-stray"], ON)
+    assert result.returncode != 0
+    assert b"stray ran" not in result.stdout
+
+
+def test_same_binary_runs_with_xgates_off(guest):
+    result = guest(["/bin/xgate-stray"], OFF)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"stray ran\n"
+
+
+def test_pkru_closed_in_handlers_threads_fork_and_exec(guest):
+    out = ok(guest(["xgate-test", "pkru"], ON), "pkru")
+    assert "ok pkru-exec" in out
+
+
+SETID = ["CAP_SETUID", "CAP_SETGID"]
+
+
+def test_gate_calls_equal_syscalls(guest):
+    # Also after setresuid/setresgid in a forked child, hence the capabilities.
+    ok(guest(["xgate-test", "gates"], ON, caps=SETID), "gates")
+
+
+def test_application_domain_data_only_through_its_gate(guest):
+    ok(guest(["xgate-test", "domain"], ON), "domain")
+
+
+def test_forged_sigreturn_frame_cannot_open_the_key(guest):
+    ok(guest(["xgate-test", "sigreturn"], ON), "sigreturn")
+
+
+def test_xrstor_cannot_load_pkru(guest):
+    out = ok(guest(["xgate-test", "xrstor"], ON), "xrstor")
+    assert "pkru-offset=" in out
+
+
+def test_pkey_alloc_never_gives_the_reserved_key(guest):
+    ok(guest(["xgate-test", "pkey"], ON), "pkey")
+
+
+def test_pkru_survives_signal_handlers_without_xgates(guest):
+    # PKRU left XCR0 for everyone: a pkey user's rights still come back after a handler.
+    ok(guest(["xgate-test", "pkru-preserved"], OFF), "pkru-preserved")
+
+
+# With the preload, os.getpid() and time.monotonic() come from the gates: the
+# kernel's own answers (/proc) must agree.
+PY = ("import os, time; pid = int(open('/proc/self/stat').read().split()[0]); "
+      "up = float(open('/proc/uptime').read().split()[0]); "
+      "print('py', os.getpid() == pid, abs(time.monotonic() - up) < 1, os.getuid(), os.getgid(), "
+      "sum(range(10)))")
+
+
+def test_debian_python3_runs_with_xgates_on(guest):
+    result = guest(["sh", "-c", f"python3 -c \"{PY}\" && "
+                                f"LD_PRELOAD=/lib/libxgate-preload.so python3 -c \"{PY}\""], ON)
+    assert result.returncode == 0, result.stderr.decode()[-500:]
+    assert result.stdout.decode().count("py True True 0 0 45") == 2, result.stdout
+
+
+def test_ld_preload_routes_glibc_calls_through_gates(guest):
+    # gettid() is the gate's answer here, getpid() the kernel's: equal only if both are right.
+    script = ("LD_PRELOAD=/lib/libxgate-preload.so xgate-bench idloop 1000 && "
+              "xgate-test gates")
+    out = ok(guest(["sh", "-c", script], ON, caps=SETID), "gates")
+    assert "idloop" in out
+
+
+def test_stock_debian_libc_is_refused(guest):
+    # Debian's libc.so.6 holds a WRPKRU (pkey_set): an XGates guest will not map it.
+    result = guest(["/lib64/ld-linux-x86-64.so.2", "--library-path", "/lib/stock",
+                    "/bin/xgate-bench", "idloop", "1"], ON)
+    assert result.returncode != 0
+    assert b"idloop" not in result.stdout
+    assert b"libc.so.6" in result.stdout + result.stderr
+
+
+def test_domain_example(guest):
+    # oci/examples/xgate-domain: the tool code faults on the key, the agent keeps signing.
+    result = guest(["/bin/agent-secret"], ON)
+    out = result.stdout.decode()
+    assert result.returncode == 0, out + result.stderr.decode()
+    lines = out.splitlines()
+    assert lines[0].startswith("agent: request 42 signed: ")
+    assert lines[1] == "tool: reading the key faulted (si_code 4, SEGV_PKUERR is 4)"
+    assert lines[2].split(": ")[-1] == lines[0].split(": ")[-1]

@@ -1,0 +1,115 @@
+"""Turning XGates on: annotations over the operator's config file, the launch
+spec record, and the host support matrix that `check` and `create` share."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from paracell.errors import ParacellError
+from paracell.runtime import spec, xgates
+from paracell.runtime.defaultspec import default_config
+from paracell.vmm.probe import HostFacts
+from paracell.xgate.support import support
+from tests.conftest import PARACELL
+
+
+@pytest.fixture
+def config_file(tmp_path, monkeypatch):
+    path = tmp_path / "config.json"
+    monkeypatch.setenv("PARACELL_CONFIG", str(path))
+    return path
+
+
+def test_annotation_wins_over_the_config_file(config_file):
+    assert xgates.plan({}).enabled is False
+    config_file.write_text(json.dumps({"xgates": True}))
+    assert xgates.plan({}) == xgates.XgatesPlan(True, "refuse", xgates.plan({}).source)
+    assert xgates.plan({"io.paracell.xgates": "off"}).enabled is False
+    config_file.write_text(json.dumps({"xgates": False}))
+    plan = xgates.plan({"io.paracell.xgates": "on", "io.paracell.xgates.vet": "warn"})
+    assert plan.enabled and plan.vet == "warn"
+
+
+@pytest.mark.parametrize("annotations", [
+    {"io.paracell.xgates": "yes"}, {"io.paracell.xgates": "ON"},
+    {"io.paracell.xgates": ""}, {"io.paracell.xgates.vet": "ignore"},
+])
+def test_other_annotation_values_are_refused_in_one_line(config_file, annotations):
+    with pytest.raises(ParacellError) as err:
+        xgates.plan(annotations)
+    assert "\n" not in str(err.value) and "io.paracell.xgates" in str(err.value)
+
+
+@pytest.mark.parametrize("value", [1, "true", None])
+def test_config_file_xgates_must_be_a_bool(config_file, value):
+    config_file.write_text(json.dumps({"xgates": value}))
+    with pytest.raises(ParacellError, match="mistyped setting 'xgates'"):
+        xgates.plan({})
+
+
+def test_a_bool_is_still_refused_for_a_number_setting(config_file):
+    from paracell import settings
+
+    config_file.write_text(json.dumps({"guest_memory_mib": True}))
+    with pytest.raises(ParacellError, match="guest_memory_mib"):
+        settings.guest_memory_mib()
+
+
+def test_the_init_launch_spec_carries_xgates_on_only_when_enabled(tmp_path):
+    (tmp_path / "rootfs").mkdir()
+    config = default_config(["true"])
+    bundle = spec.validate(tmp_path, config)
+    on = spec.init_launch_spec("c1", bundle, xgates=True).split(b"\0")
+    off = spec.init_launch_spec("c1", bundle).split(b"\0")
+    assert b"xgates=on" in on and not any(r.startswith(b"xgates") for r in off)
+    assert b"role=init" in on
+
+
+def _facts(pku: bool, qemu: bool = True) -> HostFacts:
+    return HostFacts("hardware", "vmx", pku, "/usr/bin/qemu" if qemu else None, "7.2")
+
+
+def test_support_matrix():
+    assert support("tcg", _facts(pku=False)).supported
+    assert support("kvm", _facts(pku=True)).supported
+    kvm_without = support("kvm", _facts(pku=False))
+    assert not kvm_without.supported and "pku" in kvm_without.reason
+    assert not support(None, _facts(pku=True)).supported
+    assert not support("tcg", _facts(pku=True, qemu=False)).supported
+
+
+def test_create_refuses_xgates_where_unsupported():
+    plan = xgates.XgatesPlan(True, "refuse", "annotation io.paracell.xgates")
+    with pytest.raises(ParacellError, match="unsupported with engine kvm: .*lacks pku"):
+        xgates.require_support(plan, "kvm", _facts(pku=False))
+    xgates.require_support(plan, "tcg", _facts(pku=False))
+    xgates.require_support(xgates.XgatesPlan(False, "refuse", ""), "kvm", _facts(pku=False))
+
+
+def test_check_says_whether_xgates_can_run():
+    report = json.loads(subprocess.run([PARACELL, "check", "--json"], capture_output=True,
+                                       check=True, timeout=60).stdout)
+    assert isinstance(report["xgates"]["supported"], bool) and report["xgates"]["reason"]
+    text = subprocess.run([PARACELL, "check"], capture_output=True, check=True,
+                          timeout=60).stdout.decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("xgates:")]
+    assert ("yes" if report["xgates"]["supported"] else "unsupported") in line
+    if report["engine"]["engine"] == "tcg":
+        assert report["xgates"]["supported"] is True
+
+
+def test_a_rootfs_past_the_vet_bounds_is_refused_or_warned(tmp_path, monkeypatch):
+    from paracell.runtime.log import RuntimeLog
+    from paracell.xgate import vet
+
+    monkeypatch.setattr(vet, "MAX_ENTRIES", 2)
+    for i in range(3):
+        (tmp_path / f"f{i}").write_bytes(b"x")
+    with pytest.raises(ParacellError, match="rootfs not vetted: .*more than 2 entries"):
+        xgates.vet_rootfs(xgates.XgatesPlan(True, "refuse", ""), tmp_path, RuntimeLog())
+    log = tmp_path / "log"
+    xgates.vet_rootfs(xgates.XgatesPlan(True, "warn", ""), tmp_path, RuntimeLog(str(log)))
+    assert "rootfs not vetted" in log.read_text()
