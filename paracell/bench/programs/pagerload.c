@@ -76,7 +76,8 @@ static double touch_us_per_page(char *p, size_t bytes)
     return (now_s() - t0) * 1e6 / (bytes / PAGE);
 }
 
-static int burst(size_t mib, long hold_ms, long after_ms)
+/* Allocate and touch, hold, free: every step a line the host can time. */
+static void one_burst(size_t mib, long hold_ms)
 {
     char *p = alloc(mib * MIB);
     double us = touch_us_per_page(p, mib * MIB);
@@ -85,6 +86,11 @@ static int burst(size_t mib, long hold_ms, long after_ms)
     say("freeing %zu", mib);
     munmap(p, mib * MIB);
     say("freed %zu %ld", mib, free_kb());
+}
+
+static int burst(size_t mib, long hold_ms, long after_ms)
+{
+    one_burst(mib, hold_ms);
     sleep_ms(after_ms);
     say("done");
     return 0;
@@ -95,14 +101,7 @@ static int trace(int bursts, long gap_ms)
     static const size_t sizes[] = {16, 256, 64, 128, 32, 256, 48, 192};
     say("idle %ld", free_kb());
     for (int r = 0; r < bursts; r++) {
-        size_t mib = sizes[r % (sizeof sizes / sizeof sizes[0])];
-        char *p = alloc(mib * MIB);
-        touch_us_per_page(p, mib * MIB);
-        say("allocated %zu %ld", mib, free_kb());
-        sleep_ms(300);
-        say("freeing %zu", mib);
-        munmap(p, mib * MIB);
-        say("freed %zu %ld", mib, free_kb());
+        one_burst(sizes[r % (sizeof sizes / sizeof sizes[0])], 300);
         sleep_ms(gap_ms);
     }
     say("done");
