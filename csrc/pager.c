@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -311,8 +312,15 @@ static void *serve(void *arg)
 
 int pc_pager_start(struct pc_pager *p)
 {
+    /* The thread is born with every signal blocked: signals sent to the shim
+     * (SIGWINCH, SIGTERM, ...) must reach its relay's signalfd, never this
+     * thread, where SIGTERM's default action would end the whole shim. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     pthread_t t;
     int err = pthread_create(&t, NULL, serve, p);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err) return fail(p, PC_PAGER_IO_ERROR, "starting the Pager thread: %s", strerror(err));
     p->thread = (unsigned long)t;
     p->running = 1;

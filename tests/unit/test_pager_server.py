@@ -206,8 +206,15 @@ def test_the_thread_serves_doorbells_and_close_releases_everything(tmp_path: Pat
     assert lib.pc_pager_open(p, fds[0], RAM, RAM, fds[1], fds[2]) == lib.PC_PAGER_OK
     for fd in fds:
         os.close(fd)
+    tasks_before = set(os.listdir("/proc/self/task"))
     try:
         assert lib.pc_pager_start(p) == lib.PC_PAGER_OK
+        # Signals for the shim must reach its relay's signalfd, never this thread.
+        (tid,) = set(os.listdir("/proc/self/task")) - tasks_before
+        status = Path(f"/proc/self/task/{tid}/status").read_text()
+        mask = next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1]
+        blocked = int(mask, 16)
+        assert blocked & (1 << (15 - 1)) and blocked & (1 << (28 - 1))  # SIGTERM, SIGWINCH
         p.shm.unbind_ring[0].addr, p.shm.unbind_ring[0].len = 0, RAM
         p.shm.unbind.prod = 1
         os.write(p.doorbell_fd, struct.pack("<Q", 1))
