@@ -233,10 +233,7 @@ static void write_sysctls(const struct spec *s)
     char path[16 + PC_SPEC_MAX_SYSCTL_NAME];
     for (int i = 0; i < s->nsysctls; i++) {
         const struct spec_sysctl *sc = &s->sysctls[i];
-        snprintf(path, sizeof path, "/proc/sys/%s", sc->name);
-        for (char *c = path; *c; c++)
-            if (*c == '.')
-                *c = '/';
+        snprintf(path, sizeof path, "/proc/sys/%s", sc->path);
         int fd = open(path, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
             die("open %s: %s", path, strerror(errno));

@@ -101,23 +101,26 @@ static int parse_mount(char *v, struct spec_mount *m)
     return 0;
 }
 
-/* "name=value": the name's parts are [A-Za-z0-9_-]+ joined by single dots,
- * so that with dots made slashes it names a file under /proc/sys and no
+/* "path=value": the path under /proc/sys, parts of [A-Za-z0-9_.-] joined by
+ * single slashes, never "." or "..", so that it names a file there and no
  * other; the value is whatever the kernel is to parse, bounded. */
 static int parse_sysctl(char *v, struct spec_sysctl *sc)
 {
+    static const char part_chars[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
     char *eq = strchr(v, '=');
     if (!eq || eq == v || (size_t)(eq - v) > PC_SPEC_MAX_SYSCTL_NAME ||
         strlen(eq + 1) > PC_SPEC_MAX_SYSCTL_VALUE)
         return -1;
     *eq = 0;
-    for (const char *c = v; *c; c++) {
-        int part = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
-                   (*c >= '0' && *c <= '9') || *c == '_' || *c == '-';
-        if (!part && !(*c == '.' && c != v && c[1] && c[1] != '.'))
+    for (char *part = v, *end; part; part = *end ? end + 1 : NULL) {
+        end = strchrnul(part, '/');
+        size_t n = (size_t)(end - part);
+        if (!n || strspn(part, part_chars) < n ||
+            (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
             return -1;
     }
-    sc->name = v;
+    sc->path = v;
     sc->value = eq + 1;
     return 0;
 }
@@ -126,9 +129,9 @@ static int parse_sysctl(char *v, struct spec_sysctl *sc)
 static int parse_oom_score_adj(const char *v, int *out)
 {
     int neg = v[0] == '-';
+    uint64_t max = neg ? (uint64_t)-(int64_t)PC_SPEC_OOM_SCORE_ADJ_MIN : PC_SPEC_OOM_SCORE_ADJ_MAX;
     uint64_t n;
-    if (parse_uint(v + neg, 10, neg ? -(int64_t)PC_SPEC_OOM_SCORE_ADJ_MIN : PC_SPEC_OOM_SCORE_ADJ_MAX,
-                   &n))
+    if (parse_uint(v + neg, 10, max, &n))
         return -1;
     *out = neg ? -(int)n : (int)n;
     return 0;

@@ -19,10 +19,10 @@ struct spec_mount {
     unsigned long flags;
 };
 
-/* linux.sysctl: name as in config.json (dots), checked to be a plain
- * /proc/sys path once dots become slashes. */
+/* linux.sysctl: the path under /proc/sys ("kernel/shmmax"), checked to name
+ * a file there and no other. */
 struct spec_sysctl {
-    const char *name, *value;
+    const char *path, *value;
 };
 
 struct spec_rlimit {

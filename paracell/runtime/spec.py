@@ -69,9 +69,10 @@ IPC_SYSCTLS = {
     "kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem", "kernel.shmall",
     "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
 }
-# Dotted parts that, with dots made slashes, name a file under /proc/sys and
+# A sysctl as a path under /proc/sys: parts of [A-Za-z0-9_.-] (an interface
+# name may hold a dot), never "." or "..", so it names a file there and
 # nothing else (the agent checks the same).
-SYSCTL_NAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*")
+SYSCTL_PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -340,16 +341,31 @@ def _sysctl_records(linux: dict[str, Any]) -> list[tuple[str, str]]:
         raise _fail(f"linux.sysctl has more than {lib.PC_SPEC_MAX_SYSCTLS} entries")
     namespaces = _namespaces(linux)
     records = []
-    for name, value in sysctls.items():
-        if len(name) > lib.PC_SPEC_MAX_SYSCTL_NAME or not SYSCTL_NAME.fullmatch(name):
-            raise _fail(f"linux.sysctl key {name[:64]!r} is not a sysctl name")
-        _expect(value, str, f"linux.sysctl[{name!r}]")
+    for key, value in sysctls.items():
+        name, path = _sysctl_name_and_path(key)
+        _expect(value, str, f"linux.sysctl[{key!r}]")
         if len(value.encode()) > lib.PC_SPEC_MAX_SYSCTL_VALUE:
-            raise _fail(f"linux.sysctl[{name!r}] is longer than "
+            raise _fail(f"linux.sysctl[{key!r}] is longer than "
                         f"{lib.PC_SPEC_MAX_SYSCTL_VALUE} bytes")
         _check_sysctl_namespace(name, namespaces)
-        records.append(("sysctl", f"{name}={value}"))
+        records.append(("sysctl", f"{path}={value}"))
     return records
+
+
+def _sysctl_name_and_path(key: str) -> tuple[str, str]:
+    """The dotted name runc's rules and messages use, and the path under
+    /proc/sys. As runc does, a key whose first separator is a slash is a path
+    already ("net/ipv4/conf/eth0.100/forwarding"), its dots part of names."""
+    first = re.search(r"[./]", key)
+    if first and first.group() == "/":
+        name, path = key.translate(str.maketrans("./", "/.")), key
+    else:
+        name, path = key, key.replace(".", "/")
+    parts = path.split("/")
+    if (len(path) > lib.PC_SPEC_MAX_SYSCTL_NAME or ".." in parts or "." in parts
+            or not all(SYSCTL_PART.fullmatch(p) for p in parts)):
+        raise _fail(f"linux.sysctl key {key[:64]!r} is not a sysctl name")
+    return name, path
 
 
 def _path_records(linux: dict[str, Any], field_name: str, key: str) -> list[tuple[str, str]]:

@@ -42,7 +42,7 @@ def one_line_failure(runtime, bundle, cid) -> str:
 def test_namespaced_sysctls_are_set_in_the_container(runtime, make_bundle):
     sysctls = {"kernel.shmmax": "123456789", "kernel.sem": "250 32000 100 200",
                "fs.mqueue.msg_max": "20", "kernel.domainname": "example.test",
-               "net.ipv4.ip_forward": "1"}
+               "net.ipv4.ip_forward": "1", "kernel/shmmni": "8192"}
     files = " ".join("/proc/sys/" + name.replace(".", "/") for name in sysctls)
 
     def mutate(config):

@@ -105,7 +105,7 @@ static int run_spec(void)
     }
     for (int i = 0; i < s.nsysctls; i++) {
         printf("sysctl ");
-        put_str(s.sysctls[i].name);
+        put_str(s.sysctls[i].path);
         putchar('|');
         put_str(s.sysctls[i].value);
         putchar('\n');

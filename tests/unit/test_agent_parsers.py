@@ -176,7 +176,7 @@ def test_bad_values(harness, key, value):
     ("mount", "/m\x1ftmpfs\x1f\x1f0\x1f", 256, "mounts"),
     ("gid+", "7", 256, "additional gids"),
     ("rlimit", "7 1 1", 64, "rlimits"),
-    ("sysctl", "kernel.shmmax=1", 256, "sysctls"),
+    ("sysctl", "kernel/shmmax=1", 256, "sysctls"),
     ("path.readonly", "/proc/sys", 256, "read-only paths"),
     ("path.masked", "/proc/kcore", 256, "masked paths"),
 ])
@@ -202,7 +202,7 @@ def test_container_ids_within_the_rule(harness, cid):
 
 @pytest.mark.parametrize("key, value", [
     ("hostname", "h"), ("root.readonly", "0"), ("mount", "/proc\x1fproc\x1fproc\x1f0\x1f"),
-    ("sysctl", "kernel.shmmax=1"), ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
+    ("sysctl", "kernel/shmmax=1"), ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
 ])
 def test_init_only_keys_contradict_role_exec(harness, key, value):
     assert (parse(harness, recs(*BASE, ("role", "exec"), (key, value)))
@@ -211,14 +211,15 @@ def test_init_only_keys_contradict_role_exec(harness, key, value):
 
 def test_sysctls_paths_and_oom_score_adj_parse(harness):
     parsed = parse(harness, recs(
-        *BASE, ("oom_score_adj", "-1000"), ("sysctl", "kernel.sem=250 32000 100 128"),
-        ("sysctl", "net.ipv4.conf.eth-0.forwarding=x=y"), ("sysctl", "kernel.domainname="),
+        *BASE, ("oom_score_adj", "-1000"), ("sysctl", "kernel/sem=250 32000 100 128"),
+        ("sysctl", "net/ipv4/conf/eth-0.100/forwarding=x=y"), ("sysctl", "kernel/domainname="),
         ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
         ("path.masked", "/../a\x1fb"), ("path.readonly", "/")))
     assert fields(parsed, "role") == ["init"]
     assert fields(parsed, "oom_score_adj") == ["-1000"]
-    assert fields(parsed, "sysctl") == ["kernel.sem|250 32000 100 128",
-                                        "net.ipv4.conf.eth-0.forwarding|x=y", "kernel.domainname|"]
+    assert fields(parsed, "sysctl") == ["kernel/sem|250 32000 100 128",
+                                        "net/ipv4/conf/eth-0.100/forwarding|x=y",
+                                        "kernel/domainname|"]
     assert fields(parsed, "path.readonly") == ["/proc/sys", "/"]
     assert fields(parsed, "path.masked") == ["/proc/kcore", "/../a\\x1fb"]
 
@@ -233,10 +234,11 @@ def test_oom_score_adj_range_and_any_role(harness, value):
     ("oom_score_adj", "1001"), ("oom_score_adj", "-1001"), ("oom_score_adj", "+1"),
     ("oom_score_adj", "--1"), ("oom_score_adj", "-"), ("oom_score_adj", ""),
     ("oom_score_adj", " 1"), ("oom_score_adj", "0x10"), ("oom_score_adj", "99999999999999999999"),
-    # sysctl: name=value, the name dotted [A-Za-z0-9_-] parts, both bounded
-    ("sysctl", ""), ("sysctl", "kernel.shmmax"), ("sysctl", "=1"), ("sysctl", ".kernel=1"),
-    ("sysctl", "kernel.=1"), ("sysctl", "kernel..shmmax=1"), ("sysctl", "kernel/shmmax=1"),
-    ("sysctl", "../../etc/passwd=1"), ("sysctl", "a b=1"), ("sysctl", "a\x01=1"),
+    # sysctl: path=value, the path [A-Za-z0-9_.-] parts under /proc/sys, both bounded
+    ("sysctl", ""), ("sysctl", "kernel/shmmax"), ("sysctl", "=1"), ("sysctl", "/kernel=1"),
+    ("sysctl", "kernel/=1"), ("sysctl", "kernel//shmmax=1"), ("sysctl", "../../etc/passwd=1"),
+    ("sysctl", "net/./x=1"), ("sysctl", "net/..=1"), ("sysctl", ".=1"),
+    ("sysctl", "a b=1"), ("sysctl", "a\x01=1"), ("sysctl", "a\\b=1"),
     ("sysctl", "k\xc3\xa4=1"), ("sysctl", "k" * 256 + "=1"), ("sysctl", "k=" + "v" * 4096),
     # paths: absolute, bounded
     ("path.readonly", ""), ("path.readonly", "proc/sys"), ("path.masked", "."),

@@ -43,9 +43,9 @@ def test_records_in_the_order_the_agent_applies_them(tmp_path):
     recs = launch(tmp_path, mutate)
     assert ("oom_score_adj", "-1000") in recs
     assert [r for r in recs if r[0] in ("sysctl", "path.readonly", "path.masked")] == [
-        ("sysctl", "kernel.shmmax=1"), ("sysctl", "net.ipv4.ip_forward=1"),
-        ("sysctl", "kernel.sem=1 2 3 4"), ("sysctl", "fs.mqueue.msg_max=x=y"),
-        ("sysctl", "kernel.domainname="),
+        ("sysctl", "kernel/shmmax=1"), ("sysctl", "net/ipv4/ip_forward=1"),
+        ("sysctl", "kernel/sem=1 2 3 4"), ("sysctl", "fs/mqueue/msg_max=x=y"),
+        ("sysctl", "kernel/domainname="),
         ("path.readonly", "/proc/sys"), ("path.readonly", "/a b"),
         ("path.masked", "/proc/kcore"), ("path.masked", "/../x"),  # resolved in the root
     ]
@@ -142,8 +142,23 @@ def test_malformed_fields(tmp_path, mutate, message):
     assert message in refused(tmp_path, mutate)
 
 
+def test_slashed_keys_name_a_path_whose_dots_belong_to_names(tmp_path):
+    """runc's form for an interface name with a dot in it."""
+    def mutate(config):
+        config["linux"]["namespaces"].append({"type": "network"})
+        config["linux"]["sysctl"] = {"net/ipv4/conf/eth0.100/forwarding": "1",
+                                     "kernel/shmmax": "2"}
+
+    assert [r for r in launch(tmp_path, mutate) if r[0] == "sysctl"] == [
+        ("sysctl", "net/ipv4/conf/eth0.100/forwarding=1"), ("sysctl", "kernel/shmmax=2")]
+    # The rules see the dotted name, as runc's do.
+    assert refused(tmp_path, linux(sysctl={"kernel/pid_max": "1"})) == \
+        'sysctl "kernel.pid_max" is not in a separate kernel namespace'
+
+
 @pytest.mark.parametrize("name", [
-    "", ".", "kernel.", ".kernel", "kernel..shmmax", "kernel/shmmax", "../../etc/passwd",
+    "", ".", "kernel.", ".kernel", "kernel..shmmax", "kernel/", "/kernel/shmmax", "net/../x",
+    "net/./x", "../../etc/passwd",
     "kernel.shm max", "kernel.shmmax\n", "kernel.shmmax=1", "net.ipv4.conf.eth0:1.forwarding",
     "k" * (lib.PC_SPEC_MAX_SYSCTL_NAME + 1), "kernel.shmmäx",
 ])
@@ -165,4 +180,5 @@ def test_the_bounds_themselves_are_accepted(tmp_path):
 
     recs = launch(tmp_path, mutate)
     assert len([r for r in recs if r[0] == "path.masked"]) == lib.PC_SPEC_MAX_PATHS
-    assert ("sysctl", f"{name}={'v' * lib.PC_SPEC_MAX_SYSCTL_VALUE}") in recs
+    path = name.replace(".", "/")
+    assert ("sysctl", f"{path}={'v' * lib.PC_SPEC_MAX_SYSCTL_VALUE}") in recs
