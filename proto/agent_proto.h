@@ -76,5 +76,16 @@ struct pc_exit_msg {
 #define PC_SPEC_MAX_RLIMITS 64
 #define PC_SPEC_MAX_MOUNT_OPTIONS 64
 #define PC_SPEC_MAX_CONTAINER_ID 255
+/* linux.sysctl: entries, a name's bytes (dotted, as in config.json) and a
+ * value's bytes (one write to /proc/sys, which takes less than a page). */
+#define PC_SPEC_MAX_SYSCTLS 256
+#define PC_SPEC_MAX_SYSCTL_NAME 255
+#define PC_SPEC_MAX_SYSCTL_VALUE 4095
+/* linux.maskedPaths and linux.readonlyPaths, each; a path's bytes (PATH_MAX - 1). */
+#define PC_SPEC_MAX_PATHS 256
+#define PC_SPEC_MAX_PATH_LEN 4095
+/* process.oomScoreAdj, the kernel's OOM_SCORE_ADJ_MIN..OOM_SCORE_ADJ_MAX. */
+#define PC_SPEC_OOM_SCORE_ADJ_MIN -1000
+#define PC_SPEC_OOM_SCORE_ADJ_MAX 1000
 
 #endif

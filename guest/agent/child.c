@@ -25,6 +25,7 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -223,6 +224,75 @@ static void populate_dev(int rootfd)
     close(dev);
 }
 
+/* linux.sysctl, written as runc writes it: after the hostname, through
+ * /proc/sys, which shows the writer's own IPC, UTS and network namespaces
+ * whatever procfs it is reached by, so the agent's /proc serves before the
+ * container has one.  The host allowed only namespaced names. */
+static void write_sysctls(const struct spec *s)
+{
+    char path[16 + PC_SPEC_MAX_SYSCTL_NAME];
+    for (int i = 0; i < s->nsysctls; i++) {
+        const struct spec_sysctl *sc = &s->sysctls[i];
+        snprintf(path, sizeof path, "/proc/sys/%s", sc->path);
+        int fd = open(path, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            die("open %s: %s", path, strerror(errno));
+        size_t n = strlen(sc->value);
+        ssize_t w = write(fd, sc->value, n);
+        if (w < 0 || (size_t)w != n)
+            die("write %s: %s", path, w < 0 ? strerror(errno) : "short write");
+        close(fd);
+    }
+}
+
+/* linux.readonlyPaths, as runc's readonlyPath: a recursive bind of the path
+ * onto itself, remounted read-only keeping nosuid, nodev and noexec.  A
+ * path the container lacks is skipped. */
+static void readonly_path(int rootfd, const char *path)
+{
+    char src[40];
+    int fd = open_in_root(rootfd, path, O_PATH);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return;
+        die("can't make \"%s\" read-only: %s", path, strerror(errno));
+    }
+    snprintf(src, sizeof src, "/proc/self/fd/%d", fd);
+    if (mount_at_fd(src, fd, NULL, MS_BIND | MS_REC, NULL) < 0)
+        die("can't make \"%s\" read-only: mount: %s", path, strerror(errno));
+    close(fd);
+    /* The bind is on top of the old fd's dentry; the remount needs the new mount. */
+    struct statfs sf;
+    fd = open_in_root(rootfd, path, O_PATH);
+    if (fd < 0 || fstatfs(fd, &sf) < 0)
+        die("can't make \"%s\" read-only: statfs: %s", path, strerror(errno));
+    unsigned long keep = (unsigned long)sf.f_flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC);
+    if (mount_at_fd(NULL, fd, NULL, keep | MS_BIND | MS_REMOUNT | MS_RDONLY, NULL) < 0)
+        die("can't make \"%s\" read-only: remount: %s", path, strerror(errno));
+    close(fd);
+}
+
+/* linux.maskedPaths, as runc's maskPath: /dev/null bound over a file, an
+ * empty read-only tmpfs over a directory; a path the container lacks is
+ * skipped.  The agent's /dev/null, since the container may have none. */
+static void mask_path(int rootfd, const char *path)
+{
+    struct stat st;
+    int fd = open_in_root(rootfd, path, O_PATH);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return;
+        die("can't mask path %s: %s", path, strerror(errno));
+    }
+    if (fstat(fd, &st) < 0)
+        die("can't mask path %s: stat: %s", path, strerror(errno));
+    int r = S_ISDIR(st.st_mode) ? mount_at_fd("tmpfs", fd, "tmpfs", MS_RDONLY, NULL)
+                                : mount_at_fd("/dev/null", fd, NULL, MS_BIND, NULL);
+    if (r < 0)
+        die("can't mask path %s: %s", path, strerror(errno));
+    close(fd);
+}
+
 /* ---- terminal (init and exec) ---- */
 
 static int master_fd = -1, slave_fd = -1;
@@ -321,10 +391,16 @@ static void setup_rootfs(const struct spec *s)
         if (has_dev)
             mount_console(rootfd);
     }
-    close(rootfd);
 
     if (s->hostname && sethostname(s->hostname, strlen(s->hostname)) < 0)
         die("sethostname: %s", strerror(errno));
+    /* runc's order: hostname, sysctls, read-only paths, masked paths. */
+    write_sysctls(s);
+    for (int i = 0; i < s->nreadonly_paths; i++)
+        readonly_path(rootfd, s->readonly_paths[i]);
+    for (int i = 0; i < s->nmasked_paths; i++)
+        mask_path(rootfd, s->masked_paths[i]);
+    close(rootfd);
 
     /* pivot_root(".", ".") stacks the old root on the new one; detaching it
      * leaves no path back to the agent's filesystem (unlike chroot). */
@@ -347,6 +423,16 @@ static void setup_rootfs(const struct spec *s)
 }
 
 /* ---- credentials and limits (init and exec) ---- */
+
+static void set_oom_score_adj(int adj)
+{
+    char buf[16];
+    int n = snprintf(buf, sizeof buf, "%d", adj);
+    int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || write(fd, buf, (size_t)n) != n)
+        die("failed to update /proc/self/oom_score_adj: %s", strerror(errno));
+    close(fd);
+}
 
 static void setup_user(const struct spec *s)
 {
@@ -495,6 +581,11 @@ void child_main(const struct child_ctx *c)
     sigprocmask(SIG_SETMASK, &none, NULL);
     signal(SIGPIPE, SIG_DFL);
     umask(0);
+
+    /* Before namespaces and credentials, as runc's nsexec does: lowering it
+     * needs CAP_SYS_RESOURCE, and the agent's /proc names this process. */
+    if (s->has_oom_score_adj)
+        set_oom_score_adj(s->oom_score_adj);
 
     if (c->is_init) {
         if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC) < 0)

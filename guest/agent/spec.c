@@ -101,6 +101,48 @@ static int parse_mount(char *v, struct spec_mount *m)
     return 0;
 }
 
+/* "path=value": the path under /proc/sys, parts of [A-Za-z0-9_.-] joined by
+ * single slashes, never "." or "..", so that it names a file there and no
+ * other; the value is whatever the kernel is to parse, bounded. */
+static int parse_sysctl(char *v, struct spec_sysctl *sc)
+{
+    static const char part_chars[] =
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-";
+    char *eq = strchr(v, '=');
+    if (!eq || eq == v || (size_t)(eq - v) > PC_SPEC_MAX_SYSCTL_NAME ||
+        strlen(eq + 1) > PC_SPEC_MAX_SYSCTL_VALUE)
+        return -1;
+    *eq = 0;
+    for (char *part = v, *end; part; part = *end ? end + 1 : NULL) {
+        end = strchrnul(part, '/');
+        size_t n = (size_t)(end - part);
+        if (!n || strspn(part, part_chars) < n ||
+            (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
+            return -1;
+    }
+    sc->path = v;
+    sc->value = eq + 1;
+    return 0;
+}
+
+/* -1000..1000: an optional '-' then digits. */
+static int parse_oom_score_adj(const char *v, int *out)
+{
+    int neg = v[0] == '-';
+    uint64_t max = neg ? (uint64_t)-(int64_t)PC_SPEC_OOM_SCORE_ADJ_MIN : PC_SPEC_OOM_SCORE_ADJ_MAX;
+    uint64_t n;
+    if (parse_uint(v + neg, 10, max, &n))
+        return -1;
+    *out = neg ? -(int)n : (int)n;
+    return 0;
+}
+
+/* An absolute path in the container, resolved there in the container's root. */
+static int path_ok(const char *v)
+{
+    return v[0] == '/' && strlen(v) <= PC_SPEC_MAX_PATH_LEN;
+}
+
 /* The id is only compared and quoted in one-line messages, never used as a
  * path, but '/' is kept out so that it could be one. */
 static int container_id_ok(const char *id)
@@ -116,7 +158,7 @@ static int container_id_ok(const char *id)
 
 enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
-    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_CAP0,
+    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_OOM, ONCE_CAP0,
 };
 
 static const char *const cap_keys[SC_COUNT] = {
@@ -222,6 +264,11 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             if (parse_uint(val, 16, UINT64_MAX, &s->caps[i]))
                 BAD();
             s->caps_given |= 1u << i;
+        } else if (!strcmp(key, "oom_score_adj")) {
+            ONCE(ONCE_OOM);
+            if (parse_oom_score_adj(val, &s->oom_score_adj))
+                BAD();
+            s->has_oom_score_adj = 1;
         } else if (!strcmp(key, "terminal")) {
             ONCE(ONCE_TERMINAL);
             if (parse_bool(val, &s->terminal))
@@ -260,6 +307,23 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             s->nmounts++;
             init_key = init_key ? init_key : "mount";
+        } else if (!strcmp(key, "sysctl")) {
+            if (s->nsysctls >= PC_SPEC_MAX_SYSCTLS)
+                return fail(err, errlen, "more than %d sysctls", PC_SPEC_MAX_SYSCTLS);
+            if (parse_sysctl(val, &s->sysctls[s->nsysctls]))
+                BAD();
+            s->nsysctls++;
+            init_key = init_key ? init_key : "sysctl";
+        } else if (!strcmp(key, "path.readonly") || !strcmp(key, "path.masked")) {
+            int ro = key[5] == 'r';
+            int *n = ro ? &s->nreadonly_paths : &s->nmasked_paths;
+            if (*n >= PC_SPEC_MAX_PATHS)
+                return fail(err, errlen, "more than %d %s", PC_SPEC_MAX_PATHS,
+                            ro ? "read-only paths" : "masked paths");
+            if (!path_ok(val))
+                BAD();
+            (ro ? s->readonly_paths : s->masked_paths)[(*n)++] = val;
+            init_key = init_key ? init_key : key;
         } else {
             return fail(err, errlen, "unknown key %.40s", key);
         }

@@ -19,6 +19,12 @@ struct spec_mount {
     unsigned long flags;
 };
 
+/* linux.sysctl: the path under /proc/sys ("kernel/shmmax"), checked to name
+ * a file there and no other. */
+struct spec_sysctl {
+    const char *path, *value;
+};
+
 struct spec_rlimit {
     int resource;
     uint64_t soft, hard;
@@ -43,6 +49,8 @@ struct spec {
     int nnp;
     uint64_t caps[SC_COUNT];
     unsigned caps_given; /* bit per enum spec_capset */
+    int has_oom_score_adj;
+    int oom_score_adj;
     int terminal;
     unsigned rows, cols;
     const char *hostname;
@@ -50,6 +58,13 @@ struct spec {
     int xgates; /* xgates=on: every process of the container runs with XGates */
     struct spec_mount mounts[PC_SPEC_MAX_MOUNTS];
     int nmounts;
+    struct spec_sysctl sysctls[PC_SPEC_MAX_SYSCTLS];
+    int nsysctls;
+    /* linux.readonlyPaths and linux.maskedPaths, absolute, in the container. */
+    const char *readonly_paths[PC_SPEC_MAX_PATHS];
+    int nreadonly_paths;
+    const char *masked_paths[PC_SPEC_MAX_PATHS];
+    int nmasked_paths;
 };
 
 /* Parses in place (buf is modified and must outlive *s). 0, or -1 with err

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,16 @@ IGNORED_OPTIONS = {
     "unbindable", "runbindable", "tmpcopyup", "copy-symlink", "idmap", "ridmap",
 }
 MOUNT_TYPES = {"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind", "none"}
+
+# runc's list: the sysctls that live in an IPC namespace, besides fs.mqueue.*.
+IPC_SYSCTLS = {
+    "kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem", "kernel.shmall",
+    "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced",
+}
+# A sysctl as a path under /proc/sys: parts of [A-Za-z0-9_.-] (an interface
+# name may hold a dot), never "." or "..", so it names a file there and
+# nothing else (the agent checks the same).
+SYSCTL_PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
         raise _fail(f"more than {lib.PC_SPEC_MAX_MOUNTS} mounts")
     for i, mount in enumerate(mounts):
         _mount_record(bundle, mount, f"mounts[{i}]")
+    _linux_records(config)
     return bundle
 
 
@@ -239,6 +251,14 @@ def _cap_records(caps: Any) -> list[tuple[str, str]]:
     return records
 
 
+def _oom_score_adj(value: Any) -> str:
+    _expect(value, int, "process.oomScoreAdj")
+    low, high = lib.PC_SPEC_OOM_SCORE_ADJ_MIN, lib.PC_SPEC_OOM_SCORE_ADJ_MAX
+    if not low <= value <= high:
+        raise _fail(f"process.oomScoreAdj {value} is out of range ({low} to {high})")
+    return str(value)
+
+
 def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
     args = _str_list(process.get("args"), "process.args", lib.PC_SPEC_MAX_ARGS)
     if not args or not args[0]:
@@ -259,6 +279,8 @@ def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
         records.append(("nnp", "1"))
     if "capabilities" in process:
         records += _cap_records(process["capabilities"])
+    if process.get("oomScoreAdj") is not None:
+        records.append(("oom_score_adj", _oom_score_adj(process["oomScoreAdj"])))
     if _expect(process.get("terminal", False), bool, "process.terminal"):
         records.append(("terminal", "1"))
         size = process.get("consoleSize") or {}
@@ -268,6 +290,103 @@ def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
                 value = _expect(size[key], int, f"process.consoleSize.{key}")
                 records.append((rec, str(max(0, min(value, 65535)))))
     return records
+
+
+def _namespaces(linux: dict[str, Any]) -> dict[str, str]:
+    """linux.namespaces as type -> path ("" for a new one)."""
+    entries = linux.get("namespaces") or []
+    _expect(entries, list, "linux.namespaces")
+    found = {}
+    for i, ns in enumerate(entries):
+        _expect(ns, dict, f"linux.namespaces[{i}]")
+        kind = _expect(ns.get("type"), str, f"linux.namespaces[{i}].type")
+        found[kind] = _expect(ns.get("path") or "", str, f"linux.namespaces[{i}].path")
+    return found
+
+
+def _is_host_netns(path: str) -> bool:
+    """runc's test: "host" is the runtime's own network namespace."""
+    try:
+        given, own = os.stat(path), os.stat("/proc/self/ns/net")
+    except OSError as err:
+        raise ParacellError(f"invalid netns path: stat {path}: {err.strerror}") from None
+    return (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino)
+
+
+def _check_sysctl_namespace(name: str, namespaces: dict[str, str]) -> None:
+    """runc's rule, with its wording: only sysctls of a namespace the container
+    has of its own. The guest writes them in the container's namespaces, so
+    none reaches the host, but a spec runc refuses is refused here too."""
+    if name in IPC_SYSCTLS or name.startswith("fs.mqueue."):
+        if "ipc" in namespaces:
+            return
+        raise ParacellError(f'sysctl "{name}" is not allowed in the hosts ipc namespace')
+    if name.startswith("net."):
+        if "network" in namespaces and not (
+                namespaces["network"] and _is_host_netns(namespaces["network"])):
+            return
+        raise ParacellError(f'sysctl "{name}" not allowed in host network namespace')
+    if "uts" in namespaces and name == "kernel.domainname":
+        return
+    if "uts" in namespaces and name == "kernel.hostname":
+        raise ParacellError(
+            f'sysctl "{name}" is not allowed as it conflicts with the OCI "hostname" field')
+    raise ParacellError(f'sysctl "{name}" is not in a separate kernel namespace')
+
+
+def _sysctl_records(linux: dict[str, Any]) -> list[tuple[str, str]]:
+    sysctls = linux.get("sysctl") or {}
+    _expect(sysctls, dict, "linux.sysctl")
+    if len(sysctls) > lib.PC_SPEC_MAX_SYSCTLS:
+        raise _fail(f"linux.sysctl has more than {lib.PC_SPEC_MAX_SYSCTLS} entries")
+    namespaces = _namespaces(linux)
+    records = []
+    for key, value in sysctls.items():
+        name, path = _sysctl_name_and_path(key)
+        _expect(value, str, f"linux.sysctl[{key!r}]")
+        if len(value.encode()) > lib.PC_SPEC_MAX_SYSCTL_VALUE:
+            raise _fail(f"linux.sysctl[{key!r}] is longer than "
+                        f"{lib.PC_SPEC_MAX_SYSCTL_VALUE} bytes")
+        _check_sysctl_namespace(name, namespaces)
+        records.append(("sysctl", f"{path}={value}"))
+    return records
+
+
+def _sysctl_name_and_path(key: str) -> tuple[str, str]:
+    """The dotted name runc's rules and messages use, and the path under
+    /proc/sys. As runc does, a key whose first separator is a slash is a path
+    already ("net/ipv4/conf/eth0.100/forwarding"), its dots part of names."""
+    first = re.search(r"[./]", key)
+    if first and first.group() == "/":
+        name, path = key.translate(str.maketrans("./", "/.")), key
+    else:
+        name, path = key, key.replace(".", "/")
+    parts = path.split("/")
+    if (len(path) > lib.PC_SPEC_MAX_SYSCTL_NAME or ".." in parts or "." in parts
+            or not all(SYSCTL_PART.fullmatch(p) for p in parts)):
+        raise _fail(f"linux.sysctl key {key[:64]!r} is not a sysctl name")
+    return name, path
+
+
+def _path_records(linux: dict[str, Any], field_name: str, key: str) -> list[tuple[str, str]]:
+    where = f"linux.{field_name}"
+    paths = _str_list(linux.get(field_name) or [], where, lib.PC_SPEC_MAX_PATHS)
+    for i, path in enumerate(paths):
+        if not path.startswith("/"):
+            raise _fail(f"{where}[{i}] {path[:64]!r} must be an absolute path")
+        if len(path.encode()) > lib.PC_SPEC_MAX_PATH_LEN:
+            raise _fail(f"{where}[{i}] is longer than {lib.PC_SPEC_MAX_PATH_LEN} bytes")
+    return [(key, path) for path in paths]
+
+
+def _linux_records(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """The init-only records of linux: sysctls, then read-only and masked
+    paths, which the agent applies in that order, as runc does."""
+    linux = config.get("linux") or {}
+    _expect(linux, dict, "linux")
+    return [*_sysctl_records(linux),
+            *_path_records(linux, "readonlyPaths", "path.readonly"),
+            *_path_records(linux, "maskedPaths", "path.masked")]
 
 
 def _escapes_root(dest: str) -> bool:
@@ -367,6 +486,7 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False) ->
         records.append(("xgates", "on"))
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
+    records += _linux_records(config)
     return encode_records(records)
 
 

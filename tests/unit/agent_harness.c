@@ -85,6 +85,8 @@ static int run_spec(void)
     for (int i = 0; i < SC_COUNT; i++)
         if (s.caps_given & 1u << i)
             printf("%s %llx\n", cap_names[i], (unsigned long long)s.caps[i]);
+    if (s.has_oom_score_adj)
+        printf("oom_score_adj %d\n", s.oom_score_adj);
     printf("terminal %d\nrows %u\ncols %u\n", s.terminal, s.rows, s.cols);
     if (s.hostname)
         put_field("hostname", s.hostname);
@@ -101,6 +103,17 @@ static int run_spec(void)
         put_str(m->data);
         putchar('\n');
     }
+    for (int i = 0; i < s.nsysctls; i++) {
+        printf("sysctl ");
+        put_str(s.sysctls[i].path);
+        putchar('|');
+        put_str(s.sysctls[i].value);
+        putchar('\n');
+    }
+    for (int i = 0; i < s.nreadonly_paths; i++)
+        put_field("path.readonly", s.readonly_paths[i]);
+    for (int i = 0; i < s.nmasked_paths; i++)
+        put_field("path.masked", s.masked_paths[i]);
     return 0;
 }
 

@@ -176,6 +176,9 @@ def test_bad_values(harness, key, value):
     ("mount", "/m\x1ftmpfs\x1f\x1f0\x1f", 256, "mounts"),
     ("gid+", "7", 256, "additional gids"),
     ("rlimit", "7 1 1", 64, "rlimits"),
+    ("sysctl", "kernel/shmmax=1", 256, "sysctls"),
+    ("path.readonly", "/proc/sys", 256, "read-only paths"),
+    ("path.masked", "/proc/kcore", 256, "masked paths"),
 ])
 def test_repeated_keys_up_to_their_limit(harness, key, value, limit, noun):
     at_limit = [(key, value)] * (limit - (key == "arg"))
@@ -199,10 +202,62 @@ def test_container_ids_within_the_rule(harness, cid):
 
 @pytest.mark.parametrize("key, value", [
     ("hostname", "h"), ("root.readonly", "0"), ("mount", "/proc\x1fproc\x1fproc\x1f0\x1f"),
+    ("sysctl", "kernel/shmmax=1"), ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
 ])
 def test_init_only_keys_contradict_role_exec(harness, key, value):
     assert (parse(harness, recs(*BASE, ("role", "exec"), (key, value)))
             == f"spec: {key} is for a container's init, not for role=exec")
+
+
+def test_sysctls_paths_and_oom_score_adj_parse(harness):
+    parsed = parse(harness, recs(
+        *BASE, ("oom_score_adj", "-1000"), ("sysctl", "kernel/sem=250 32000 100 128"),
+        ("sysctl", "net/ipv4/conf/eth-0.100/forwarding=x=y"), ("sysctl", "kernel/domainname="),
+        ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
+        ("path.masked", "/../a\x1fb"), ("path.readonly", "/")))
+    assert fields(parsed, "role") == ["init"]
+    assert fields(parsed, "oom_score_adj") == ["-1000"]
+    assert fields(parsed, "sysctl") == ["kernel/sem|250 32000 100 128",
+                                        "net/ipv4/conf/eth-0.100/forwarding|x=y",
+                                        "kernel/domainname|"]
+    assert fields(parsed, "path.readonly") == ["/proc/sys", "/"]
+    assert fields(parsed, "path.masked") == ["/proc/kcore", "/../a\\x1fb"]
+
+
+@pytest.mark.parametrize("value", ["-1000", "-0", "0", "999", "1000"])
+def test_oom_score_adj_range_and_any_role(harness, value):
+    parsed = parse(harness, recs(*BASE, ("role", "exec"), ("oom_score_adj", value)))
+    assert fields(parsed, "oom_score_adj") == [str(int(value))]
+
+
+@pytest.mark.parametrize("key, value", [
+    ("oom_score_adj", "1001"), ("oom_score_adj", "-1001"), ("oom_score_adj", "+1"),
+    ("oom_score_adj", "--1"), ("oom_score_adj", "-"), ("oom_score_adj", ""),
+    ("oom_score_adj", " 1"), ("oom_score_adj", "0x10"), ("oom_score_adj", "99999999999999999999"),
+    # sysctl: path=value, the path [A-Za-z0-9_.-] parts under /proc/sys, both bounded
+    ("sysctl", ""), ("sysctl", "kernel/shmmax"), ("sysctl", "=1"), ("sysctl", "/kernel=1"),
+    ("sysctl", "kernel/=1"), ("sysctl", "kernel//shmmax=1"), ("sysctl", "../../etc/passwd=1"),
+    ("sysctl", "net/./x=1"), ("sysctl", "net/..=1"), ("sysctl", ".=1"),
+    ("sysctl", "a b=1"), ("sysctl", "a\x01=1"), ("sysctl", "a\\b=1"),
+    ("sysctl", "k\xc3\xa4=1"), ("sysctl", "k" * 256 + "=1"), ("sysctl", "k=" + "v" * 4096),
+    # paths: absolute, bounded
+    ("path.readonly", ""), ("path.readonly", "proc/sys"), ("path.masked", "."),
+    ("path.masked", "/" + "a" * 4095),
+])
+def test_bad_values_of_the_guest_applied_fields(harness, key, value):
+    assert parse(harness, recs(*BASE, (key, value))) == f"spec: bad value for {key}"
+
+
+def test_bounds_of_the_guest_applied_fields_are_accepted(harness):
+    parsed = parse(harness, recs(*BASE, ("sysctl", "k" * 255 + "=" + "v" * 4095),
+                                 ("path.masked", "/" + "a" * 4094)))
+    assert fields(parsed, "sysctl") == ["k" * 255 + "|" + "v" * 4095]
+    assert fields(parsed, "path.masked") == ["/" + "a" * 4094]
+
+
+def test_oom_score_adj_once(harness):
+    assert parse(harness, recs(*BASE, ("oom_score_adj", "1"), ("oom_score_adj", "1"))) == \
+        "spec: duplicate key oom_score_adj"
 
 
 # ---- frames ----
