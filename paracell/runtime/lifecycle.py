@@ -185,6 +185,12 @@ def _wait_shim_gone(state: ContainerState) -> None:
 
 def delete(ctx: Context, container_id: str, force: bool) -> None:
     store = ctx.store
+    if not force:
+        # A create in progress holds the lock until its VM is up: answer now,
+        # from the state it wrote first, as runc does, rather than wait.
+        peek = store.load(container_id)
+        if peek.status == status.CREATING:
+            status.transition("delete", peek.status, container_id)
     try:
         with store.locked(container_id):
             state = store.load(container_id)

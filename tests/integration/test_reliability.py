@@ -101,3 +101,28 @@ def test_debug_logs_the_vm_command_line_and_boot_timeline(runtime, make_bundle, 
     for step in ("qemu started", "agent ready", "container process created", "relay ended"):
         assert any(step in m for m in messages), f"no {step!r} in the debug log"
     runtime.assert_no_leaks()
+
+
+def test_delete_during_create_says_not_stopped(runtime, make_bundle):
+    """Not 'does not exist', and not a wait for the whole boot."""
+    proc = subprocess.Popen(
+        [PARACELL, "--root", str(runtime.root), "create", "--bundle",
+         str(make_bundle(["sleep", "30"])), "c"],
+        env=runtime.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        state = runtime("state", "c")
+        if state.returncode == 0 and json.loads(state.stdout)["status"] == "creating":
+            break
+        time.sleep(0.01)
+    else:
+        raise AssertionError("never saw the container in creating")
+    result = runtime("delete", "c")
+    assert result.returncode == 1
+    assert result.stderr.decode().strip().endswith(
+        "cannot delete container c that is not stopped: creating")
+    assert proc.wait(60) == 0
+    assert runtime("delete", "--force", "c").returncode == 0
+    runtime.assert_no_leaks()
