@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench import common, programs
+from paracell.errors import ParacellError
 from paracell.procfs import page_faults
 from paracell.runtime import defaultspec
 from paracell.runtime.lifecycle import Context
@@ -84,7 +85,7 @@ def _qemu_pid(cid: str) -> int | None:
 
     try:
         vm = StateStore(common.state_root()).load(cid).vm
-    except Exception:  # noqa: BLE001 — not created yet, or gone
+    except ParacellError:  # not created yet, or gone
         return None
     return vm.qemu_pid if vm and vm.qemu_pid else None
 
@@ -117,7 +118,8 @@ def run_one(manager: str, bundle: Path, cid: str) -> Run:
     sampler.join()
     if rc != 0:
         err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-        raise RuntimeError(f"{manager} run exited {rc}: {err[-300:]}")
+        raise ParacellError(f"bench memory: the {manager} run exited {rc}: "
+                            f"{err.strip().splitlines()[-1] if err.strip() else 'no message'}")
     return run
 
 

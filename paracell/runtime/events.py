@@ -56,12 +56,15 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     qemu = _qemu_figures(state)
     pager = telemetry.read(ctx.store.dir(container_id))
     guest = pager["guest"] if pager else {}
-    used = (guest["total_pages"] - guest["free_pages"]) * PAGE if guest else None
+    # The guest's own figures: clamped, since a hostile guest may write anything.
+    used = max(guest["total_pages"] - guest["free_pages"], 0) * PAGE if guest else None
     paracell: dict[str, Any] = {
         "memory_manager": _manager(state),
         "guest_ram_bytes": limit,
         "host_resident_bytes": resident,
         "guest_used_bytes": used,
+        # Bound guest RAM is by definition what the host holds; named as the
+        # Pager's docs name it, next to unbound.
         "bound_bytes": resident,
         "unbound_bytes": max(limit - resident, 0),
         "qemu_rss_bytes": qemu.get("rss"),

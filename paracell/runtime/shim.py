@@ -51,6 +51,8 @@ class Shim:
         self.listener: socket.socket | None = None
         self.tty_fd = -1
         self.began = time.monotonic()
+        # Set when the guest broke a protocol: it gets no say in its shutdown.
+        self.untrusted = False
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
@@ -104,6 +106,7 @@ class Shim:
         failure = pager.server.failure() if pager and pager.server else None
         if failure and end.kind != lib.PC_END_EXIT:
             # The guest broke the Pager's protocol: the VM is not trusted to run on.
+            self.untrusted = True
             return EXIT_RUNTIME_ERROR, failure
         if end.kind == lib.PC_END_EXIT:
             return end.status & 0xFF, ""
@@ -117,13 +120,14 @@ class Shim:
         """Powers the VM off and removes what only a live VM needs."""
         from paracell._native import lib
 
-        if self.plan.agent.host_end is not None and self.vm is not None:
+        if self.plan.agent.host_end is not None and self.vm is not None and not self.untrusted:
             try:
                 channel.send(self._agent_fd(), lib.PC_POWEROFF)
             except ParacellError:
                 pass
         if self.vm is not None:
-            self.vm.stop(POWEROFF_GRACE_S)
+            # A hostile guest could sit out the grace period; it is killed at once.
+            self.vm.stop(0 if self.untrusted else POWEROFF_GRACE_S)
             self.vm.release()
         if self.listener is not None:
             self.listener.close()

@@ -3,6 +3,7 @@ host boot and cached, so a create pays for it once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -12,8 +13,11 @@ SAMPLE_MS = 20
 
 
 def _boot_id() -> str:
-    with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def tsc_khz() -> int:
@@ -29,8 +33,15 @@ def tsc_khz() -> int:
     except (OSError, ValueError):
         pass
     khz = int(lib.pc_tsc_khz(SAMPLE_MS))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"boot_id": boot, "khz": khz}))
-    os.replace(tmp, cache)
+    if boot:
+        # Only a speed-up: a cache that cannot be written costs the next
+        # create another 20 ms, never the create itself.
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"boot_id": boot, "khz": khz}))
+            os.replace(tmp, cache)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
     return khz
