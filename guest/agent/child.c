@@ -242,13 +242,27 @@ static void apply_mount(int rootfd, const struct spec_mount *m)
     }
 }
 
+/* A container id as the VM's kernel sees it, through the container's map
+ * when it has a user namespace; an id the map lacks is left as it is. */
+static uint32_t outside_id(const struct spec_idmap *map, int n, uint32_t id)
+{
+    for (int i = 0; i < n; i++)
+        if (id >= map[i].inside && id - map[i].inside < map[i].size)
+            return map[i].outside + (id - map[i].inside);
+    return id;
+}
+
 /* linux.devices, before the defaults so that a spec's node takes a default's
- * place, as in runc; missing directories under /dev are made. */
+ * place, as in runc; missing directories under /dev are made.  The owner is
+ * a container id (runtime spec), so it goes through the id maps. */
 static void make_devices(int rootfd, const struct spec *s)
 {
     char dir[PATH_MAX];
     for (int i = 0; i < s->ndevices; i++) {
-        const struct spec_device *d = &s->devices[i];
+        struct spec_device dev = s->devices[i];
+        const struct spec_device *d = &dev;
+        dev.uid = outside_id(s->uidmap, s->nuidmap, dev.uid);
+        dev.gid = outside_id(s->gidmap, s->ngidmap, dev.gid);
         const char *slash = strrchr(d->path, '/');
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - d->path), d->path);
         int dirfd = open_target(rootfd, dir, 1);

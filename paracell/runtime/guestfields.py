@@ -78,7 +78,8 @@ def device_records(linux: dict[str, Any], has_dev_mount: bool) -> Records:
             major = _uint(dev.get("major"), f"{where}.major", MAX_MAJOR)
             minor = _uint(dev.get("minor"), f"{where}.minor", MAX_MINOR)
         mode = dev.get("fileMode")
-        mode = 0o666 if mode is None else _uint(mode, f"{where}.fileMode", 0o7777)
+        # podman sends the file type bits too (0o20666); runc keeps the permissions.
+        mode = 0o666 if mode is None else _uint(mode, f"{where}.fileMode", 0o177777) & 0o7777
         uid = _uint(dev.get("uid", 0) or 0, f"{where}.uid", MAX_ID - 1)
         gid = _uint(dev.get("gid", 0) or 0, f"{where}.gid", MAX_ID - 1)
         fields = [norm, DEVICE_TYPES[kind], str(major), str(minor), f"{mode:o}", str(uid), str(gid)]
