@@ -14,7 +14,6 @@
 
 #include "agent_codec.h"
 #include "agent_proto.h"
-#include "log.h"
 
 /* The host sends a frame and its SPEC back to back, so a few kept at once
  * is plenty; the bound keeps a confused host from filling guest memory. */

@@ -43,7 +43,8 @@ static int parse_uint(const char *s, unsigned base, uint64_t max, uint64_t *out)
             d = (unsigned)(*s - 'A' + 10);
         else
             return -1;
-        if (d >= base || v > (max - d) / base)
+        /* d > max first: max - d must not wrap (a one-digit "4" against max 3). */
+        if (d >= base || d > max || v > (max - d) / base)
             return -1;
         v = v * base + d;
     }

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "guest" / "agent"
 HARNESS_SRC = Path(__file__).with_name("agent_harness.c")
-AGENT_MODULES = ("spec.c", "channel.c", "container.c", "log.c")
+AGENT_MODULES = ("spec.c", "channel.c", "container.c", "log.c", "seccomp.c")
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
