@@ -13,6 +13,10 @@ from typing import Any
 from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.runtime import mountopts
+from paracell.runtime.configcheck import entries
+from paracell.runtime.configcheck import expect as _expect
+from paracell.runtime.configcheck import fail as _fail
+from paracell.runtime.configcheck import uint as _uint
 
 Records = list[tuple[str, str]]
 
@@ -32,39 +36,18 @@ ROOTFS_PROPAGATION = {
 SELINUX_REFUSED = "selinux label is specified in config, but selinux is disabled or not supported"
 
 
-def _fail(msg: str) -> ParacellError:
-    return ParacellError(f"invalid config.json: {msg}")
-
-
-def _expect(value: Any, kind: type, where: str) -> Any:
-    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
-        raise _fail(f"{where} must be of type {kind.__name__}")
-    return value
-
-
-def _uint(value: Any, where: str, limit: int) -> int:
-    _expect(value, int, where)
-    if not 0 <= value <= limit:
-        raise _fail(f"{where} {value} is out of range (0 to {limit})")
-    return value
-
-
 # ---- linux.devices ----
 
 def device_records(linux: dict[str, Any], has_dev_mount: bool) -> Records:
     """Nodes made, as runc makes them, in the container's /dev, which must be
     a mount of the spec's own (a tmpfs): the rootfs is the host's directory
     through 9p, where a device node would be made on the host."""
-    devices = _expect(linux.get("devices") or [], list, "linux.devices")
-    if len(devices) > lib.PC_SPEC_MAX_DEVICES:
-        raise _fail(f"linux.devices has more than {lib.PC_SPEC_MAX_DEVICES} entries")
+    devices = entries(linux.get("devices") or [], "linux.devices", lib.PC_SPEC_MAX_DEVICES)
     if devices and not has_dev_mount:
         raise _fail("linux.devices needs a /dev mount in the spec: device nodes are made "
                     "in the container's own /dev, not in the host's rootfs directory")
     records = []
-    for i, dev in enumerate(devices):
-        where = f"linux.devices[{i}]"
-        _expect(dev, dict, where)
+    for where, dev in devices:
         path = _expect(dev.get("path"), str, f"{where}.path")
         norm = posixpath.normpath(path) if path.startswith("/") else ""
         if (not norm.startswith("/dev/") or len(norm.encode()) > lib.PC_SPEC_MAX_PATH_LEN
@@ -89,14 +72,9 @@ def device_records(linux: dict[str, Any], has_dev_mount: bool) -> Records:
 
 # ---- the user namespace ----
 
-def _id_map(entries: Any, where: str) -> list[str]:
-    _expect(entries, list, where)
-    if len(entries) > lib.PC_SPEC_MAX_ID_MAPS:
-        raise _fail(f"{where} has more than {lib.PC_SPEC_MAX_ID_MAPS} entries")
+def _id_map(value: Any, where: str) -> list[str]:
     lines = []
-    for i, m in enumerate(entries):
-        at = f"{where}[{i}]"
-        _expect(m, dict, at)
+    for at, m in entries(value, where, lib.PC_SPEC_MAX_ID_MAPS):
         inside = _uint(m.get("containerID"), f"{at}.containerID", MAX_ID - 1)
         outside = _uint(m.get("hostID"), f"{at}.hostID", MAX_ID - 1)
         size = _uint(m.get("size"), f"{at}.size", MAX_ID)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from paracell.runtime.configcheck import fail
+
 # Linux's MS_* bits (include/uapi/linux/mount.h).
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_SYNCHRONOUS, MS_REMOUNT, MS_MANDLOCK, MS_DIRSYNC = 0x10, 0x20, 0x40, 0x80
@@ -93,8 +95,6 @@ class MountOptions:
 
 def parse(options: list[str], where: str) -> MountOptions:
     """Options in order, later ones overriding earlier ones, as in runc."""
-    from paracell.runtime.spec import _fail
-
     out = MountOptions(data=[])
     assert out.data is not None
     for opt in options:
@@ -115,15 +115,13 @@ def parse(options: list[str], where: str) -> MountOptions:
         elif opt == "tmpcopyup":
             out.tmpcopyup = True
         elif opt in REFUSED:
-            raise _fail(f"{where}.options {opt!r}: {REFUSED[opt]}")
+            raise fail(f"{where}.options {opt!r}: {REFUSED[opt]}")
         else:
             out.data.append(opt)
     return out
 
 
 def check_type(kind: str, options: MountOptions, where: str) -> None:
-    from paracell.runtime.spec import _fail
-
     if kind not in GUEST_TYPES | BIND_TYPES and not options.flags & MS_BIND:
-        raise _fail(f"{where}.type {kind[:64]!r} is not supported in the guest: its kernel has "
+        raise fail(f"{where}.type {kind[:64]!r} is not supported in the guest: its kernel has "
                     f"{', '.join(sorted(GUEST_TYPES))} and bind mounts")

@@ -18,6 +18,7 @@ from typing import Any
 
 from paracell._native import lib
 from paracell.errors import ParacellError
+from paracell.runtime import configcheck
 
 # Bounds on the profile itself, so that a hostile one cannot make libseccomp
 # work for long; the real limit is the program's size, checked after export.
@@ -43,21 +44,17 @@ NOTIFY_REFUSED = (
     "guest kernel, and a listener on the host cannot serve it")
 
 
+# `where` below is relative to linux.seccomp.
 def _fail(msg: str) -> ParacellError:
-    return ParacellError(f"invalid config.json: linux.seccomp{msg}")
+    return configcheck.fail(f"linux.seccomp{msg}")
 
 
 def _expect(value: Any, kind: type, where: str) -> Any:
-    if (isinstance(value, bool) and kind is int) or not isinstance(value, kind):
-        raise _fail(f"{where} must be of type {kind.__name__}")
-    return value
+    return configcheck.expect(value, kind, f"linux.seccomp{where}")
 
 
 def _uint(value: Any, where: str, limit: int) -> int:
-    _expect(value, int, where)
-    if not 0 <= value <= limit:
-        raise _fail(f"{where} {value} is out of range (0 to {limit})")
-    return value
+    return configcheck.uint(value, f"linux.seccomp{where}", limit)
 
 
 def _flags(seccomp: dict[str, Any]) -> int:
@@ -99,13 +96,9 @@ def _action(sc: Any, name: Any, errno_ret: Any, where: str) -> int:
 
 
 def _conditions(ffi: Any, sc: Any, args: Any, where: str) -> list[Any]:
-    _expect(args, list, where)
-    if len(args) > MAX_ARGS_PER_RULE:
-        raise _fail(f"{where} has more than {MAX_ARGS_PER_RULE} entries")
     out = []
-    for i, arg in enumerate(args):
-        at = f"{where}[{i}]"
-        _expect(arg, dict, at)
+    for at, arg in configcheck.entries(args, f"linux.seccomp{where}", MAX_ARGS_PER_RULE):
+        at = at.removeprefix("linux.seccomp")
         index = _uint(arg.get("index"), f"{at}.index", SYSCALL_ARGS - 1)
         op = _expect(arg.get("op"), str, f"{at}.op")
         if op not in COMPARE_OPS:

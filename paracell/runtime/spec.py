@@ -19,6 +19,8 @@ from paracell import wire
 from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.runtime import guestfields, mountopts, seccomp
+from paracell.runtime.configcheck import expect as _expect
+from paracell.runtime.configcheck import fail as _fail
 from paracell.runtime.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -78,19 +80,6 @@ class Bundle:
     warnings: list[str] = field(default_factory=list)
     # linux.seccomp compiled: the PC_SECCOMP payload sent before the init's SPEC.
     seccomp: bytes | None = None
-
-
-def _fail(msg: str) -> ParacellError:
-    return ParacellError(f"invalid config.json: {msg}")
-
-
-def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
-    if isinstance(value, bool) and kind is int:
-        raise _fail(f"{where} must be an integer")
-    if not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise _fail(f"{where} must be of type {name}")
-    return value
 
 
 def _str_list(value: Any, where: str, limit: int) -> list[str]:
@@ -386,14 +375,14 @@ def _linux_records(config: dict[str, Any], warnings: list[str]) -> list[tuple[st
     userns, userns_warnings = guestfields.userns_records(linux, _namespaces(linux))
     personality, personality_warnings = guestfields.personality_records(linux)
     warnings += userns_warnings + personality_warnings
-    if _expect(linux.get("seccomp"), (dict, type(None)), "linux.seccomp") is not None:
-        userns.append(("seccomp", "1"))
+    # Says that a PC_SECCOMP frame goes with this SPEC (compiled in validate).
+    has_seccomp = _expect(linux.get("seccomp"), (dict, type(None)), "linux.seccomp") is not None
     return [*_sysctl_records(linux),
             *_path_records(linux, "readonlyPaths", "path.readonly"),
             *_path_records(linux, "maskedPaths", "path.masked"),
             *guestfields.device_records(linux, _has_dev_mount(config)),
             *guestfields.rootfs_propagation_records(linux),
-            *userns, *personality]
+            *userns, *personality, *([("seccomp", "1")] if has_seccomp else [])]
 
 
 def _escapes_root(dest: str) -> bool:

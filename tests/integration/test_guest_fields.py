@@ -10,31 +10,11 @@ import os
 
 import pytest
 
+from tests.integration.test_spec_fields import linux, one_line_failure, run_ok
+
 pytestmark = pytest.mark.integration
 
 ENOMSG = "No message of desired type"  # errno 42, an errnoRet no syscall returns by itself
-
-
-def linux(**fields):
-    def mutate(config):
-        config["linux"].update(fields)
-    return mutate
-
-
-def run_ok(runtime, bundle, cid) -> list[str]:
-    result = runtime("run", "--bundle", str(bundle), cid)
-    assert result.returncode == 0, result.stderr
-    runtime.assert_no_leaks()
-    return result.stdout.decode().splitlines()
-
-
-def one_line_failure(runtime, bundle, cid) -> str:
-    result = runtime("run", "--bundle", str(bundle), cid)
-    assert result.returncode != 0
-    lines = result.stderr.decode().strip().splitlines()
-    assert len(lines) == 1, lines
-    runtime.assert_no_leaks()
-    return lines[0]
 
 
 def mountinfo_fields(lines: list[str], mount_point: str) -> list[str]:

@@ -145,7 +145,7 @@ def test_userns_records(tmp_path):
     ({"containerID": 2**32 - 2, "hostID": 0, "size": 2}, "within 32 bits"),
     ({"containerID": -1, "hostID": 0, "size": 1}, "out of range"),
     ({"containerID": 0, "hostID": "0", "size": 1}, "hostID must be of type int"),
-    ({"containerID": 0, "hostID": 0, "size": True}, "size must be of type int"),
+    ({"containerID": 0, "hostID": 0, "size": True}, "size must be an integer"),
 ])
 def test_hostile_id_maps_are_refused(tmp_path, entry, message):
     assert message in refused(tmp_path, userns([entry]))
