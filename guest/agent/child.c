@@ -754,6 +754,13 @@ void child_main(const struct child_ctx *c)
     if (piddir >= 0) {
         enter_userns(s, piddir);
         close(piddir);
+        /* Copies of the mount and UTS namespaces, owned by the new user
+         * namespace as under runc, so that the container's root may mount
+         * and set the hostname; the mounts made above come along locked
+         * (masked paths stay masked).  IPC and PID stay the VM's: a new IPC
+         * namespace would drop the sysctls and orphan /dev/mqueue. */
+        if (unshare(CLONE_NEWNS | CLONE_NEWUTS) < 0)
+            die("unshare namespaces in the user namespace: %s", strerror(errno));
     } else if (c->ns_user >= 0) {
         if (setns(c->ns_user, CLONE_NEWUSER) < 0)
             die("join container user namespace: %s", strerror(errno));

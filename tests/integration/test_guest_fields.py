@@ -199,18 +199,29 @@ def test_user_namespace_maps_ids(runtime, make_bundle, writable_rootfs, tmp_path
         config["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
         config["linux"]["gidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 1000},
                                           {"containerID": 1000, "hostID": 200000, "size": 10}]
+        config["linux"]["maskedPaths"] = ["/proc/version"]
 
-    bundle = make_bundle(["sleep", "60"], rootfs=writable_rootfs, readonly=False, mutate=mutate)
+    caps = ["CAP_SYS_ADMIN", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETUID",
+            "CAP_SETGID"]
+    bundle = make_bundle(["sleep", "60"], rootfs=writable_rootfs, readonly=False, mutate=mutate,
+                         capabilities={k: caps for k in ("bounding", "effective", "permitted")})
     result = runtime("create", "--bundle", str(bundle), "uns")
     assert result.returncode == 0, result.stderr
     runtime("start", "uns", check=True)
+    # As under runc, the container's root owns its mount and UTS namespaces:
+    # with CAP_SYS_ADMIN it may mount and set the hostname, but a masked path
+    # stays masked (its mount is locked), and the VM's sysctls stay out of reach.
     script = ("cat /proc/self/uid_map /proc/self/gid_map; id -u; stat -c %u:%g /bin/busybox;"
-              " touch /made-inside && echo made; hostname changed 2>&1; cat /proc/1/uid_map")
-    result = runtime("exec", "uns", "sh", "-c", script)
+              " touch /made-inside && echo made; hostname changed && hostname;"
+              " mount -t tmpfs t /tmp && echo mounted; umount /proc/version;"
+              " echo 1 > /proc/sys/kernel/pid_max; cat /proc/1/uid_map")
+    result = runtime("exec", "uns", "sh", "-c", f"({script}) 2>&1")
     lines = [" ".join(ln.split()) for ln in result.stdout.decode().splitlines()]
-    assert lines[:7] == ["0 100000 65536", "0 100000 1000", "1000 200000 10", "0", "0:0", "made",
-                         "hostname: sethostname: Operation not permitted"], (lines, result.stderr)
-    assert lines[7] == "0 100000 65536"
+    assert lines[:8] == ["0 100000 65536", "0 100000 1000", "1000 200000 10", "0", "0:0", "made",
+                         "changed", "mounted"], (lines, result.stderr)
+    assert lines[8:10] == ["umount: can't unmount /proc/version: Invalid argument",
+                           "sh: can't create /proc/sys/kernel/pid_max: Permission denied"], lines
+    assert lines[10] == "0 100000 65536"
     st = os.stat(writable_rootfs / "made-inside")
     assert (st.st_uid, st.st_gid) == (100000, 100000)
     runtime("delete", "--force", "uns", check=True)
