@@ -147,7 +147,10 @@ def _rules(ffi: Any, sc: Any, ctx: Any, seccomp: dict[str, Any], default: int) -
     syscalls = _expect(seccomp.get("syscalls") or [], list, ".syscalls")
     if len(syscalls) > MAX_SYSCALL_RULES:
         raise _fail(f".syscalls has more than {MAX_SYSCALL_RULES} entries")
-    if len(syscalls) >= OPTIMIZE_FROM_RULES:
+    # runc counts one rule per name (its config has one entry per syscall).
+    names = sum(len(r["names"]) for r in syscalls
+                if isinstance(r, dict) and isinstance(r.get("names"), list))
+    if names >= OPTIMIZE_FROM_RULES:
         sc.seccomp_attr_set(ctx, sc.SCMP_FLTATR_CTL_OPTIMIZE, 2)
     total = 0
     for i, rule in enumerate(syscalls):
