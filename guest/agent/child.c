@@ -723,7 +723,8 @@ void child_main(const struct child_ctx *c)
         die("failed to set io priority: %s", strerror(errno));
     /* The agent's procfs names this process until pivot_root hides it. */
     int piddir = -1;
-    if (c->is_init && s->userns && (piddir = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+    if (c->is_init && s->userns &&
+        (piddir = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
         die("open /proc/self: %s", strerror(errno));
 
     if (c->is_init) {
