@@ -279,5 +279,8 @@ def test_spec_without_process_creates_and_start_fails(runtime, make_bundle):
     assert json.loads(runtime("state", "noproc", check=True).stdout)["status"] == "created"
     result = runtime("exec", "noproc", "true")
     assert result.returncode != 0
+    # ps lists the shim, the host pid that stands for the container.
+    ps = runtime("ps", "noproc", check=True).stdout.decode().splitlines()
+    assert ps[1].split()[:2] == [str(state["pid"]), "init"], ps
     runtime("delete", "noproc", check=True)
     runtime.assert_no_leaks()
