@@ -258,6 +258,13 @@ static uint32_t outside_id(const struct spec_idmap *map, int n, uint32_t id)
 static void make_devices(int rootfd, const struct spec *s)
 {
     char dir[PATH_MAX];
+    struct stat devst;
+    int devfd = s->ndevices ? open_in_root(rootfd, "/dev", O_PATH | O_DIRECTORY) : -1;
+    if (s->ndevices && (devfd < 0 || fstat(devfd, &devst) < 0))
+        die("create devices: open /dev: %s", strerror(errno));
+    if (devfd >= 0)
+        close(devfd);
+    dev_t dev_fs = s->ndevices ? devst.st_dev : 0;
     for (int i = 0; i < s->ndevices; i++) {
         struct spec_device dev = s->devices[i];
         const struct spec_device *d = &dev;
@@ -266,7 +273,16 @@ static void make_devices(int rootfd, const struct spec *s)
         const char *slash = strrchr(d->path, '/');
         snprintf(dir, sizeof dir, "%.*s", (int)(slash - d->path), d->path);
         int dirfd = open_target(rootfd, dir, 1);
-        if (dirfd < 0 || device_make(dirfd, slash + 1, d) < 0)
+        struct stat st;
+        if (dirfd < 0 || fstat(dirfd, &st) < 0)
+            die("create device %s: %s", d->path, strerror(errno));
+        /* Only in the /dev tmpfs itself: a bind of an image directory under
+         * /dev is the host's, through 9p (whose statfs reports the host's
+         * filesystem, so st_dev is what tells), and a node there would be
+         * made on the host. */
+        if (st.st_dev != dev_fs)
+            die("create device %s: %s is not the container's /dev filesystem", d->path, dir);
+        if (device_make(dirfd, slash + 1, d) < 0)
             die("create device %s: %s", d->path, strerror(errno));
         close(dirfd);
     }

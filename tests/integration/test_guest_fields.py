@@ -284,3 +284,17 @@ def test_spec_without_process_creates_and_start_fails(runtime, make_bundle):
     assert ps[1].split()[:2] == [str(state["pid"]), "init"], ps
     runtime("delete", "noproc", check=True)
     runtime.assert_no_leaks()
+
+
+def test_device_never_lands_on_the_host(runtime, make_bundle, busybox_rootfs):
+    """A directory of the image bound under /dev is the host's, through 9p: a
+    node made there would be a device node on the host."""
+    def mutate(config):
+        config["mounts"].append({"destination": "/dev/sub", "type": "bind",
+                                 "source": str(busybox_rootfs / "etc"), "options": ["rbind"]})
+        config["linux"]["devices"] = [{"path": "/dev/sub/evil", "type": "c", "major": 1,
+                                       "minor": 3}]
+    line = one_line_failure(runtime, make_bundle(["true"], mutate=mutate), "devhost")
+    assert line.endswith("create device /dev/sub/evil: /dev/sub is not the container's /dev "
+                         "filesystem"), line
+    assert not (busybox_rootfs / "etc" / "evil").exists()
