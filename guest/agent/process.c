@@ -161,8 +161,10 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
 {
     struct proc *p = &procs[chan];
     int is_init = c->state == CTR_NEW;
-    if (is_init)
+    if (is_init) {
         c->xgates = s->xgates;
+        c->userns = s->userns;
+    }
     int ours[3] = {-1, -1, -1}, theirs[3] = {-1, -1, -1};
     int st[2] = {-1, -1}, go[2] = {-1, -1};
     pid_t pid = -1;
@@ -195,6 +197,8 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
             .tty = s->terminal, .status_fd = st[1], .start_fd = go[0],
             .ns_mnt = c->ns[CTR_NS_MNT], .ns_uts = c->ns[CTR_NS_UTS], .ns_ipc = c->ns[CTR_NS_IPC],
             .xgates = is_init ? s->xgates : c->xgates,
+            .ns_user = !is_init && c->userns ? c->ns[CTR_NS_USER] : -1,
+            .seccomp = c->seccomp,
         };
         child_main(&cc);
     }
