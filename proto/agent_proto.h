@@ -88,4 +88,16 @@ struct pc_exit_msg {
 #define PC_SPEC_OOM_SCORE_ADJ_MIN -1000
 #define PC_SPEC_OOM_SCORE_ADJ_MAX 1000
 
+/* Networking (docs/networking.md): the init's SPEC carries the interfaces the
+ * shim found in the container's network namespace, each mirrored onto a
+ * virtio-net device with the same MAC.  Interfaces, addresses and routes are
+ * counted over the whole VM; a name is the kernel's IFNAMSIZ - 1; an MTU is
+ * what an Ethernet device takes (IPv4's minimum to the 16-bit field). */
+#define PC_NET_MAX_IFACES 16
+#define PC_NET_MAX_ADDRS 64
+#define PC_NET_MAX_ROUTES 128
+#define PC_NET_IFNAME_MAX 15
+#define PC_NET_MTU_MIN 68
+#define PC_NET_MTU_MAX 65535
+
 #endif

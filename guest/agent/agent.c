@@ -18,6 +18,7 @@
 #include "channel.h"
 #include "container.h"
 #include "log.h"
+#include "net.h"
 #include "process.h"
 #include "spec.h"
 #include "vm.h"
@@ -49,7 +50,8 @@ static void handle_spec(const struct host_msg *m)
     if (spec_parse((char *)m->data, m->len, &spec, err, sizeof err) == 0 &&
         proc_chan_free(m->chan, err, sizeof err) == 0 &&
         ctr_claim(spec.container, spec.role, &c, err, sizeof err) == 0 &&
-        (c->state != CTR_NEW || vm_mount_shares(&spec, err, sizeof err) == 0))
+        (c->state != CTR_NEW || (vm_mount_shares(&spec, err, sizeof err) == 0 &&
+                                 net_configure(&spec.net, err, sizeof err) == 0)))
         pid = proc_spawn(m->chan, &spec, c, err, sizeof err);
     if (pid > 0) {
         unsigned char b[PC_U32_MSG_LEN];

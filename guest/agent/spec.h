@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "agent_proto.h"
+#include "netspec.h"
 
 enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_AMBIENT, SC_COUNT };
 
@@ -65,6 +66,8 @@ struct spec {
     int nreadonly_paths;
     const char *masked_paths[PC_SPEC_MAX_PATHS];
     int nmasked_paths;
+    /* net.if, net.addr, net.route: the VM's interfaces (netspec.h). */
+    struct net_spec net;
 };
 
 /* Parses in place (buf is modified and must outlive *s). 0, or -1 with err
