@@ -73,6 +73,7 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
+    from paracell.net import netns
     from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan, xgates
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
@@ -95,6 +96,7 @@ def create(
     # Before prepare_rootfs, which writes mount points into the rootfs: a
     # refused create leaves nothing behind, not even there.
     xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+    network = netns.plan(spec.namespaces(bundle.config))
     spec.prepare_rootfs(bundle)
     guest = artifacts.current()
     memory_file = memory.path_for(ctx.root, container_id)
@@ -107,7 +109,7 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=1)
+                                    memory_mib, memory_plan, vcpus=1, network=network)
     state.vm = VmRecord(devices=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
@@ -120,7 +122,8 @@ def create(
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
-                        console_socket=console_socket, terminal=terminal, log=ctx.log)
+                        console_socket=console_socket, terminal=terminal, log=ctx.log,
+                        network=network)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
@@ -144,6 +147,8 @@ def create(
         os.close(lock_fd)
     if notice:
         ctx.log.warning(notice)
+    if network.mode == netns.HOST:
+        ctx.log.warning(netns.HOST_NOTICE)
     return state
 
 
