@@ -174,6 +174,10 @@ def podman(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path
         '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
         'netns = "none"\n'
         '[engine]\nruntime_supports_json = ["crun", "runc", "paracell"]\n'
+        # conmon hands the runtime a bare environment: without this, `create`
+        # would boot the default cache's guest, not this checkout's.
+        + (f'conmon_env_vars = ["PARACELL_CACHE={os.environ["PARACELL_CACHE"]}"]\n'
+           if os.environ.get("PARACELL_CACHE") else "")
     )
     env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf))
     daemon = Podman(base, env)
