@@ -99,5 +99,8 @@ struct pc_exit_msg {
 #define PC_NET_IFNAME_MAX 15
 #define PC_NET_MTU_MIN 68
 #define PC_NET_MTU_MAX 65535
+/* Spare devices a VM gets at create for interfaces that appear only before
+ * START (ctr run --cni adds them to the shim's new namespace then). */
+#define PC_NET_MAX_SPARES 1
 
 #endif

@@ -68,6 +68,22 @@ static void handle_spec(const struct host_msg *m)
     chan_send_text(PC_ERROR, m->chan, err);
 }
 
+/* A START may carry network records: interfaces that appeared after create
+ * (docs/networking.md).  The process must not run without them: on failure
+ * it gets ERROR and is killed before it ever execs. */
+static int start_network(const struct host_msg *m)
+{
+    static struct net_spec late;
+    char err[ERRTEXT_MAX] = "";
+    if (netspec_parse((char *)m->data, m->len, &late, err, sizeof err) == 0 &&
+        net_start(&late, err, sizeof err) == 0)
+        return 0;
+    loghost("chan %u: %s", m->chan, err);
+    chan_send_text(PC_ERROR, m->chan, err);
+    proc_signal(m->chan, SIGKILL, 0);
+    return -1;
+}
+
 /* 1 when the frame must wait (its stdin buffer is full), else 0. */
 static int dispatch(const struct frame *f)
 {
@@ -82,6 +98,8 @@ static int dispatch(const struct frame *f)
         handle_spec(&m);
         break;
     case PC_START:
+        if (m.len && start_network(&m) < 0)
+            break;
         proc_start(m.chan);
         break;
     case PC_STDIN:

@@ -11,6 +11,8 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <linux/if_addr.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "vm.h"
 
 /* virtio-net devices are probed before init runs; this only covers a slow probe. */
 #define FIND_WAIT_MS 2000
@@ -75,15 +78,15 @@ static void start(struct req *r, unsigned short type, unsigned short flags, size
     r->h.nlmsg_seq = ++nl_seq;
 }
 
-/* Sends one request and waits for its answer: 0 or -errno. */
-static int talk(struct req *r)
+/* Sends one request on sock and waits for its answer: 0 or -errno. */
+static int talk_on(int sock, struct req *r)
 {
     static char buf[16384];
     r->h.nlmsg_flags |= NLM_F_ACK;
-    if (send(nl, r, r->h.nlmsg_len, 0) < 0)
+    if (send(sock, r, r->h.nlmsg_len, 0) < 0)
         return -errno;
     for (int reads = 0; reads < MAX_READS; reads++) {
-        ssize_t got = recv(nl, buf, sizeof buf, 0);
+        ssize_t got = recv(sock, buf, sizeof buf, 0);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
@@ -96,6 +99,11 @@ static int talk(struct req *r)
                 return ((struct nlmsgerr *)NLMSG_DATA(m))->error;
     }
     return -EIO;
+}
+
+static int talk(struct req *r)
+{
+    return talk_on(nl, r);
 }
 
 static void read_link(struct nlmsghdr *m, struct link *l)
@@ -116,18 +124,18 @@ static void read_link(struct nlmsghdr *m, struct link *l)
     }
 }
 
-/* Every link of the VM, at most max: the count, or -errno. */
-static int dump_links(struct link *out, int max)
+/* Every link of sock's namespace, at most max: the count, or -errno. */
+static int dump_links(int sock, struct link *out, int max)
 {
     static char buf[32768];
     struct req r;
     int count = 0;
     start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
     r.u.ifi.ifi_family = AF_UNSPEC;
-    if (send(nl, &r, r.h.nlmsg_len, 0) < 0)
+    if (send(sock, &r, r.h.nlmsg_len, 0) < 0)
         return -errno;
     for (int reads = 0; reads < MAX_READS; reads++) {
-        ssize_t got = recv(nl, buf, sizeof buf, 0);
+        ssize_t got = recv(sock, buf, sizeof buf, 0);
         if (got < 0) {
             if (errno == EINTR)
                 continue;
@@ -149,42 +157,63 @@ static int dump_links(struct link *out, int max)
     return -EIO;
 }
 
-/* The ifindex of each interface's device, by MAC; -1 with err set when one
- * never appears. */
-static int find_devices(const struct net_spec *n, int *index, char *err, size_t errlen)
+/* The ifindex of the device with each of the n MACs in sock's namespace,
+ * waiting a little for a slow probe: -1 (with *missing set) when one never
+ * appears, -errno when the links cannot be listed, else 0. */
+static int find_macs(int sock, const unsigned char (*macs)[6], int n, int *index, int *missing)
 {
     static struct link links[LINKS_MAX];
     long long deadline = now_ms() + FIND_WAIT_MS;
-    int missing = 0;
     for (;;) {
-        int count = dump_links(links, LINKS_MAX);
-        if (count < 0) {
-            snprintf(err, errlen, "net: list links: %s", strerror(-count));
-            return -1;
-        }
-        missing = -1;
-        for (int i = 0; i < n->nifaces; i++) {
+        int count = dump_links(sock, links, LINKS_MAX);
+        if (count < 0)
+            return count;
+        *missing = -1;
+        for (int i = 0; i < n; i++) {
             index[i] = 0;
             for (int k = 0; k < count; k++)
-                if (links[k].has_mac && !memcmp(links[k].mac, n->ifaces[i].mac, 6))
+                if (links[k].has_mac && !memcmp(links[k].mac, macs[i], 6))
                     index[i] = links[k].index;
-            if (!index[i] && missing < 0)
-                missing = i;
+            if (!index[i] && *missing < 0)
+                *missing = i;
         }
-        if (missing < 0)
+        if (*missing < 0)
             return 0;
         if (now_ms() >= deadline)
-            break;
+            return -1;
         usleep(FIND_POLL_MS * 1000);
     }
-    const unsigned char *m = n->ifaces[missing].mac;
-    snprintf(err, errlen, "net: no network device with MAC %02x:%02x:%02x:%02x:%02x:%02x for %s",
-             m[0], m[1], m[2], m[3], m[4], m[5], n->ifaces[missing].name);
-    return -1;
+}
+
+static void no_device(const unsigned char *m, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "net: no network device with MAC %02x:%02x:%02x:%02x:%02x:%02x%s",
+             m[0], m[1], m[2], m[3], m[4], m[5], what);
+}
+
+/* The ifindex of each interface's device: by the MAC it has now. */
+static int find_devices(const struct net_spec *n, int *index, char *err, size_t errlen)
+{
+    unsigned char macs[PC_NET_MAX_IFACES][6];
+    char what[PC_NET_IFNAME_MAX + 8];
+    int missing = 0, rc;
+    for (int i = 0; i < n->nifaces; i++)
+        memcpy(macs[i], n->ifaces[i].has_dev_mac ? n->ifaces[i].dev_mac : n->ifaces[i].mac, 6);
+    rc = find_macs(nl, (const unsigned char (*)[6])macs, n->nifaces, index, &missing);
+    if (rc < -1) {
+        snprintf(err, errlen, "net: list links: %s", strerror(-rc));
+        return -1;
+    }
+    if (rc == -1) {
+        snprintf(what, sizeof what, " for %s", n->ifaces[missing].name);
+        no_device(macs[missing], what, err, errlen);
+        return -1;
+    }
+    return 0;
 }
 
 /* RTM_NEWLINK on index (or, with index 0, on the link called name). */
-static int set_link(int index, const char *name, unsigned mtu, int up)
+static int set_link(int index, const char *name, const unsigned char *mac, unsigned mtu, int up)
 {
     struct req r;
     start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
@@ -192,6 +221,8 @@ static int set_link(int index, const char *name, unsigned mtu, int up)
     r.u.ifi.ifi_index = index;
     if (name)
         attr(&r, IFLA_IFNAME, name, strlen(name) + 1);
+    if (mac)
+        attr(&r, IFLA_ADDRESS, mac, 6);
     if (mtu)
         attr(&r, IFLA_MTU, &mtu, sizeof mtu);
     if (up) {
@@ -272,14 +303,16 @@ static int configure(const struct net_spec *n, char *err, size_t errlen)
      * the names they are to get may be each other's. */
     for (int i = 0; i < n->nifaces; i++) {
         snprintf(tmp, sizeof tmp, "pcnet%d", i);
-        if ((rc = set_link(index[i], tmp, 0, 0))) {
+        if ((rc = set_link(index[i], tmp, NULL, 0, 0))) {
             snprintf(err, errlen, "net: rename device for %s: %s", n->ifaces[i].name, strerror(-rc));
             return -1;
         }
     }
     for (int i = 0; i < n->nifaces; i++) {
         const struct net_iface *f = &n->ifaces[i];
-        if ((rc = set_link(index[i], f->name, f->mtu, 0)) || (rc = set_link(index[i], NULL, 0, 1))) {
+        const unsigned char *mac = f->has_dev_mac ? f->mac : NULL;
+        if ((rc = set_link(index[i], f->name, mac, f->mtu, 0)) ||
+            (rc = set_link(index[i], NULL, NULL, 0, 1))) {
             snprintf(err, errlen, "net: %s (MTU %u): %s", f->name, f->mtu, strerror(-rc));
             return -1;
         }
@@ -303,40 +336,122 @@ static int configure(const struct net_spec *n, char *err, size_t errlen)
     return 0;
 }
 
+static int open_netlink(int *sock, char *err, size_t errlen)
+{
+    struct timeval tv = {RECV_TIMEOUT_S, 0};
+    *sock = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (*sock < 0 || setsockopt(*sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) {
+        snprintf(err, errlen, "net: netlink socket: %s", strerror(errno));
+        if (*sock >= 0)
+            close(*sock);
+        *sock = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* Spare devices wait in a network namespace of their own, which only the
+ * agent holds (an fd, and a netlink socket made inside it), so that no
+ * container sees a device that is not its interface yet. */
+static int root_ns = -1, park_ns = -1, park_nl = -1;
+
+static int make_park(char *err, size_t errlen)
+{
+    if (park_ns >= 0)
+        return 0;
+    root_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (root_ns < 0 || unshare(CLONE_NEWNET) < 0) {
+        snprintf(err, errlen, "net: new namespace for spare devices: %s", strerror(errno));
+        return -1;
+    }
+    park_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    int made = park_ns >= 0 ? open_netlink(&park_nl, err, errlen) : -1;
+    if (setns(root_ns, CLONE_NEWNET) < 0) {
+        /* Every container would start in the wrong namespace: stop here. */
+        logmsg("cannot return to the VM's network namespace: %s", strerror(errno));
+        vm_power_off(1);
+    }
+    if (park_ns < 0 || made < 0) {
+        if (park_ns < 0)
+            snprintf(err, errlen, "net: open spare namespace: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Moves the device with each MAC from the namespace sock lives in to ns_fd. */
+static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_fd,
+                        char *err, size_t errlen)
+{
+    int index[PC_NET_MAX_IFACES], missing = 0, rc;
+    rc = find_macs(sock, macs, n, index, &missing);
+    if (rc == -1) {
+        no_device(macs[missing], " (spare)", err, errlen);
+        return -1;
+    }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        struct req r;
+        uint32_t fd = (uint32_t)ns_fd;
+        start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+        r.u.ifi.ifi_family = AF_UNSPEC;
+        r.u.ifi.ifi_index = index[i];
+        attr(&r, IFLA_NET_NS_FD, &fd, sizeof fd);
+        rc = talk_on(sock, &r);
+    }
+    if (rc) {
+        snprintf(err, errlen, "net: move spare device: %s", strerror(-rc));
+        return -1;
+    }
+    return 0;
+}
+
+static int lo_up, configured;
+
 int net_configure(const struct net_spec *n, char *err, size_t errlen)
 {
-    static int lo_up, configured;
     int rc;
 
-    if (lo_up && !n->nifaces)
+    if (lo_up && !n->nifaces && !n->nspares)
         return 0;
-    if (n->nifaces && configured) {
+    if ((n->nifaces || n->nspares) && configured) {
         snprintf(err, errlen, "net: this VM's network interfaces are already configured");
         return -1;
     }
-    if (nl < 0) {
-        struct timeval tv = {RECV_TIMEOUT_S, 0};
-        nl = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
-        if (nl < 0 || setsockopt(nl, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) {
-            snprintf(err, errlen, "net: netlink socket: %s", strerror(errno));
-            if (nl >= 0)
-                close(nl);
-            nl = -1;
-            return -1;
-        }
-    }
+    if (nl < 0 && open_netlink(&nl, err, errlen))
+        return -1;
     if (!lo_up) {
         /* As runc does for a new network namespace. */
-        if ((rc = set_link(0, "lo", 0, 1))) {
+        if ((rc = set_link(0, "lo", NULL, 0, 1))) {
             snprintf(err, errlen, "net: lo up: %s", strerror(-rc));
             return -1;
         }
         lo_up = 1;
     }
+    if (n->nspares && (make_park(err, errlen) ||
+                       move_devices(nl, (const unsigned char (*)[6])n->spares, n->nspares,
+                                    park_ns, err, errlen)))
+        return -1;
+    if (n->nifaces && configure(n, err, errlen))
+        return -1;
+    configured = n->nifaces || n->nspares;
+    return 0;
+}
+
+int net_start(const struct net_spec *n, char *err, size_t errlen)
+{
+    unsigned char macs[PC_NET_MAX_IFACES][6];
+    int nmacs = 0;
     if (!n->nifaces)
         return 0;
-    if (configure(n, err, errlen))
+    for (int i = 0; i < n->nifaces; i++)
+        if (n->ifaces[i].has_dev_mac)
+            memcpy(macs[nmacs++], n->ifaces[i].dev_mac, 6);
+    if (nmacs && park_nl < 0) {
+        snprintf(err, errlen, "net: this VM has no spare network device");
         return -1;
-    configured = 1;
-    return 0;
+    }
+    if (nmacs && move_devices(park_nl, (const unsigned char (*)[6])macs, nmacs, root_ns,
+                              err, errlen))
+        return -1;
+    return configure(n, err, errlen);
 }

@@ -1,11 +1,13 @@
 /* Network records of the launch spec: checked here as hostile input, so that
  * net.c applies only well-formed, bounded values.
  *
- *   net.if=NAME \x1f MAC \x1f MTU
+ *   net.if=NAME \x1f MAC \x1f MTU [\x1f DEVICE_MAC]
  *   net.addr=N \x1f ADDRESS/PREFIX
  *   net.route=N \x1f DST/PREFIX \x1f GATEWAY \x1f METRIC \x1f ONLINK
+ *   net.spare=MAC
  *
- * N is the place of an interface given before, from 0. */
+ * N is the place of an interface given before, from 0.  DEVICE_MAC names a
+ * spare device (net.spare, in the init's SPEC) that the interface takes over. */
 #define _GNU_SOURCE
 #include "netspec.h"
 
@@ -18,7 +20,8 @@
 
 int netspec_is_key(const char *key)
 {
-    return !strcmp(key, "net.if") || !strcmp(key, "net.addr") || !strcmp(key, "net.route");
+    return !strcmp(key, "net.if") || !strcmp(key, "net.addr") || !strcmp(key, "net.route") ||
+           !strcmp(key, "net.spare");
 }
 
 /* Splits s in place into exactly n fields. */
@@ -132,14 +135,23 @@ static int iface_ref(const struct net_spec *n, const char *s, int *out)
 
 static int add_iface(struct net_spec *n, char *val)
 {
-    char *f[3];
+    char *f[4];
     unsigned long long mtu;
     struct net_iface *i = &n->ifaces[n->nifaces];
-    if (fields(val, f, 3) || !name_ok(f[0]) || parse_mac(f[1], i->mac) ||
+    int seps = 0;
+    for (const char *c = val; *c; c++)
+        seps += *c == SEP;
+    int nf = seps == 3 ? 4 : 3;
+    if (fields(val, f, nf) || !name_ok(f[0]) || parse_mac(f[1], i->mac) ||
         number(f[2], PC_NET_MTU_MAX, &mtu) || mtu < PC_NET_MTU_MIN)
         return -1;
+    i->has_dev_mac = nf == 4;
+    if (i->has_dev_mac && parse_mac(f[3], i->dev_mac))
+        return -1;
     for (int k = 0; k < n->nifaces; k++)
-        if (!strcmp(n->ifaces[k].name, f[0]) || !memcmp(n->ifaces[k].mac, i->mac, 6))
+        if (!strcmp(n->ifaces[k].name, f[0]) || !memcmp(n->ifaces[k].mac, i->mac, 6) ||
+            (i->has_dev_mac && n->ifaces[k].has_dev_mac &&
+             !memcmp(n->ifaces[k].dev_mac, i->dev_mac, 6)))
             return -1;
     strcpy(i->name, f[0]);
     i->mtu = (unsigned)mtu;
@@ -193,6 +205,16 @@ int netspec_add(struct net_spec *n, const char *key, char *val, char *err, size_
             return -1;
         }
         rc = add_addr(n, val);
+    } else if (!strcmp(key, "net.spare")) {
+        if (n->nspares >= PC_NET_MAX_SPARES) {
+            snprintf(err, errlen, "spec: more than %d spare network devices", PC_NET_MAX_SPARES);
+            return -1;
+        }
+        rc = parse_mac(val, n->spares[n->nspares]);
+        for (int k = 0; !rc && k < n->nspares; k++)
+            rc = memcmp(n->spares[k], n->spares[n->nspares], 6) ? 0 : -1;
+        if (!rc)
+            n->nspares++;
     } else {
         if (n->nroutes >= PC_NET_MAX_ROUTES) {
             snprintf(err, errlen, "spec: more than %d routes", PC_NET_MAX_ROUTES);
@@ -203,4 +225,31 @@ int netspec_add(struct net_spec *n, const char *key, char *val, char *err, size_
     if (rc)
         snprintf(err, errlen, "spec: bad value for %.40s", key);
     return rc;
+}
+
+int netspec_parse(char *buf, size_t len, struct net_spec *n, char *err, size_t errlen)
+{
+    memset(n, 0, sizeof *n);
+    if (!len || buf[len - 1]) {
+        snprintf(err, errlen, "spec: records must each end with a NUL byte");
+        return -1;
+    }
+    for (char *p = buf, *end = buf + len; p < end;) {
+        char *key = p;
+        p += strlen(p) + 1;
+        char *val = strchr(key, '=');
+        if (!val) {
+            snprintf(err, errlen, "spec: record without '='");
+            return -1;
+        }
+        *val++ = 0;
+        /* Spares are the init's to declare; START only hands them out. */
+        if (!netspec_is_key(key) || !strcmp(key, "net.spare")) {
+            snprintf(err, errlen, "spec: unknown key %.40s", key);
+            return -1;
+        }
+        if (netspec_add(n, key, val, err, errlen))
+            return -1;
+    }
+    return 0;
 }

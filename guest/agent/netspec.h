@@ -14,6 +14,10 @@ struct net_iface {
     char name[PC_NET_IFNAME_MAX + 1];
     unsigned char mac[6];
     unsigned mtu;
+    /* Set when the device now has another MAC: a spare the host attached at
+     * create, for an interface that appeared before START (ctr run --cni). */
+    int has_dev_mac;
+    unsigned char dev_mac[6];
 };
 
 struct net_addr {
@@ -41,10 +45,17 @@ struct net_spec {
     int naddrs;
     struct net_route routes[PC_NET_MAX_ROUTES];
     int nroutes;
+    /* net.spare: devices with no interface yet, hidden from the containers
+     * until a START names them. */
+    unsigned char spares[PC_NET_MAX_SPARES][6];
+    int nspares;
 };
 
 /* 1 when key is one of the network records. */
 int netspec_is_key(const char *key);
+/* A START payload: network records only (net.if, net.addr, net.route), each
+ * NUL-terminated; buf is modified in place.  0, or -1 with err set. */
+int netspec_parse(char *buf, size_t len, struct net_spec *n, char *err, size_t errlen);
 /* Adds one record (key=val, val modified in place): 0, or -1 with err set to
  * one line that starts with "spec: ". */
 int netspec_add(struct net_spec *n, const char *key, char *val, char *err, size_t errlen);
