@@ -27,10 +27,12 @@ _counter = itertools.count()
 @dataclass
 class Netns:
     name: str
+    # Another namespace file than /run/netns/NAME (a process's /proc/PID/ns/net).
+    at: str = ""
 
     @property
     def path(self) -> str:
-        return f"/run/netns/{self.name}"
+        return self.at or f"/run/netns/{self.name}"
 
     def run(self, body: Callable[[], T]) -> T:
         """body() in a thread inside this namespace."""

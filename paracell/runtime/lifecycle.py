@@ -154,13 +154,17 @@ def create(
 
 def start(ctx: Context, container_id: str) -> None:
     from paracell._native import lib
+    from paracell.net import late
     from paracell.runtime import hooks
 
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
         target = status.transition("start", state.status, container_id)
-        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START)
+        # Interfaces added to the shim's namespace since create (ctr run --cni).
+        network = late.start_payload(state.vm.devices, state.shim_pid) \
+            if shim_alive(state) else b""
+        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START, network)
         state.status = target
         store.save(state)
     hooks.run_hooks(state.hooks, "poststart", oci_state(state))

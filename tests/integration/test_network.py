@@ -206,3 +206,40 @@ def test_bad_network_namespace_path_fails_in_one_line(runtime, make_bundle, path
     else:
         assert "not a network namespace" in lines[0], lines
     runtime.assert_no_leaks()
+
+
+def test_interface_added_between_create_and_start(runtime, make_bundle, tmp_path):
+    """As `ctr run --cni` does: the spec asks for a new network namespace,
+    and the caller adds the veth to the pid that create reported (our shim)
+    before it calls start. The VM's spare device takes the interface over."""
+    with netns() as peer:
+        server = Server(peer, "10.77.0.1", b"HTTP/1.0 200 OK\r\n\r\nfrom-peer\n")
+        script = (f"mkdir /tmp/www && ({SHOW}; wget -q -O - http://10.77.0.1:{server.port}/) "
+                  "> /tmp/www/index.html 2>&1; exec httpd -f -p 80 -h /tmp/www")
+
+        def new_netns(config):
+            config["linux"]["namespaces"].append({"type": "network"})
+        bundle = make_bundle(["sh", "-c", script], mutate=new_netns)
+        pid_file = tmp_path / "pid"
+        try:
+            created = runtime("create", "--bundle", str(bundle), "--pid-file", str(pid_file),
+                              "netlate")
+            assert created.returncode == 0, created.stderr
+            shim_ns = Netns("shim", f"/proc/{pid_file.read_text()}/ns/net")
+            assert shim_ns.ingress_qdiscs() == []  # the spare waits, unmirrored
+            veth(shim_ns, "eth0", peer, "peer0", mtu=1450, a_addrs=("10.77.0.2/24",),
+                 b_addrs=("10.77.0.1/24",))
+            route(shim_ns, "0.0.0.0/0", "10.77.0.1")
+            mac = shim_ns.link("eth0")["mac"]
+            started = runtime("start", "netlate")
+            assert started.returncode == 0, started.stderr
+            page = http_get(peer, "10.77.0.2", 80).decode()
+        finally:
+            server.close()
+            runtime("delete", "--force", "netlate")
+        links = sorted(ln for ln in page.splitlines() if ln.startswith("link "))
+        assert links == [f"link eth0 {mac} 1450 1", "link lo 00:00:00:00:00:00 65536 1"], page
+        assert "inet 10.77.0.2/24 brd 10.77.0.255 scope global eth0" in page
+        assert "default via 10.77.0.1 dev eth0" in page
+        assert page.endswith("from-peer\n")
+        runtime.assert_no_leaks()
