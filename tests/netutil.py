@@ -162,3 +162,19 @@ def http_get(ns: Netns | None, address: str, port: int, timeout: float = 60) -> 
             last = err
             time.sleep(0.3)
     raise AssertionError(f"no answer from {address}:{port} in {timeout:.0f} s: {last}")
+
+
+def wait_route_via(address: str, ifname: str, timeout: float = 90) -> None:
+    """Waits until this namespace routes `address` through `ifname` (a bridge
+    that CNI makes only when the container starts). Until then a packet to it
+    would follow the default route off the machine, so nothing is sent before."""
+    deadline = time.monotonic() + timeout
+    with IPRoute() as ipr:
+        while time.monotonic() < deadline:
+            wanted = ipr.link_lookup(ifname=ifname)
+            if wanted:
+                routes = ipr.route("get", dst=address)
+                if routes and routes[0].get("oif") == wanted[0]:
+                    return
+            time.sleep(0.2)
+    raise AssertionError(f"{address} is not routed through {ifname} after {timeout:.0f} s")

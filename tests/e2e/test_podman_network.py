@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import IMAGE
-from tests.netutil import Server, http_get
+from tests.netutil import Server, http_get, wait_route_via
 
 pytestmark = pytest.mark.e2e
 
 GATEWAY = "10.88.0.1"  # /etc/cni/net.d/87-podman-bridge.conflist
+BRIDGE = "cni-podman0"
 NAME = "pcnet-web"
 
 
@@ -38,6 +39,7 @@ def web(podman):
     try:
         ip = podman("inspect", "-f", "{{.NetworkSettings.IPAddress}}", NAME).stdout.decode().strip()
         assert ip.startswith("10.88."), ip
+        wait_route_via(ip, BRIDGE)
         yield ip, host_port
     finally:
         removed = podman("rm", "-f", NAME)
