@@ -28,9 +28,9 @@ from paracell.runtime.lifecycle import Context
 
 HOST_ADDR, CONTAINER_ADDR, PREFIX = "10.211.0.1", "10.211.0.2", 24
 PORT = 5201
-# What a containerised agent needs from its network: a request in well under
-# a millisecond and bulk transfers at 1 Gbit/s. Under TCG the guest's CPU is
-# emulated, so these are goals for KVM hosts; the output says which engine ran.
+# What a containerised agent needs from its network: bulk transfers at
+# 1 Gbit/s and a request round trip (mean) well under a millisecond. The
+# output says which engine ran: under TCG the guest's CPU is emulated.
 GOAL_MBIT = 1000.0
 GOAL_RTT_US = 500.0
 RUN_TIMEOUT_S = 300
@@ -113,15 +113,19 @@ def _server(host_ns: str) -> Iterator[None]:
 
 
 def _parse(out: str) -> dict[str, float]:
-    """netload's two lines: throughput in Mbit/s, round trip in µs."""
+    """netload's two lines: throughput in Mbit/s, round trips in µs. The mean
+    round trip is the whole test's time over its count: it holds even when a
+    TCG guest's clock falls back to jiffies (4 ms steps), which turns the
+    per-trip median and p99 into 0 or 4000 µs; those are kept as measured."""
     fields = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
     try:
         nbytes, took = (float(v) for v in fields["stream"][:2])
-        count, _, median_us, p99_us = (float(v) for v in fields["rr"][:4])
-    except (KeyError, ValueError) as err:
+        count, rr_took, median_us, p99_us = (float(v) for v in fields["rr"][:4])
+        mean_us = rr_took / count * 1e6
+    except (KeyError, ValueError, ZeroDivisionError) as err:
         raise ParacellError(f"bench net: unexpected output {out[-200:]!r}") from err
-    return {"mbit_s": nbytes * 8 / took / 1e6, "rtt_median_us": median_us,
-            "rtt_p99_us": p99_us, "round_trips": count}
+    return {"mbit_s": nbytes * 8 / took / 1e6, "rtt_mean_us": mean_us,
+            "rtt_median_us": median_us, "rtt_p99_us": p99_us, "round_trips": count}
 
 
 def _run(cmd: list[str]) -> dict[str, float]:
@@ -135,7 +139,7 @@ def _run(cmd: list[str]) -> dict[str, float]:
 
 def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {"runs": runs}
-    for key in ("mbit_s", "rtt_median_us", "rtt_p99_us"):
+    for key in ("mbit_s", "rtt_mean_us", "rtt_median_us", "rtt_p99_us"):
         values = [r[key] for r in runs]
         out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
     return out
@@ -169,24 +173,24 @@ def run(ctx: Context, rounds: int, seconds: float, output: str) -> str:
     result: dict[str, Any] = {
         "benchmark": "TCP from a container to the host side of its veth",
         "engine": engine, "seconds_per_test": seconds, "rounds": rounds, "results": stats,
-        "goal": {"mbit_s": GOAL_MBIT, "rtt_median_us": GOAL_RTT_US,
+        "goal": {"mbit_s": GOAL_MBIT, "rtt_mean_us": GOAL_RTT_US,
                  "met": ours["mbit_s"]["median"] >= GOAL_MBIT
-                 and ours["rtt_median_us"]["median"] <= GOAL_RTT_US},
+                 and ours["rtt_mean_us"]["median"] <= GOAL_RTT_US},
     }
     if runc:
         result["ratio_to_runc"] = {
             "throughput": ours["mbit_s"]["median"] / stats["runc"]["mbit_s"]["median"],
-            "rtt": ours["rtt_median_us"]["median"] / stats["runc"]["rtt_median_us"]["median"],
+            "rtt": ours["rtt_mean_us"]["median"] / stats["runc"]["rtt_mean_us"]["median"],
         }
     path = common.write_result(output, result)
     # The chart shows round trips: the figure an agent's API calls feel.
-    plot.bar_chart({v: {"median_s": s["rtt_median_us"]["median"] / 1e6,
-                        "min_s": s["rtt_median_us"]["min"] / 1e6,
-                        "max_s": s["rtt_median_us"]["max"] / 1e6} for v, s in stats.items()},
-                   f"TCP round trip, container to host ({engine})", 1e6, "µs",
+    plot.bar_chart({v: {"median_s": s["rtt_mean_us"]["median"] / 1e6,
+                        "min_s": s["rtt_mean_us"]["min"] / 1e6,
+                        "max_s": s["rtt_mean_us"]["max"] / 1e6} for v, s in stats.items()},
+                   f"TCP round trip (mean), container to host ({engine})", 1e6, "µs",
                    path.with_suffix(".png"))
     parts = [f"{v}: {s['mbit_s']['median']:.0f} Mbit/s, round trip "
-             f"{s['rtt_median_us']['median']:.0f} µs" for v, s in stats.items()]
+             f"{s['rtt_mean_us']['median']:.0f} µs" for v, s in stats.items()]
     if runc:
         ratio = result["ratio_to_runc"]
         parts.append(f"ParaCell/runc: throughput {ratio['throughput']:.3f}x, "
