@@ -10,7 +10,10 @@ host, and so which interfaces the VM gets (paracell/net/device.py):
   only its own `lo`, and QEMU reaches no network on the host either;
 - no `network` entry, or a path to the runtime's own namespace (runc's "host
   network"): the VM gets no interface at all, since it cannot be given the
-  host's stack (docs/networking.md); the shim stays where it is.
+  host's stack (docs/networking.md); the shim stays where it is;
+- a Kubernetes app container, which joins its pod sandbox's namespace: the
+  shim joins it too, but the sandbox's VM holds its interfaces (one VM per
+  namespace), so this VM gets none, and `--log` says so.
 """
 
 from __future__ import annotations
@@ -25,9 +28,15 @@ from typing import Any, TypeVar
 from paracell.errors import ParacellError
 
 CLONE_NEWNET = 0x40000000
-HOST, NEW, JOIN = "host", "new", "join"
-HOST_NOTICE = ("the spec shares the host's network namespace, which a VM cannot: "
-               "the container gets no network interface besides lo")
+HOST, NEW, JOIN, POD = "host", "new", "join", "pod"
+NOTICES = {
+    HOST: "the spec shares the host's network namespace, which a VM cannot: "
+          "the container gets no network interface besides lo",
+    POD: "the container joins its pod's network namespace, whose interfaces the pod "
+         "sandbox's VM holds: it gets no network interface besides lo",
+}
+# containerd's CRI plugin marks a pod's app containers so (the sandbox: "sandbox").
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 T = TypeVar("T")
 
 
@@ -37,7 +46,7 @@ class NetworkPlan:
     path: str = ""
 
 
-def plan(namespaces: dict[str, str]) -> NetworkPlan:
+def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan:
     """From linux.namespaces as type -> path ("" for a new one)."""
     if "network" not in namespaces:
         return NetworkPlan(HOST)
@@ -50,6 +59,8 @@ def plan(namespaces: dict[str, str]) -> NetworkPlan:
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
     if (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino):
         return NetworkPlan(HOST)
+    if annotations.get(CRI_CONTAINER_TYPE) == "container":
+        return NetworkPlan(POD, path)
     return NetworkPlan(JOIN, path)
 
 
@@ -83,7 +94,7 @@ def unshare() -> None:
 
 def enter(network: NetworkPlan) -> None:
     """The shim's one step into the container's network namespace."""
-    if network.mode == JOIN:
+    if network.mode in (JOIN, POD):
         join(network.path)
     elif network.mode == NEW:
         unshare()

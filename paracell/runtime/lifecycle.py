@@ -96,7 +96,7 @@ def create(
     # Before prepare_rootfs, which writes mount points into the rootfs: a
     # refused create leaves nothing behind, not even there.
     xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
-    network = netns.plan(spec.namespaces(bundle.config))
+    network = netns.plan(spec.namespaces(bundle.config), bundle.annotations)
     spec.prepare_rootfs(bundle)
     guest = artifacts.current()
     memory_file = memory.path_for(ctx.root, container_id)
@@ -147,8 +147,8 @@ def create(
         os.close(lock_fd)
     if notice:
         ctx.log.warning(notice)
-    if network.mode == netns.HOST:
-        ctx.log.warning(netns.HOST_NOTICE)
+    if network.mode in netns.NOTICES:
+        ctx.log.warning(netns.NOTICES[network.mode])
     return state
 
 

@@ -243,3 +243,32 @@ def test_interface_added_between_create_and_start(runtime, make_bundle, tmp_path
         assert "default via 10.77.0.1 dev eth0" in page
         assert page.endswith("from-peer\n")
         runtime.assert_no_leaks()
+
+
+def test_pod_app_container_joins_the_sandboxs_namespace_without_interfaces(
+        runtime, make_bundle, wired, tmp_path):
+    """containerd's CRI: the sandbox's VM takes the pod's interfaces; an app
+    container joining its namespace runs, with lo only, and the log says why."""
+    ns, _ = wired
+
+    def member(kind):
+        def mutate(config):
+            in_netns(ns.path)(config)
+            config["annotations"] = {"io.kubernetes.cri.container-type": kind}
+        return mutate
+    sandbox = make_bundle(["sleep", "300"], mutate=member("sandbox"))
+    assert runtime("create", "--bundle", str(sandbox), "netsandbox").returncode == 0
+    try:
+        app = make_bundle(["ls", "/sys/class/net"], mutate=member("container"))
+        log = tmp_path / "log.json"
+        result = runtime("--log", str(log), "--log-format", "json", "run", "--bundle", str(app),
+                         "netapp")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == b"lo\n"
+        messages = [json.loads(line)["msg"] for line in log.read_text().splitlines()]
+        assert any("pod's network namespace" in m for m in messages), messages
+        assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", "pctap0"])
+    finally:
+        runtime("delete", "--force", "netsandbox")
+    runtime.assert_no_leaks()
+    assert_nothing_left(ns)
