@@ -11,7 +11,7 @@ host, and so which interfaces the VM gets (paracell/net/device.py):
 - no `network` entry, or a path to the runtime's own namespace (runc's "host
   network"): the VM gets no interface at all, since it cannot be given the
   host's stack (docs/networking.md); the shim stays where it is;
-- a Kubernetes app container, which joins its pod sandbox's namespace: the
+- a pod's app container (Kubernetes, podman), which joins its sandbox's namespace: the
   shim joins it too, but the sandbox's VM holds its interfaces (one VM per
   namespace), so this VM gets none, and `--log` says so.
 """
@@ -35,8 +35,9 @@ NOTICES = {
     POD: "the container joins its pod's network namespace, whose interfaces the pod "
          "sandbox's VM holds: it gets no network interface besides lo",
 }
-# containerd's CRI plugin marks a pod's app containers so (the sandbox: "sandbox").
-CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+# How a pod's app containers are marked: by containerd's CRI plugin, and by
+# CRI-O, whose annotation podman gives the containers of its pods.
+POD_MEMBER_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 T = TypeVar("T")
 
 
@@ -59,7 +60,7 @@ def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
     if (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino):
         return NetworkPlan(HOST)
-    if annotations.get(CRI_CONTAINER_TYPE) == "container":
+    if any(annotations.get(key) == "container" for key in POD_MEMBER_ANNOTATIONS):
         return NetworkPlan(POD, path)
     return NetworkPlan(JOIN, path)
 

@@ -245,16 +245,19 @@ def test_interface_added_between_create_and_start(runtime, make_bundle, tmp_path
         runtime.assert_no_leaks()
 
 
+@pytest.mark.parametrize("annotation", ["io.kubernetes.cri.container-type",
+                                        "io.kubernetes.cri-o.ContainerType"],
+                         ids=["containerd-cri", "cri-o-and-podman-pods"])
 def test_pod_app_container_joins_the_sandboxs_namespace_without_interfaces(
-        runtime, make_bundle, wired, tmp_path):
-    """containerd's CRI: the sandbox's VM takes the pod's interfaces; an app
-    container joining its namespace runs, with lo only, and the log says why."""
+        runtime, make_bundle, wired, tmp_path, annotation):
+    """A pod: the sandbox's VM takes the pod's interfaces; an app container
+    joining its namespace runs, with lo only, and the log says why."""
     ns, _ = wired
 
     def member(kind):
         def mutate(config):
             in_netns(ns.path)(config)
-            config["annotations"] = {"io.kubernetes.cri.container-type": kind}
+            config["annotations"] = {annotation: kind}
         return mutate
     sandbox = make_bundle(["sleep", "300"], mutate=member("sandbox"))
     assert runtime("create", "--bundle", str(sandbox), "netsandbox").returncode == 0
