@@ -47,6 +47,17 @@ def _take_spares(record_path: Path) -> list[tuple[str, str]]:
     return guestconfig.records(found, [s.mac for s in record.spares])
 
 
+def _only_ours(shim_pid: int) -> bool:
+    """True when the shim's namespace holds nothing but lo and our TAPs: the
+    common case, answered from /proc without loading pyroute2."""
+    try:
+        with open(f"/proc/{shim_pid}/net/dev") as f:
+            names = [line.split(":", 1)[0].strip() for line in f.readlines()[2:]]
+    except OSError:
+        return False
+    return all(n == "lo" or n.startswith(discover.TAP_PREFIX) for n in names)
+
+
 def start_payload(devices: list[dict[str, Any]], shim_pid: int) -> bytes:
     """The START frame's payload: network records, or nothing. The caller
     holds the container's lock and has checked that shim_pid is our shim."""
@@ -54,7 +65,7 @@ def start_payload(devices: list[dict[str, Any]], shim_pid: int) -> bytes:
 
     entry = next((d for d in devices if d.get("kind") == device.NetworkInterfaces.kind
                   and d.get("netns") == ""), None)
-    if entry is None:
+    if entry is None or _only_ours(shim_pid):
         return b""
     record = Path(str(entry.get("record", "")))
     records = netns.run_inside(f"/proc/{shim_pid}/ns/net", lambda: _take_spares(record))

@@ -13,10 +13,10 @@ from __future__ import annotations
 import errno
 from typing import Any
 
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.protocols import ETH_P_ALL
-
 from paracell.errors import ParacellError
+
+# pyroute2 costs ~0.2 s to import: only the verbs that touch a namespace load it.
+ETH_P_ALL = 0x0003
 
 INGRESS = 0xFFFF0000  # "ffff:", the one handle an ingress qdisc has
 # clsact also hooks ingress (at ffff:fff1); either means someone else is there.
@@ -54,6 +54,8 @@ def connect(ipr: Any, veth: int, tap: int) -> None:
 def remove(ipr: Any, index: int) -> None:
     """Drops the ingress qdisc, and its filters with it; a link or qdisc
     already gone is not an error."""
+    from pyroute2.netlink.exceptions import NetlinkError
+
     try:
         ipr.tc("del", "ingress", index, INGRESS)
     except NetlinkError as err:
