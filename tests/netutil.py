@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -178,3 +179,19 @@ def wait_route_via(address: str, ifname: str, timeout: float = 90) -> None:
                     return
             time.sleep(0.2)
     raise AssertionError(f"{address} is not routed through {ifname} after {timeout:.0f} s")
+
+
+def container_fetches_from(address: str,
+                           run_inside: Callable[[str], subprocess.CompletedProcess[bytes]]) -> None:
+    """The container (run_inside runs a shell command in it) fetches a page
+    from a server this test starts on `address`, one of the host's. busybox
+    nc, not wget: Debian's static wget crashes (under runc too) once podman's
+    /etc files are mounted."""
+    server = Server(None, address, b"HTTP/1.0 200 OK\r\n\r\nfrom-host\n")
+    try:
+        got = run_inside(f"printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 10 {address} {server.port}")
+    finally:
+        server.close()
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.endswith(b"\r\n\r\nfrom-host\n"), got.stdout
+    assert server.received and server.received[0].startswith(b"GET / ")

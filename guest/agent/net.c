@@ -78,34 +78,6 @@ static void start(struct req *r, unsigned short type, unsigned short flags, size
     r->h.nlmsg_seq = ++nl_seq;
 }
 
-/* Sends one request on sock and waits for its answer: 0 or -errno. */
-static int talk_on(int sock, struct req *r)
-{
-    static char buf[16384];
-    r->h.nlmsg_flags |= NLM_F_ACK;
-    if (send(sock, r, r->h.nlmsg_len, 0) < 0)
-        return -errno;
-    for (int reads = 0; reads < MAX_READS; reads++) {
-        ssize_t got = recv(sock, buf, sizeof buf, 0);
-        if (got < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        int len = (int)got;
-        for (struct nlmsghdr *m = (struct nlmsghdr *)buf; NLMSG_OK(m, len); m = NLMSG_NEXT(m, len))
-            if (m->nlmsg_seq == r->h.nlmsg_seq && m->nlmsg_type == NLMSG_ERROR &&
-                m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr)))
-                return ((struct nlmsgerr *)NLMSG_DATA(m))->error;
-    }
-    return -EIO;
-}
-
-static int talk(struct req *r)
-{
-    return talk_on(nl, r);
-}
-
 static void read_link(struct nlmsghdr *m, struct link *l)
 {
     struct ifinfomsg *ifi = NLMSG_DATA(m);
@@ -124,15 +96,13 @@ static void read_link(struct nlmsghdr *m, struct link *l)
     }
 }
 
-/* Every link of sock's namespace, at most max: the count, or -errno. */
-static int dump_links(int sock, struct link *out, int max)
+/* Sends r on sock and reads what answers it: an RTM_NEWLINK goes into out
+ * (at most max, counted in *count), NLMSG_DONE ends a dump, NLMSG_ERROR
+ * ends a request (its error; 0 is the ACK).  0 or -errno. */
+static int exchange(int sock, struct req *r, struct link *out, int max, int *count)
 {
     static char buf[32768];
-    struct req r;
-    int count = 0;
-    start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
-    r.u.ifi.ifi_family = AF_UNSPEC;
-    if (send(sock, &r, r.h.nlmsg_len, 0) < 0)
+    if (send(sock, r, r->h.nlmsg_len, 0) < 0)
         return -errno;
     for (int reads = 0; reads < MAX_READS; reads++) {
         ssize_t got = recv(sock, buf, sizeof buf, 0);
@@ -143,22 +113,48 @@ static int dump_links(int sock, struct link *out, int max)
         }
         int len = (int)got;
         for (struct nlmsghdr *m = (struct nlmsghdr *)buf; NLMSG_OK(m, len); m = NLMSG_NEXT(m, len)) {
-            if (m->nlmsg_seq != r.h.nlmsg_seq)
+            if (m->nlmsg_seq != r->h.nlmsg_seq)
                 continue;
             if (m->nlmsg_type == NLMSG_DONE)
-                return count;
+                return 0;
             if (m->nlmsg_type == NLMSG_ERROR)
-                return -EIO;
-            if (m->nlmsg_type == RTM_NEWLINK && count < max &&
+                return m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr))
+                           ? ((struct nlmsgerr *)NLMSG_DATA(m))->error
+                           : -EIO;
+            if (m->nlmsg_type == RTM_NEWLINK && out && *count < max &&
                 m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifinfomsg)))
-                read_link(m, &out[count++]);
+                read_link(m, &out[(*count)++]);
         }
     }
     return -EIO;
 }
 
+/* One request on sock, acknowledged: 0 or -errno. */
+static int talk_on(int sock, struct req *r)
+{
+    r->h.nlmsg_flags |= NLM_F_ACK;
+    return exchange(sock, r, NULL, 0, NULL);
+}
+
+static int talk(struct req *r)
+{
+    return talk_on(nl, r);
+}
+
+
+/* Every link of sock's namespace, at most max: the count, or -errno. */
+static int dump_links(int sock, struct link *out, int max)
+{
+    struct req r;
+    int count = 0;
+    start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
+    r.u.ifi.ifi_family = AF_UNSPEC;
+    int rc = exchange(sock, &r, out, max, &count);
+    return rc ? rc : count;
+}
+
 /* The ifindex of the device with each of the n MACs in sock's namespace,
- * waiting a little for a slow probe: -1 (with *missing set) when one never
+ * waiting a little for a slow probe: 1 (with *missing set) when one never
  * appears, -errno when the links cannot be listed, else 0. */
 static int find_macs(int sock, const unsigned char (*macs)[6], int n, int *index, int *missing)
 {
@@ -180,7 +176,7 @@ static int find_macs(int sock, const unsigned char (*macs)[6], int n, int *index
         if (*missing < 0)
             return 0;
         if (now_ms() >= deadline)
-            return -1;
+            return 1;
         usleep(FIND_POLL_MS * 1000);
     }
 }
@@ -200,11 +196,11 @@ static int find_devices(const struct net_spec *n, int *index, char *err, size_t 
     for (int i = 0; i < n->nifaces; i++)
         memcpy(macs[i], n->ifaces[i].has_dev_mac ? n->ifaces[i].dev_mac : n->ifaces[i].mac, 6);
     rc = find_macs(nl, (const unsigned char (*)[6])macs, n->nifaces, index, &missing);
-    if (rc < -1) {
+    if (rc < 0) {
         snprintf(err, errlen, "net: list links: %s", strerror(-rc));
         return -1;
     }
-    if (rc == -1) {
+    if (rc > 0) {
         snprintf(what, sizeof what, " for %s", n->ifaces[missing].name);
         no_device(macs[missing], what, err, errlen);
         return -1;
@@ -385,7 +381,7 @@ static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_
 {
     int index[PC_NET_MAX_IFACES], missing = 0, rc;
     rc = find_macs(sock, macs, n, index, &missing);
-    if (rc == -1) {
+    if (rc > 0) {
         no_device(macs[missing], " (spare)", err, errlen);
         return -1;
     }

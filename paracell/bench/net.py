@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -73,15 +72,6 @@ def _wired() -> Iterator[tuple[str, str]]:
             pr_netns.remove(name)
 
 
-def _rootfs() -> Path:
-    root = common.bench_dir() / "net-rootfs"
-    if not (root / "bin" / "busybox").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        defaultspec.busybox_rootfs(root)
-    programs.install("netload", root)
-    return root
-
-
 def _bundle(netns_path: str, seconds: float) -> Path:
     bundle = common.bench_dir() / "net"
     bundle.mkdir(exist_ok=True)
@@ -89,7 +79,8 @@ def _bundle(netns_path: str, seconds: float) -> Path:
     config = defaultspec.default_config(
         ["sh", "-c", f"{load} stream {HOST_ADDR} {PORT} {seconds} && "
                      f"{load} rr {HOST_ADDR} {PORT} {seconds}"])
-    config["root"] = {"path": str(_rootfs()), "readonly": True}
+    rootfs = programs.busybox_rootfs_with("netload", common.bench_dir() / "net-rootfs")
+    config["root"] = {"path": str(rootfs), "readonly": True}
     config["linux"]["namespaces"].append({"type": "network", "path": netns_path})
     (bundle / "config.json").write_text(json.dumps(config))
     return bundle

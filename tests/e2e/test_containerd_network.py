@@ -20,7 +20,7 @@ import pytest
 from pyroute2 import IPRoute
 
 from tests.e2e.conftest import IMAGE
-from tests.netutil import Server, http_get, wait_route_via
+from tests.netutil import container_fetches_from, http_get, wait_route_via
 
 pytestmark = pytest.mark.e2e
 
@@ -84,16 +84,8 @@ def test_ctr_run_cni_reaches_the_vm_both_ways(containerd, cni_network):
         wait_route_via(address, bridge)
         page = http_get(None, address, 80, timeout=90).decode()
         assert f"inet {address}/24" in page, page
-        server = Server(None, gateway, b"HTTP/1.0 200 OK\r\n\r\nfrom-gateway\n")
-        try:
-            got = containerd.ctr("task", "exec", "--exec-id", "nc", name, "sh", "-c",
-                                 "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | "
-                                 f"nc -w 10 {gateway} {server.port}")
-        finally:
-            server.close()
-        assert got.returncode == 0, got.stderr
-        assert got.stdout.endswith(b"\r\n\r\nfrom-gateway\n"), got.stdout
-        assert server.received and server.received[0].startswith(b"GET / ")
+        container_fetches_from(gateway, lambda cmd: containerd.ctr(
+            "task", "exec", "--exec-id", "nc", name, "sh", "-c", cmd))
     finally:
         containerd.ctr("task", "kill", "-s", "SIGKILL", name)
         try:

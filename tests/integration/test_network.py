@@ -139,17 +139,22 @@ def test_namespace_with_only_lo(runtime, make_bundle, with_path):
         runtime.assert_no_leaks()
 
 
-def test_host_network_namespace_gives_no_interface(runtime, make_bundle, tmp_path):
-    """No network namespace in the spec is runc's host network: a VM cannot
-    share the host's stack, so it gets only its own lo, and the log says so."""
-    bundle = make_bundle(["ls", "/sys/class/net"])
-    log = tmp_path / "log.json"
+def only_lo_and_logged(runtime, bundle, cid: str, log_dir, why: str) -> None:
+    """The container sees lo alone, and the runtime's log says why."""
+    log = log_dir / f"{cid}.log.json"
     result = runtime("--log", str(log), "--log-format", "json", "run", "--bundle", str(bundle),
-                     "nethost")
+                     cid)
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"lo\n"
     messages = [json.loads(line)["msg"] for line in log.read_text().splitlines()]
-    assert any("host's network namespace" in m for m in messages), messages
+    assert any(why in m for m in messages), messages
+
+
+def test_host_network_namespace_gives_no_interface(runtime, make_bundle, tmp_path):
+    """No network namespace in the spec is runc's host network: a VM cannot
+    share the host's stack, so it gets only its own lo, and the log says so."""
+    only_lo_and_logged(runtime, make_bundle(["ls", "/sys/class/net"]), "nethost", tmp_path,
+                       "host's network namespace")
 
 
 def test_killed_shim_leaves_nothing_after_delete(runtime, make_bundle, wired):
@@ -263,13 +268,7 @@ def test_pod_app_container_joins_the_sandboxs_namespace_without_interfaces(
     assert runtime("create", "--bundle", str(sandbox), "netsandbox").returncode == 0
     try:
         app = make_bundle(["ls", "/sys/class/net"], mutate=member("container"))
-        log = tmp_path / "log.json"
-        result = runtime("--log", str(log), "--log-format", "json", "run", "--bundle", str(app),
-                         "netapp")
-        assert result.returncode == 0, result.stderr
-        assert result.stdout == b"lo\n"
-        messages = [json.loads(line)["msg"] for line in log.read_text().splitlines()]
-        assert any("pod's network namespace" in m for m in messages), messages
+        only_lo_and_logged(runtime, app, "netapp", tmp_path, "pod's network namespace")
         assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", "pctap0"])
     finally:
         runtime("delete", "--force", "netsandbox")
