@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan
         given, own = os.stat(path), os.stat("/proc/self/ns/net")
     except OSError as err:
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
+    if not stat.S_ISREG(given.st_mode):
+        # A namespace file is an empty regular file (nsfs); a FIFO or device
+        # is not one, and opening it could block.
+        raise ParacellError(f"network namespace {path}: not a namespace file")
     if (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino):
         return NetworkPlan(HOST)
     if any(annotations.get(key) == "container" for key in POD_MEMBER_ANNOTATIONS):
@@ -74,7 +79,7 @@ def join(path: str) -> None:
     the shim calls it while it is the only thread, before QEMU exists, so
     QEMU and every later thread start inside."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as err:
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
     try:
@@ -106,7 +111,7 @@ def run_inside(path: str, body: Callable[[], T]) -> T | None:
     leaving the caller's namespace alone; None when the namespace is gone.
     For cleanup from a process outside it (delete, tests)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     result: list[T] = []

@@ -27,6 +27,11 @@ def test_plan_follows_the_spec_and_the_pod_annotations(tmp_path):
             assert netns.plan({"network": ns.path}, {key: "sandbox"}).mode == netns.JOIN
     with pytest.raises(ParacellError, match="^network namespace /nonexistent: No such file"):
         netns.plan({"network": "/nonexistent"}, {})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/null", str(tmp_path)):
+        with pytest.raises(ParacellError, match=f"^network namespace {path}: not a namespace"):
+            netns.plan({"network": path}, {})
 
 
 def test_join_refuses_another_kind_of_namespace():
