@@ -349,6 +349,19 @@ def bench_cli(runs: int, output: str) -> None:
     click.echo(bench_cli_mod.run(_ctx(), runs, output))
 
 
+@bench.command("net")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--seconds", default=3.0, show_default=True, help="per test, per round")
+@click.option("--output", "-o", default="bench-results/net.json")
+def bench_net(rounds: int, seconds: float, output: str) -> None:
+    """TCP throughput and round trips, container to host, vs runc."""
+    from paracell.bench import net as bench_net_mod
+
+    if not (1 <= rounds <= 100 and 0 < seconds <= 60):
+        raise ParacellError("paracell bench net: --rounds 1..100, --seconds in (0, 60]")
+    click.echo(bench_net_mod.run(_ctx(), rounds, seconds, output))
+
+
 @bench.command("xgate")
 @click.option("--output", "-o", default="bench-results/xgate.json")
 def bench_xgate(output: str) -> None:

@@ -126,4 +126,19 @@ struct pc_seccomp_hdr {
 #define PC_SPEC_PER_LINUX 0
 #define PC_SPEC_PER_LINUX32 8
 
+/* Networking (docs/networking.md): the init's SPEC carries the interfaces the
+ * shim found in the container's network namespace, each mirrored onto a
+ * virtio-net device with the same MAC.  Interfaces, addresses and routes are
+ * counted over the whole VM; a name is the kernel's IFNAMSIZ - 1; an MTU is
+ * what an Ethernet device takes (IPv4's minimum to the 16-bit field). */
+#define PC_NET_MAX_IFACES 16
+#define PC_NET_MAX_ADDRS 64
+#define PC_NET_MAX_ROUTES 128
+#define PC_NET_IFNAME_MAX 15
+#define PC_NET_MTU_MIN 68
+#define PC_NET_MTU_MAX 65535
+/* Spare devices a VM gets at create for interfaces that appear only before
+ * START (ctr run --cni adds them to the shim's new namespace then). */
+#define PC_NET_MAX_SPARES 1
+
 #endif

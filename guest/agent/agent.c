@@ -19,6 +19,7 @@
 #include "channel.h"
 #include "container.h"
 #include "log.h"
+#include "net.h"
 #include "process.h"
 #include "seccomp.h"
 #include "spec.h"
@@ -69,7 +70,8 @@ static void handle_spec(const struct host_msg *m)
         seccomp_matches(&spec, prog, err, sizeof err) == 0 &&
         proc_chan_free(m->chan, err, sizeof err) == 0 &&
         ctr_claim(spec.container, spec.role, &c, err, sizeof err) == 0 &&
-        (c->state != CTR_NEW || vm_mount_shares(&spec, err, sizeof err) == 0)) {
+        (c->state != CTR_NEW || (vm_mount_shares(&spec, err, sizeof err) == 0 &&
+                                 net_configure(&spec.net, err, sizeof err) == 0))) {
         if (c->state == CTR_NEW) {
             c->seccomp = prog; /* the container's now, freed with it */
             prog = NULL;
@@ -90,6 +92,22 @@ static void handle_spec(const struct host_msg *m)
         snprintf(err, sizeof err, "process setup failed");
     loghost("chan %u: %s", m->chan, err);
     chan_send_text(PC_ERROR, m->chan, err);
+}
+
+/* A START may carry network records: interfaces that appeared after create
+ * (docs/networking.md).  The process must not run without them: on failure
+ * it gets ERROR and is killed before it ever execs. */
+static int start_network(const struct host_msg *m)
+{
+    static struct net_spec late;
+    char err[ERRTEXT_MAX] = "";
+    if (netspec_parse((char *)m->data, m->len, &late, err, sizeof err) == 0 &&
+        net_start(&late, err, sizeof err) == 0)
+        return 0;
+    loghost("chan %u: %s", m->chan, err);
+    chan_send_text(PC_ERROR, m->chan, err);
+    proc_signal(m->chan, SIGKILL, 0);
+    return -1;
 }
 
 /* 1 when the frame must wait (its stdin buffer is full), else 0. */
@@ -114,6 +132,8 @@ static int dispatch(const struct frame *f)
         break;
     }
     case PC_START:
+        if (m.len && start_network(&m) < 0)
+            break;
         proc_start(m.chan);
         break;
     case PC_STDIN:

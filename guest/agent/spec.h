@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "agent_proto.h"
+#include "netspec.h"
 
 enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_AMBIENT, SC_COUNT };
 
@@ -97,6 +98,8 @@ struct spec {
     int has_ioprio;
     int ioprio_class, ioprio_level;
     int seccomp; /* seccomp=1: a PC_SECCOMP frame came just before, on this channel */
+    /* net.if, net.addr, net.route: the VM's interfaces (netspec.h). */
+    struct net_spec net;
 };
 
 /* Parses in place (buf is modified and must outlive *s). 0, or -1 with err

@@ -10,7 +10,6 @@ every few milliseconds: that is the memory the host really holds.
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import threading
@@ -52,12 +51,7 @@ class Run:
 
 
 def _rootfs() -> Path:
-    root = common.bench_dir() / "memory-rootfs"
-    if not (root / "bin" / "busybox").exists():
-        shutil.rmtree(root, ignore_errors=True)
-        defaultspec.busybox_rootfs(root)
-    programs.install("pagerload", root)
-    return root
+    return programs.busybox_rootfs_with("pagerload", common.bench_dir() / "memory-rootfs")
 
 
 def _bundle(name: str, args: list[str], rootfs: Path) -> Path:

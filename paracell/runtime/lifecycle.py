@@ -77,6 +77,7 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
+    from paracell.net import netns
     from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan, xgates
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
@@ -100,6 +101,7 @@ def create(
     # Before prepare_rootfs, which writes mount points into the rootfs: a
     # refused create leaves nothing behind, not even there.
     xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+    network = netns.plan(spec.namespaces(bundle.config), bundle.annotations)
     spec.prepare_rootfs(bundle)
     guest = artifacts.current()
     memory_file = memory.path_for(ctx.root, container_id)
@@ -112,7 +114,7 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=1)
+                                    memory_mib, memory_plan, vcpus=1, network=network)
     state.vm = VmRecord(devices=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
@@ -128,7 +130,7 @@ def create(
             ctx.log.warning(warning)
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
                         console_socket=console_socket, terminal=terminal, log=ctx.log,
-                        seccomp=bundle.seccomp)
+                        seccomp=bundle.seccomp, network=network)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
@@ -152,11 +154,14 @@ def create(
         os.close(lock_fd)
     if notice:
         ctx.log.warning(notice)
+    if network.mode in netns.NOTICES:
+        ctx.log.warning(netns.NOTICES[network.mode])
     return state
 
 
 def start(ctx: Context, container_id: str) -> None:
     from paracell._native import lib
+    from paracell.net import late
     from paracell.runtime import hooks
 
     store = ctx.store
@@ -165,7 +170,10 @@ def start(ctx: Context, container_id: str) -> None:
         target = status.transition("start", state.status, container_id)
         if not state.has_process:
             raise ParacellError(NO_PROCESS.format(container_id))
-        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START)
+        # Interfaces added to the shim's namespace since create (ctr run --cni).
+        network = late.start_payload(state.vm.devices, state.shim_pid) \
+            if shim_alive(state) else b""
+        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START, network)
         state.status = target
         store.save(state)
     hooks.run_hooks(state.hooks, "poststart", oci_state(state))

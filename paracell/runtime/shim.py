@@ -18,6 +18,8 @@ from pathlib import Path
 
 from paracell import unixsock
 from paracell.errors import ParacellError
+from paracell.net import device as net_device
+from paracell.net import netns
 from paracell.procfs import process_start_time
 from paracell.runtime import channel, console, signals
 from paracell.runtime.log import RuntimeLog
@@ -43,6 +45,7 @@ class ShimPlan:
     terminal: bool
     log: RuntimeLog
     seccomp: bytes | None = None  # PC_SECCOMP payload, sent just before the SPEC
+    network: netns.NetworkPlan = netns.NetworkPlan(netns.HOST)
 
 
 class Shim:
@@ -68,9 +71,11 @@ class Shim:
 
         plan = self.plan
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
+        # Before QEMU exists and while we have one thread: both inherit it.
+        netns.enter(plan.network)
         self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
         self.vm = plan.vm.launch(plan.state_dir / "qemu.log")
-        self._debug(f"qemu started, pid {self.vm.pid}")
+        self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
         fd = self._agent_fd()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
         if frame.type != lib.PC_READY:
@@ -79,7 +84,8 @@ class Shim:
         if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
             if plan.seccomp:
                 channel.send(fd, lib.PC_SECCOMP, 0, plan.seccomp)
-            channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
+            channel.send(fd, lib.PC_SPEC, 0,
+                         net_device.launch_spec(plan.launch_spec, plan.vm.devices))
             guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
             self._debug(f"container process created, guest pid {guest_pid}")
         if plan.terminal:

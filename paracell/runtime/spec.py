@@ -285,6 +285,11 @@ def _namespaces(linux: dict[str, Any]) -> dict[str, str]:
     return found
 
 
+def namespaces(config: dict[str, Any]) -> dict[str, str]:
+    """linux.namespaces of a validated config, as type -> path ("" for a new one)."""
+    return _namespaces(config.get("linux") or {})
+
+
 def _is_host_netns(path: str) -> bool:
     """runc's test: "host" is the runtime's own network namespace."""
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paracell.guest.artifacts import GuestArtifacts
+from paracell.net.netns import JOIN, NEW, NetworkPlan
 from paracell.runtime.memorymanager import MemoryPlan
 from paracell.runtime.spec import Bundle
 from paracell.vmm import devices
@@ -15,8 +16,8 @@ SHARE_DIR = "share"
 
 
 def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
-                 memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int
-                 ) -> tuple[VmBuilder, devices.AgentPort]:
+                 memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int,
+                 network: NetworkPlan | None = None) -> tuple[VmBuilder, devices.AgentPort]:
     from paracell.vmm import hostclock
 
     tsc_khz = hostclock.tsc_khz() if engine == "tcg" else 0
@@ -36,4 +37,6 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         vm.attach(devices.HostShare(state_dir / SHARE_DIR,
                                     [(b.source, b.slot) for b in bundle.host_binds]))
     vm.attach(devices.QmpSocket(state_dir / "qmp.sock"))
+    if network is not None and network.mode in (JOIN, NEW):
+        vm.attach(devices.NetworkInterfaces(state_dir, network.path))
     return vm, agent

@@ -269,3 +269,8 @@ class Balloon(Device):
 
     def qemu_args(self) -> list[str]:
         return ["-device", "virtio-balloon-device,free-page-reporting=on"]
+
+
+# The network interfaces live with the rest of networking; imported here so
+# that `builder.reclaim` knows their kind.
+from paracell.net.device import NetworkInterfaces  # noqa: E402, F401

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "guest" / "agent"
 HARNESS_SRC = Path(__file__).with_name("agent_harness.c")
-AGENT_MODULES = ("spec.c", "channel.c", "container.c", "log.c", "seccomp.c")
+AGENT_MODULES = ("spec.c", "netspec.c", "channel.c", "container.c", "log.c", "seccomp.c")
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
@@ -489,7 +489,8 @@ def test_agent_modules_include_each_other_without_a_cycle():
 
     for node in graph:
         visit(node, ())
-    assert graph["log"] == set() and graph["spec"] == set()
+    # The launch-spec parser stands alone; its network records have their own leaf.
+    assert graph["log"] == set() and graph["spec"] <= {"netspec"} and graph["netspec"] == set()
 
 
 def test_agent_has_one_copy_of_each_helper():

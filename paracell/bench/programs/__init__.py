@@ -35,3 +35,14 @@ def install(name: str, rootfs: Path) -> str:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy2(built(name), dest / name)
     return f"/usr/local/bin/{name}"
+
+
+def busybox_rootfs_with(name: str, root: Path) -> Path:
+    """A busybox rootfs at root (made once) holding the program `name`."""
+    from paracell.runtime import defaultspec
+
+    if not (root / "bin" / "busybox").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        defaultspec.busybox_rootfs(root)
+    install(name, root)
+    return root

@@ -1,0 +1,453 @@
+/* The VM's network interfaces, configured over rtnetlink.
+ *
+ * The host mirrors each interface of the container's network namespace onto a
+ * virtio-net device with the same MAC (docs/networking.md), so here each
+ * device is found by its MAC and given the interface's name, MTU, addresses
+ * and routes: from inside, the container sees what runc would have shown it.
+ * Every netlink exchange is bounded in size, count and time (SO_RCVTIMEO):
+ * PID 1 must never hang on it. */
+#define _GNU_SOURCE
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <linux/if_addr.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "vm.h"
+
+/* virtio-net devices are probed before init runs; this only covers a slow probe. */
+#define FIND_WAIT_MS 2000
+#define FIND_POLL_MS 10
+#define LINKS_MAX 64
+/* Reads of one answer; each read is bounded by the socket's timeout. */
+#define MAX_READS 256
+#define RECV_TIMEOUT_S 2
+
+struct req {
+    struct nlmsghdr h;
+    union {
+        struct ifinfomsg ifi;
+        struct ifaddrmsg ifa;
+        struct rtmsg rt;
+    } u;
+    /* Room for the few fixed-size attributes any one request carries. */
+    char attrs[256];
+};
+
+struct link {
+    int index;
+    char name[IF_NAMESIZE];
+    unsigned char mac[6];
+    int has_mac;
+};
+
+static int nl = -1;
+static unsigned nl_seq;
+
+/* Appends an attribute.  The requests here carry a few fixed-size ones that
+ * always fit; the check only keeps a future mistake inside the buffer. */
+static void attr(struct req *r, unsigned short type, const void *data, size_t len)
+{
+    size_t at = NLMSG_ALIGN(r->h.nlmsg_len);
+    if (at + RTA_SPACE(len) > sizeof *r)
+        return;
+    struct rtattr *a = (struct rtattr *)((char *)r + at);
+    a->rta_type = type;
+    a->rta_len = (unsigned short)RTA_LENGTH(len);
+    memcpy(RTA_DATA(a), data, len);
+    r->h.nlmsg_len = (unsigned)(at + RTA_ALIGN(a->rta_len));
+}
+
+static void start(struct req *r, unsigned short type, unsigned short flags, size_t body)
+{
+    memset(r, 0, sizeof *r);
+    r->h.nlmsg_len = (unsigned)NLMSG_LENGTH(body);
+    r->h.nlmsg_type = type;
+    r->h.nlmsg_flags = (unsigned short)(NLM_F_REQUEST | flags);
+    r->h.nlmsg_seq = ++nl_seq;
+}
+
+static void read_link(struct nlmsghdr *m, struct link *l)
+{
+    struct ifinfomsg *ifi = NLMSG_DATA(m);
+    int len = (int)IFLA_PAYLOAD(m);
+    memset(l, 0, sizeof *l);
+    l->index = ifi->ifi_index;
+    for (struct rtattr *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+        size_t n = RTA_PAYLOAD(a);
+        if (a->rta_type == IFLA_IFNAME && n > 0 && n <= IF_NAMESIZE) {
+            memcpy(l->name, RTA_DATA(a), n);
+            l->name[IF_NAMESIZE - 1] = 0;
+        } else if (a->rta_type == IFLA_ADDRESS && n == 6) {
+            memcpy(l->mac, RTA_DATA(a), 6);
+            l->has_mac = 1;
+        }
+    }
+}
+
+/* Sends r on sock and reads what answers it: an RTM_NEWLINK goes into out
+ * (at most max, counted in *count), NLMSG_DONE ends a dump, NLMSG_ERROR
+ * ends a request (its error; 0 is the ACK).  0 or -errno. */
+static int exchange(int sock, struct req *r, struct link *out, int max, int *count)
+{
+    static char buf[32768];
+    if (send(sock, r, r->h.nlmsg_len, 0) < 0)
+        return -errno;
+    for (int reads = 0; reads < MAX_READS; reads++) {
+        ssize_t got = recv(sock, buf, sizeof buf, 0);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        int len = (int)got;
+        for (struct nlmsghdr *m = (struct nlmsghdr *)buf; NLMSG_OK(m, len); m = NLMSG_NEXT(m, len)) {
+            if (m->nlmsg_seq != r->h.nlmsg_seq)
+                continue;
+            if (m->nlmsg_type == NLMSG_DONE)
+                return 0;
+            if (m->nlmsg_type == NLMSG_ERROR)
+                return m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr))
+                           ? ((struct nlmsgerr *)NLMSG_DATA(m))->error
+                           : -EIO;
+            if (m->nlmsg_type == RTM_NEWLINK && out && *count < max &&
+                m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifinfomsg)))
+                read_link(m, &out[(*count)++]);
+        }
+    }
+    return -EIO;
+}
+
+/* One request on sock, acknowledged: 0 or -errno. */
+static int talk_on(int sock, struct req *r)
+{
+    r->h.nlmsg_flags |= NLM_F_ACK;
+    return exchange(sock, r, NULL, 0, NULL);
+}
+
+static int talk(struct req *r)
+{
+    return talk_on(nl, r);
+}
+
+
+/* Every link of sock's namespace, at most max: the count, or -errno. */
+static int dump_links(int sock, struct link *out, int max)
+{
+    struct req r;
+    int count = 0;
+    start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
+    r.u.ifi.ifi_family = AF_UNSPEC;
+    int rc = exchange(sock, &r, out, max, &count);
+    return rc ? rc : count;
+}
+
+/* The ifindex of the device with each of the n MACs in sock's namespace,
+ * waiting a little for a slow probe: 1 (with *missing set) when one never
+ * appears, -errno when the links cannot be listed, else 0. */
+static int find_macs(int sock, const unsigned char (*macs)[6], int n, int *index, int *missing)
+{
+    static struct link links[LINKS_MAX];
+    long long deadline = now_ms() + FIND_WAIT_MS;
+    for (;;) {
+        int count = dump_links(sock, links, LINKS_MAX);
+        if (count < 0)
+            return count;
+        *missing = -1;
+        for (int i = 0; i < n; i++) {
+            index[i] = 0;
+            for (int k = 0; k < count; k++)
+                if (links[k].has_mac && !memcmp(links[k].mac, macs[i], 6))
+                    index[i] = links[k].index;
+            if (!index[i] && *missing < 0)
+                *missing = i;
+        }
+        if (*missing < 0)
+            return 0;
+        if (now_ms() >= deadline)
+            return 1;
+        usleep(FIND_POLL_MS * 1000);
+    }
+}
+
+static void no_device(const unsigned char *m, const char *what, char *err, size_t errlen)
+{
+    snprintf(err, errlen, "net: no network device with MAC %02x:%02x:%02x:%02x:%02x:%02x%s",
+             m[0], m[1], m[2], m[3], m[4], m[5], what);
+}
+
+/* The ifindex of each interface's device: by the MAC it has now. */
+static int find_devices(const struct net_spec *n, int *index, char *err, size_t errlen)
+{
+    unsigned char macs[PC_NET_MAX_IFACES][6];
+    char what[PC_NET_IFNAME_MAX + 8];
+    int missing = 0, rc;
+    for (int i = 0; i < n->nifaces; i++)
+        memcpy(macs[i], n->ifaces[i].has_dev_mac ? n->ifaces[i].dev_mac : n->ifaces[i].mac, 6);
+    rc = find_macs(nl, (const unsigned char (*)[6])macs, n->nifaces, index, &missing);
+    if (rc < 0) {
+        snprintf(err, errlen, "net: list links: %s", strerror(-rc));
+        return -1;
+    }
+    if (rc > 0) {
+        snprintf(what, sizeof what, " for %s", n->ifaces[missing].name);
+        no_device(macs[missing], what, err, errlen);
+        return -1;
+    }
+    return 0;
+}
+
+/* RTM_NEWLINK on index (or, with index 0, on the link called name). */
+static int set_link(int index, const char *name, const unsigned char *mac, unsigned mtu, int up)
+{
+    struct req r;
+    start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+    r.u.ifi.ifi_family = AF_UNSPEC;
+    r.u.ifi.ifi_index = index;
+    if (name)
+        attr(&r, IFLA_IFNAME, name, strlen(name) + 1);
+    if (mac)
+        attr(&r, IFLA_ADDRESS, mac, 6);
+    if (mtu)
+        attr(&r, IFLA_MTU, &mtu, sizeof mtu);
+    if (up) {
+        r.u.ifi.ifi_flags = IFF_UP;
+        r.u.ifi.ifi_change = IFF_UP;
+    }
+    return talk(&r);
+}
+
+static unsigned addr_len(int family)
+{
+    return family == AF_INET ? 4 : 16;
+}
+
+static int add_address(const struct net_addr *a, int index)
+{
+    struct req r;
+    start(&r, RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, sizeof(struct ifaddrmsg));
+    r.u.ifa.ifa_family = (unsigned char)a->family;
+    r.u.ifa.ifa_prefixlen = (unsigned char)a->prefixlen;
+    r.u.ifa.ifa_index = (unsigned)index;
+    /* The host checked the address is the namespace's own: duplicate
+     * detection would only hold it back for a second. */
+    r.u.ifa.ifa_flags = a->family == AF_INET6 ? IFA_F_NODAD : 0;
+    attr(&r, IFA_LOCAL, a->addr, addr_len(a->family));
+    attr(&r, IFA_ADDRESS, a->addr, addr_len(a->family));
+    if (a->family == AF_INET && a->prefixlen < 31) {
+        unsigned char brd[4];
+        for (unsigned i = 0; i < 4; i++) {
+            unsigned bits = a->prefixlen > i * 8 ? a->prefixlen - i * 8 : 0;
+            unsigned char mask = bits >= 8 ? 0xff : (unsigned char)(0xff00 >> bits);
+            brd[i] = (unsigned char)(a->addr[i] | (unsigned char)~mask);
+        }
+        attr(&r, IFA_BROADCAST, brd, sizeof brd);
+    }
+    int rc = talk(&r);
+    return rc == -EEXIST ? 0 : rc;
+}
+
+static int add_route(const struct net_route *rt, int index)
+{
+    struct req r;
+    uint32_t oif = (uint32_t)index;
+    start(&r, RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, sizeof(struct rtmsg));
+    r.u.rt.rtm_family = (unsigned char)rt->family;
+    r.u.rt.rtm_dst_len = (unsigned char)rt->dst_len;
+    r.u.rt.rtm_table = RT_TABLE_MAIN;
+    r.u.rt.rtm_protocol = RTPROT_BOOT;
+    r.u.rt.rtm_scope = rt->has_gateway ? RT_SCOPE_UNIVERSE : RT_SCOPE_LINK;
+    r.u.rt.rtm_type = RTN_UNICAST;
+    r.u.rt.rtm_flags = rt->onlink ? RTNH_F_ONLINK : 0;
+    if (rt->dst_len)
+        attr(&r, RTA_DST, rt->dst, addr_len(rt->family));
+    if (rt->has_gateway)
+        attr(&r, RTA_GATEWAY, rt->gateway, addr_len(rt->family));
+    attr(&r, RTA_OIF, &oif, sizeof oif);
+    if (rt->metric)
+        attr(&r, RTA_PRIORITY, &rt->metric, sizeof rt->metric);
+    int rc = talk(&r);
+    /* Already there: the kernel made it, or the link's router advertised it. */
+    return rc == -EEXIST ? 0 : rc;
+}
+
+static const char *ip_text(int family, const unsigned char *a, char *buf, size_t len)
+{
+    return inet_ntop(family, a, buf, (socklen_t)len) ? buf : "?";
+}
+
+static int configure(const struct net_spec *n, char *err, size_t errlen)
+{
+    int index[PC_NET_MAX_IFACES];
+    char tmp[IF_NAMESIZE], text[INET6_ADDRSTRLEN];
+    int rc;
+
+    if (find_devices(n, index, err, errlen))
+        return -1;
+    /* Two passes: the kernel already named the devices eth0, eth1..., and
+     * the names they are to get may be each other's. */
+    for (int i = 0; i < n->nifaces; i++) {
+        snprintf(tmp, sizeof tmp, "pcnet%d", i);
+        if ((rc = set_link(index[i], tmp, NULL, 0, 0))) {
+            snprintf(err, errlen, "net: rename device for %s: %s", n->ifaces[i].name, strerror(-rc));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n->nifaces; i++) {
+        const struct net_iface *f = &n->ifaces[i];
+        const unsigned char *mac = f->has_dev_mac ? f->mac : NULL;
+        if ((rc = set_link(index[i], f->name, mac, f->mtu, 0)) ||
+            (rc = set_link(index[i], NULL, NULL, 0, 1))) {
+            snprintf(err, errlen, "net: %s (MTU %u): %s", f->name, f->mtu, strerror(-rc));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n->naddrs; i++) {
+        const struct net_addr *a = &n->addrs[i];
+        if ((rc = add_address(a, index[a->iface]))) {
+            snprintf(err, errlen, "net: %s: add address %s/%u: %s", n->ifaces[a->iface].name,
+                     ip_text(a->family, a->addr, text, sizeof text), a->prefixlen, strerror(-rc));
+            return -1;
+        }
+    }
+    for (int i = 0; i < n->nroutes; i++) {
+        const struct net_route *rt = &n->routes[i];
+        if ((rc = add_route(rt, index[rt->iface]))) {
+            snprintf(err, errlen, "net: %s: add route %s/%u: %s", n->ifaces[rt->iface].name,
+                     ip_text(rt->family, rt->dst, text, sizeof text), rt->dst_len, strerror(-rc));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int open_netlink(int *sock, char *err, size_t errlen)
+{
+    struct timeval tv = {RECV_TIMEOUT_S, 0};
+    *sock = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (*sock < 0 || setsockopt(*sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0) {
+        snprintf(err, errlen, "net: netlink socket: %s", strerror(errno));
+        if (*sock >= 0)
+            close(*sock);
+        *sock = -1;
+        return -1;
+    }
+    return 0;
+}
+
+/* Spare devices wait in a network namespace of their own, which only the
+ * agent holds (an fd, and a netlink socket made inside it), so that no
+ * container sees a device that is not its interface yet. */
+static int root_ns = -1, park_ns = -1, park_nl = -1;
+
+static int make_park(char *err, size_t errlen)
+{
+    if (park_ns >= 0)
+        return 0;
+    root_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (root_ns < 0 || unshare(CLONE_NEWNET) < 0) {
+        snprintf(err, errlen, "net: new namespace for spare devices: %s", strerror(errno));
+        return -1;
+    }
+    park_ns = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    int made = park_ns >= 0 ? open_netlink(&park_nl, err, errlen) : -1;
+    if (setns(root_ns, CLONE_NEWNET) < 0) {
+        /* Every container would start in the wrong namespace: stop here. */
+        logmsg("cannot return to the VM's network namespace: %s", strerror(errno));
+        vm_power_off(1);
+    }
+    if (park_ns < 0 || made < 0) {
+        if (park_ns < 0)
+            snprintf(err, errlen, "net: open spare namespace: %s", strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Moves the device with each MAC from the namespace sock lives in to ns_fd. */
+static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_fd,
+                        char *err, size_t errlen)
+{
+    int index[PC_NET_MAX_IFACES], missing = 0, rc;
+    rc = find_macs(sock, macs, n, index, &missing);
+    if (rc > 0) {
+        no_device(macs[missing], " (spare)", err, errlen);
+        return -1;
+    }
+    for (int i = 0; rc == 0 && i < n; i++) {
+        struct req r;
+        uint32_t fd = (uint32_t)ns_fd;
+        start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+        r.u.ifi.ifi_family = AF_UNSPEC;
+        r.u.ifi.ifi_index = index[i];
+        attr(&r, IFLA_NET_NS_FD, &fd, sizeof fd);
+        rc = talk_on(sock, &r);
+    }
+    if (rc) {
+        snprintf(err, errlen, "net: move spare device: %s", strerror(-rc));
+        return -1;
+    }
+    return 0;
+}
+
+static int lo_up, configured;
+
+int net_configure(const struct net_spec *n, char *err, size_t errlen)
+{
+    int rc;
+
+    if (lo_up && !n->nifaces && !n->nspares)
+        return 0;
+    if ((n->nifaces || n->nspares) && configured) {
+        snprintf(err, errlen, "net: this VM's network interfaces are already configured");
+        return -1;
+    }
+    if (nl < 0 && open_netlink(&nl, err, errlen))
+        return -1;
+    if (!lo_up) {
+        /* As runc does for a new network namespace. */
+        if ((rc = set_link(0, "lo", NULL, 0, 1))) {
+            snprintf(err, errlen, "net: lo up: %s", strerror(-rc));
+            return -1;
+        }
+        lo_up = 1;
+    }
+    if (n->nspares && (make_park(err, errlen) ||
+                       move_devices(nl, (const unsigned char (*)[6])n->spares, n->nspares,
+                                    park_ns, err, errlen)))
+        return -1;
+    if (n->nifaces && configure(n, err, errlen))
+        return -1;
+    configured = n->nifaces || n->nspares;
+    return 0;
+}
+
+int net_start(const struct net_spec *n, char *err, size_t errlen)
+{
+    unsigned char macs[PC_NET_MAX_IFACES][6];
+    int nmacs = 0;
+    if (!n->nifaces)
+        return 0;
+    for (int i = 0; i < n->nifaces; i++)
+        if (n->ifaces[i].has_dev_mac)
+            memcpy(macs[nmacs++], n->ifaces[i].dev_mac, 6);
+    if (nmacs && park_nl < 0) {
+        snprintf(err, errlen, "net: this VM has no spare network device");
+        return -1;
+    }
+    if (nmacs && move_devices(park_nl, (const unsigned char (*)[6])macs, nmacs, root_ns,
+                              err, errlen))
+        return -1;
+    return configure(n, err, errlen);
+}

@@ -1,0 +1,207 @@
+"""The VM's network interfaces: one virtio-net device per Ethernet interface
+of the container's network namespace, each backed by a TAP that tc mirrors
+to the interface (paracell/net/mirror.py).
+
+`prepare` runs in the shim after it joined the namespace (paracell/net/netns.py),
+so everything here works on the current namespace. Before it changes anything
+it records, in the state directory, which interfaces it is about to take, so
+that `reclaim` can take the qdiscs off them after a shim that died. The TAPs
+need no such care: they vanish with the last fd, which QEMU holds.
+
+In a namespace of its own (the spec's `network` entry has no path), the VM
+also gets a spare device: `ctr run --cni` adds the container's veth to the
+shim's namespace only between create and start (paracell/net/late.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.net import discover, guestconfig, mirror, netns, tap
+from paracell.vmm.builder import Device, device_kind
+
+RECORD_FILE = "net.json"
+RECORD_MAX = 64 << 10
+
+
+@dataclass
+class Spare:
+    tap: str
+    mac: str
+
+
+@dataclass
+class Record:
+    """What the namespace holds of ours: the interfaces we mirror (their
+    ifindex) and the spare TAPs with their guest MACs."""
+
+    veths: list[int] = field(default_factory=list)
+    spares: list[Spare] = field(default_factory=list)
+
+    def write(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: Path) -> Record:
+        """Bounded and checked; a missing or garbled record is an empty one."""
+        try:
+            with open(path, "rb") as f:
+                data = json.loads(f.read(RECORD_MAX))
+            veths = [v for v in data["veths"]
+                     if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+            spares = [Spare(str(s["tap"]), str(s["mac"])) for s in data["spares"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return cls()
+        return cls(veths, spares)
+
+
+def netlink_error(err: Exception) -> ParacellError:
+    return ParacellError(f"setting up the VM's network: {err}")
+
+
+def unmirror(veths: list[int]) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for index in veths:
+            mirror.remove(ipr, index)
+
+
+def new_mac() -> str:
+    """Locally administered, unicast: never a vendor's, never a veth's from CNI
+    (which the spare takes over at start anyway)."""
+    raw = bytearray(secrets.token_bytes(6))
+    raw[0] = (raw[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+@device_kind
+class NetworkInterfaces(Device):
+    kind = "net"
+
+    def __init__(self, state_dir: Path, netns_path: str) -> None:
+        """netns_path: the namespace the shim joins; "" for a new one of its own."""
+        self.record = state_dir / RECORD_FILE
+        self.netns_path = netns_path
+        self.interfaces: list[discover.Interface] = []
+        self.spares: list[Spare] = []
+        self.taps: list[tuple[int, str]] = []  # (fd, name): the interfaces', then the spares'
+        self._veths: list[int] = []
+
+    def facts(self) -> dict[str, Any]:
+        return {"netns": self.netns_path, "record": str(self.record)}
+
+    def prepare(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            with IPRoute() as ipr:
+                self.interfaces = discover.interfaces(ipr)
+                for iface in self.interfaces:
+                    mirror.check_free(ipr, iface.index, iface.name)
+                self._veths = [i.index for i in self.interfaces]
+                Record(self._veths).write(self.record)
+                for iface in self.interfaces:
+                    mirror.connect(ipr, iface.index, self._tap(ipr, iface.mtu))
+                if not self.netns_path:
+                    self._add_spares(ipr)
+        except NetlinkError as err:
+            self.release()
+            raise netlink_error(err) from None
+        except BaseException:
+            self.release()
+            raise
+
+    def _tap(self, ipr: Any, mtu: int) -> int:
+        """A new TAP, up: its ifindex."""
+        fd, name = tap.open_tap()
+        self.taps.append((fd, name))
+        tap.disable_ipv6(name)
+        index = ipr.link_lookup(ifname=name)[0]
+        ipr.link("set", index=index, mtu=mtu, state="up")
+        return index
+
+    def _add_spares(self, ipr: Any) -> None:
+        from paracell._native import lib
+
+        for _ in range(lib.PC_NET_MAX_SPARES):
+            self._tap(ipr, 1500)
+            self.spares.append(Spare(self.taps[-1][1], new_mac()))
+        Record(self._veths, self.spares).write(self.record)
+
+    def guest_records(self) -> list[tuple[str, str]]:
+        return [*guestconfig.records(self.interfaces),
+                *(("net.spare", s.mac) for s in self.spares)]
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return tuple(fd for fd, _ in self.taps if fd >= 0)
+
+    def qemu_args(self) -> list[str]:
+        macs = [i.mac for i in self.interfaces] + [s.mac for s in self.spares]
+        args = []
+        for n, (mac, (fd, _)) in enumerate(zip(macs, self.taps, strict=True)):
+            args += ["-netdev", f"tap,id=net{n},fd={fd}",
+                     "-device", f"virtio-net-device,netdev=net{n},mac={mac}"]
+        return args
+
+    def launched(self) -> None:
+        # QEMU holds the TAPs now; ours would keep them alive after it died.
+        for fd, _ in self.taps:
+            if fd >= 0:
+                os.close(fd)
+        self.taps = [(-1, name) for _, name in self.taps]
+
+    def release(self) -> None:
+        """In the shim, which is inside the namespace. `start` may have
+        mirrored more interfaces onto the spares: the record says which."""
+        self.launched()
+        veths = sorted(set(self._veths) | set(Record.read(self.record).veths))
+        if veths:
+            unmirror(veths)
+        self._veths = []
+        self.record.unlink(missing_ok=True)
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        """From `delete`, outside the namespace, when the shim died. A
+        namespace of the shim's own died with it and QEMU, interfaces and all."""
+        record = Path(str(facts.get("record", "")))
+        veths = Record.read(record).veths
+        if veths and facts.get("netns"):
+            # A namespace already gone took its interfaces, and our qdiscs, with it.
+            netns.run_inside(str(facts["netns"]), lambda: unmirror(veths))
+        record.unlink(missing_ok=True)
+
+
+def summary(devices: list[Device]) -> str:
+    """For the shim's debug log: which interface each TAP stands for."""
+    pairs = [f"{i.name} ({i.mac}) via {name}" for d in devices if isinstance(d, NetworkInterfaces)
+             for i, (_, name) in zip(d.interfaces, d.taps, strict=False)]
+    pairs += [f"spare ({s.mac}) via {s.tap}" for d in devices if isinstance(d, NetworkInterfaces)
+              for s in d.spares]
+    return f"network: {', '.join(pairs)}" if pairs else "no network interface"
+
+
+def launch_spec(base: bytes, devices: list[Device]) -> bytes:
+    """The init's launch spec with the interfaces the shim found appended:
+    they are known only once the shim is in the namespace."""
+    from paracell._native import lib
+    from paracell.runtime.spec import encode_records
+
+    extra = [r for d in devices if isinstance(d, NetworkInterfaces) for r in d.guest_records()]
+    if not extra:
+        return base
+    spec = base + encode_records(extra)
+    if len(spec) > lib.PC_MAX_PAYLOAD:
+        raise ParacellError(f"process spec with the network interfaces is too large for the "
+                            f"agent channel ({len(spec)} > {lib.PC_MAX_PAYLOAD} bytes)")
+    return spec

@@ -1,0 +1,72 @@
+"""Interfaces that appear between create and start.
+
+`ctr run --cni` creates the task, then runs CNI on /proc/PID/ns/net of the
+pid it was given, which is our shim in the namespace it made for itself, and
+only then starts the task. The VM was built with a spare virtio-net device
+for this (paracell/net/device.py), hidden by the agent. `start` looks in the
+shim's namespace: an interface found there is mirrored onto the spare's TAP,
+and its configuration rides on the START frame, so the container's process
+runs only once its interface is up (docs/networking.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.net import device, discover, guestconfig, mirror, netns
+
+
+def _take_spares(record_path: Path) -> list[tuple[str, str]]:
+    """Runs in the shim's namespace: mirrors the interfaces found there onto
+    the spares, and returns their records for the agent."""
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    record = device.Record.read(record_path)
+    try:
+        with IPRoute() as ipr:
+            found = [i for i in discover.interfaces(ipr) if i.index not in record.veths]
+            if not found:
+                return []
+            if len(found) > len(record.spares):
+                raise ParacellError(
+                    f"{len(found)} network interfaces appeared after create; the VM has "
+                    f"{len(record.spares)} spare device(s) for them")
+            for iface in found:
+                mirror.check_free(ipr, iface.index, iface.name)
+            record.veths += [i.index for i in found]
+            record.write(record_path)
+            for iface, spare in zip(found, record.spares, strict=False):
+                tap_index = ipr.link_lookup(ifname=spare.tap)[0]
+                ipr.link("set", index=tap_index, mtu=iface.mtu)
+                mirror.connect(ipr, iface.index, tap_index)
+    except NetlinkError as err:
+        raise device.netlink_error(err) from None
+    return guestconfig.records(found, [s.mac for s in record.spares])
+
+
+def _only_ours(shim_pid: int) -> bool:
+    """True when the shim's namespace holds nothing but lo and our TAPs: the
+    common case, answered from /proc without loading pyroute2."""
+    try:
+        with open(f"/proc/{shim_pid}/net/dev") as f:
+            names = [line.split(":", 1)[0].strip() for line in f.readlines()[2:]]
+    except OSError:
+        return False
+    return all(n == "lo" or n.startswith(discover.TAP_PREFIX) for n in names)
+
+
+def start_payload(devices: list[dict[str, Any]], shim_pid: int) -> bytes:
+    """The START frame's payload: network records, or nothing. The caller
+    holds the container's lock and has checked that shim_pid is our shim."""
+    from paracell.runtime.spec import encode_records
+
+    entry = next((d for d in devices if d.get("kind") == device.NetworkInterfaces.kind
+                  and d.get("netns") == ""), None)
+    if entry is None or _only_ours(shim_pid):
+        return b""
+    record = Path(str(entry.get("record", "")))
+    records = netns.run_inside(f"/proc/{shim_pid}/ns/net", lambda: _take_spares(record))
+    return encode_records(records) if records else b""

@@ -1,0 +1,137 @@
+"""Which network namespace a container's VM lives in, and how the shim gets there.
+
+A VM cannot share a network stack with anything: its kernel has its own. What
+the spec's network namespace decides is where the shim and QEMU sit on the
+host, and so which interfaces the VM gets (paracell/net/device.py):
+
+- a `network` entry with a path (podman, containerd: the namespace CNI filled):
+  the shim joins it, and every Ethernet interface there is mirrored into the VM;
+- a `network` entry without a path: a new, empty namespace, so the VM has
+  only its own `lo`, and QEMU reaches no network on the host either;
+- no `network` entry, or a path to the runtime's own namespace (runc's "host
+  network"): the VM gets no interface at all, since it cannot be given the
+  host's stack (docs/networking.md); the shim stays where it is;
+- a pod's app container (Kubernetes, podman), which joins its sandbox's namespace: the
+  shim joins it too, but the sandbox's VM holds its interfaces (one VM per
+  namespace), so this VM gets none, and `--log` says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import stat
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from paracell.errors import ParacellError
+
+CLONE_NEWNET = 0x40000000
+HOST, NEW, JOIN, POD = "host", "new", "join", "pod"
+NOTICES = {
+    HOST: "the spec shares the host's network namespace, which a VM cannot: "
+          "the container gets no network interface besides lo",
+    POD: "the container joins its pod's network namespace, whose interfaces the pod "
+         "sandbox's VM holds: it gets no network interface besides lo",
+}
+# How a pod's app containers are marked: by containerd's CRI plugin, and by
+# CRI-O, whose annotation podman gives the containers of its pods.
+POD_MEMBER_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    mode: str  # HOST, NEW or JOIN
+    path: str = ""
+
+
+def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan:
+    """From linux.namespaces as type -> path ("" for a new one)."""
+    if "network" not in namespaces:
+        return NetworkPlan(HOST)
+    path = namespaces["network"]
+    if not path:
+        return NetworkPlan(NEW)
+    try:
+        given, own = os.stat(path), os.stat("/proc/self/ns/net")
+    except OSError as err:
+        raise ParacellError(f"network namespace {path}: {err.strerror}") from None
+    if not stat.S_ISREG(given.st_mode):
+        # A namespace file is an empty regular file (nsfs); a FIFO or device
+        # is not one, and opening it could block.
+        raise ParacellError(f"network namespace {path}: not a namespace file")
+    if (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino):
+        return NetworkPlan(HOST)
+    if any(annotations.get(key) == "container" for key in POD_MEMBER_ANNOTATIONS):
+        return NetworkPlan(POD, path)
+    return NetworkPlan(JOIN, path)
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def join(path: str) -> None:
+    """setns(2) into the network namespace at path. The calling thread moves;
+    the shim calls it while it is the only thread, before QEMU exists, so
+    QEMU and every later thread start inside."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as err:
+        raise ParacellError(f"network namespace {path}: {err.strerror}") from None
+    try:
+        if _libc().setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise ParacellError(f"joining network namespace {path}: {os.strerror(err)}"
+                                + (" (not a network namespace)" if err == 22 else ""))
+    finally:
+        os.close(fd)
+
+
+def unshare() -> None:
+    """A new network namespace holding only a down `lo`, for the calling thread."""
+    if _libc().unshare(CLONE_NEWNET) != 0:
+        raise ParacellError(
+            f"new network namespace: {os.strerror(ctypes.get_errno())}")
+
+
+def enter(network: NetworkPlan) -> None:
+    """The shim's one step into the container's network namespace."""
+    if network.mode in (JOIN, POD):
+        join(network.path)
+    elif network.mode == NEW:
+        unshare()
+
+
+def run_inside(path: str, body: Callable[[], T]) -> T | None:
+    """Runs body in a thread of its own that joined the namespace at path,
+    leaving the caller's namespace alone; None when the namespace is gone.
+    For cleanup from a process outside it (delete, tests)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    result: list[T] = []
+    failure: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            if _libc().setns(fd, CLONE_NEWNET) != 0:
+                raise ParacellError(f"joining network namespace {path}: "
+                                    f"{os.strerror(ctypes.get_errno())}")
+            result.append(body())
+        except BaseException as err:  # handed to the caller's thread
+            failure.append(err)
+
+    try:
+        thread = threading.Thread(target=worker, name="netns")
+        thread.start()
+        thread.join()
+    finally:
+        os.close(fd)
+    if failure:
+        raise failure[0]
+    return result[0]

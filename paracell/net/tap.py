@@ -1,0 +1,52 @@
+"""TAP devices for QEMU's virtio-net, made in the container's network namespace.
+
+A TAP is opened, never made persistent: it exists while an fd to it is open,
+so when QEMU (which inherits the fd) dies, the kernel removes the TAP and the
+tc filters on it, whoever was supposed to clean up.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+
+from paracell.errors import ParacellError
+from paracell.net.discover import TAP_PREFIX
+
+TUNSETIFF = 0x400454CA
+IFF_TAP = 0x0002
+IFF_NO_PI = 0x1000
+# QEMU finds this flag on the fd and then passes checksum and segmentation
+# offloads between the guest and the host kernel instead of doing them itself.
+IFF_VNET_HDR = 0x4000
+IFNAMSIZ = 16
+
+
+def open_tap() -> tuple[int, str]:
+    """A new TAP in the current network namespace: its fd (close-on-exec;
+    QEMU gets it through pass_fds) and the name the kernel gave it."""
+    try:
+        fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as err:
+        raise ParacellError(f"open /dev/net/tun: {err.strerror}") from None
+    try:
+        # "%d": the kernel picks the first free number, so no name can collide.
+        request = struct.pack(f"{IFNAMSIZ}sH22x", f"{TAP_PREFIX}%d".encode(),
+                              IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
+        answer = fcntl.ioctl(fd, TUNSETIFF, request)
+    except OSError as err:
+        os.close(fd)
+        raise ParacellError(f"creating a TAP device: {err.strerror}") from None
+    return fd, answer[:IFNAMSIZ].split(b"\0", 1)[0].decode()
+
+
+def disable_ipv6(name: str) -> None:
+    """The TAP is a wire, not a host interface: without this, the namespace's
+    stack would give it a link-local address and send neighbour discovery
+    into the guest. /proc/sys/net shows the writer's own network namespace."""
+    try:
+        with open(f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6", "w") as f:
+            f.write("1")
+    except FileNotFoundError:
+        pass  # a host kernel without IPv6

@@ -1,0 +1,152 @@
+"""The agent's network records against a hostile host: netspec_harness.c is
+compiled with the agent's own netspec.c and spec.c (under the sanitizers
+where gcc has them) and fed launch specs and START payloads."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from paracell._native import lib
+
+from paracell.net import guestconfig
+from paracell.net.discover import Address, Interface, Route
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT = REPO / "guest" / "agent"
+HARNESS = Path(__file__).with_name("netspec_harness.c")
+SEP = "\x1f"
+BASE = [("container", "c1"), ("arg", "/bin/true")]
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory) -> Path:
+    exe = tmp_path_factory.mktemp("netspec") / "netspec_harness"
+    base = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
+            f"-I{REPO / 'proto'}", f"-I{AGENT}", "-o", str(exe), str(HARNESS),
+            str(AGENT / "netspec.c"), str(AGENT / "spec.c")]
+    built = subprocess.run([base[0], "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                            *base[1:]], capture_output=True, text=True)
+    if built.returncode != 0:
+        built = subprocess.run(base, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    return exe
+
+
+def recs(pairs: list[tuple[str, str]]) -> bytes:
+    return b"".join(f"{k}={v}".encode() + b"\0" for k, v in pairs)
+
+
+def parse(harness: Path, mode: str, pairs: list[tuple[str, str]] | bytes) -> list[str] | str:
+    payload = pairs if isinstance(pairs, bytes) else recs(pairs)
+    out = subprocess.run([str(harness), mode], input=payload, capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    lines = out.stdout.decode().splitlines()
+    if lines[0].startswith("error "):
+        return lines[0][len("error "):]
+    assert lines[0] == "ok"
+    return lines[1:]
+
+
+def iface(name: str = "eth0", mac: str = "02:00:00:00:00:01", mtu: str = "1500") -> tuple:
+    return ("net.if", SEP.join([name, mac, mtu]))
+
+
+def test_what_the_host_sends_parses_back(harness):
+    interfaces = [
+        Interface(3, "eth0", "0a:58:0a:58:00:05", 1450,
+                  [Address("10.88.0.5", 16), Address("fd00::5", 64)],
+                  [Route("0.0.0.0", 0, "10.88.0.1", 0, False),
+                   Route("::", 0, "fd00::1", 1024, False)]),
+        Interface(4, "net1", "02:aa:bb:cc:dd:ee", 9000, [Address("192.168.7.2", 24)],
+                  [Route("192.168.0.0", 16, "", 5, False),
+                   Route("172.16.0.0", 12, "192.168.7.1", 0, True)]),
+    ]
+    assert parse(harness, "init", BASE + guestconfig.records(interfaces)) == [
+        "if eth0 0a:58:0a:58:00:05 1450",
+        "if net1 02:aa:bb:cc:dd:ee 9000",
+        "addr 0 10.88.0.5/16",
+        "addr 0 fd00::5/64",
+        "addr 1 192.168.7.2/24",
+        "route 0 0.0.0.0/0 via 10.88.0.1 metric 0 onlink 0",
+        "route 0 ::/0 via fd00::1 metric 1024 onlink 0",
+        "route 1 192.168.0.0/16 via - metric 5 onlink 0",
+        "route 1 172.16.0.0/12 via 192.168.7.1 metric 0 onlink 1",
+    ]
+
+
+def test_start_payload_takes_over_a_spare(harness):
+    spec = parse(harness, "init", BASE + [("net.spare", "02:12:34:56:78:9a")])
+    assert spec == ["spare 02:12:34:56:78:9a"]
+    interfaces = [Interface(5, "eth0", "0a:58:0a:7b:00:02", 1500, [Address("10.123.0.2", 24)], [])]
+    start = guestconfig.records(interfaces, ["02:12:34:56:78:9a"])
+    assert parse(harness, "start", start) == [
+        "if eth0 0a:58:0a:7b:00:02 1500 02:12:34:56:78:9a", "addr 0 10.123.0.2/24"]
+
+
+@pytest.mark.parametrize("record", [
+    iface(name=""), iface(name="a/b"), iface(name="a:b"), iface(name="a b"),
+    iface(name="x" * 16), iface(name="."), iface(name=".."), iface(name="e\x01"),
+    iface(mac="01:00:5e:00:00:01"), iface(mac="00:00:00:00:00:00"), iface(mac="02:00:00:00:00"),
+    iface(mac="02-00-00-00-00-01"), iface(mac="02:00:00:00:00:0g"),
+    iface(mtu="67"), iface(mtu="65536"), iface(mtu=""), iface(mtu="-1"), iface(mtu="1500x"),
+    ("net.if", "eth0" + SEP + "02:00:00:00:00:01"),
+    ("net.if", SEP.join(["eth0", "02:00:00:00:00:01", "1500", "02:00:00:00:00:02", "x"])),
+    ("net.addr", "1" + SEP + "10.0.0.2/24"),
+    ("net.addr", "0" + SEP + "10.0.0.2/33"),
+    ("net.addr", "0" + SEP + "fd00::2/129"),
+    ("net.addr", "0" + SEP + "10.0.0.2"),
+    ("net.addr", "0" + SEP + "10.0.0.256/24"),
+    ("net.addr", "0" + SEP + "fe80::1%eth0/64"),
+    ("net.addr", "-0" + SEP + "10.0.0.2/24"),
+    ("net.route", SEP.join(["0", "10.0.0.1/24", "", "0", "0"])),
+    ("net.route", SEP.join(["0", "0.0.0.0/0", "fd00::1", "0", "0"])),
+    ("net.route", SEP.join(["0", "0.0.0.0/0", "10.0.0.1", "4294967296", "0"])),
+    ("net.route", SEP.join(["0", "0.0.0.0/0", "10.0.0.1", "0", "2"])),
+    ("net.route", SEP.join(["0", "0.0.0.0/0", "10.0.0.1", "0"])),
+    ("net.route", SEP.join(["1", "0.0.0.0/0", "10.0.0.1", "0", "0"])),
+    ("net.spare", "ff:ff:ff:ff:ff:ff"),
+], ids=repr)
+def test_garbled_records_fail_in_one_line(harness, record):
+    pairs = BASE + ([record] if record[0] == "net.if" else [iface(), record])
+    assert parse(harness, "init", pairs) == f"spec: bad value for {record[0]}"
+
+
+def test_no_two_interfaces_share_a_name_or_a_mac(harness):
+    assert parse(harness, "init", BASE + [iface(), iface(mac="02:00:00:00:00:02")]) \
+        == "spec: bad value for net.if"
+    assert parse(harness, "init", BASE + [iface(), iface(name="eth1")]) \
+        == "spec: bad value for net.if"
+    assert parse(harness, "init", BASE + [("net.spare", "02:00:00:00:00:09")] * 2) \
+        == f"spec: more than {lib.PC_NET_MAX_SPARES} spare network devices"
+
+
+@pytest.mark.parametrize("key, limit, what, make", [
+    ("net.if", lib.PC_NET_MAX_IFACES, "network interfaces",
+     lambda i: iface(name=f"e{i}", mac=f"02:00:00:00:{i // 256:02x}:{i % 256:02x}")),
+    ("net.addr", lib.PC_NET_MAX_ADDRS, "network addresses",
+     lambda i: ("net.addr", f"0{SEP}10.0.{i // 256}.{i % 256}/32")),
+    ("net.route", lib.PC_NET_MAX_ROUTES, "routes",
+     lambda i: ("net.route", SEP.join(["0", f"10.{i // 256}.{i % 256}.0/24", "", "0", "0"]))),
+])
+def test_counts_are_bounded(harness, key, limit, what, make):
+    head = BASE + ([] if key == "net.if" else [iface()])
+    assert isinstance(parse(harness, "init", head + [make(i) for i in range(limit)]), list)
+    assert parse(harness, "init", head + [make(i) for i in range(limit + 1)]) \
+        == f"spec: more than {limit} {what}"
+
+
+def test_network_records_are_for_the_init(harness):
+    assert parse(harness, "init", BASE + [("role", "exec"), iface()]) \
+        == "spec: net.if is for a container's init, not for role=exec"
+
+
+@pytest.mark.parametrize("payload, message", [
+    (recs([("net.spare", "02:00:00:00:00:01")]), "spec: unknown key net.spare"),
+    (recs([("arg", "/bin/sh")]), "spec: unknown key arg"),
+    (recs([iface()])[:-1], "spec: records must each end with a NUL byte"),
+    (b"net.if\0", "spec: record without '='"),
+])
+def test_start_payload_holds_interface_records_only(harness, payload, message):
+    assert parse(harness, "start", payload) == message

@@ -1,0 +1,151 @@
+"""The host half of networking without a VM: the namespace plan, what is read
+from a real namespace made here, the TAP and tc wiring and its cleanup, from
+the shim (release) and after it (reclaim)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from paracell._native import lib
+
+from paracell.errors import ParacellError
+from paracell.net import device, discover, netns
+from tests.netutil import netns as make_netns
+from tests.netutil import route, veth
+
+
+def test_plan_follows_the_spec_and_the_pod_annotations(tmp_path):
+    with make_netns() as ns:
+        assert netns.plan({}, {}) == netns.NetworkPlan(netns.HOST)
+        assert netns.plan({"network": ""}, {}) == netns.NetworkPlan(netns.NEW)
+        assert netns.plan({"network": "/proc/self/ns/net"}, {}).mode == netns.HOST
+        assert netns.plan({"network": ns.path}, {}) == netns.NetworkPlan(netns.JOIN, ns.path)
+        for key in netns.POD_MEMBER_ANNOTATIONS:
+            assert netns.plan({"network": ns.path}, {key: "container"}).mode == netns.POD
+            assert netns.plan({"network": ns.path}, {key: "sandbox"}).mode == netns.JOIN
+    with pytest.raises(ParacellError, match="^network namespace /nonexistent: No such file"):
+        netns.plan({"network": "/nonexistent"}, {})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (str(fifo), "/dev/null", str(tmp_path)):
+        with pytest.raises(ParacellError, match=f"^network namespace {path}: not a namespace"):
+            netns.plan({"network": path}, {})
+
+
+def test_join_refuses_another_kind_of_namespace():
+    def body() -> None:
+        netns.join("/proc/self/ns/uts")
+    with pytest.raises(ParacellError, match="not a network namespace"):
+        netns.run_inside("/proc/self/ns/net", body)
+
+
+def test_discover_reads_mac_mtu_addresses_and_routes():
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0", mtu=1400, a_addrs=("10.9.0.2/24", "fd09::2/64"),
+             b_addrs=("10.9.0.1/24",))
+        route(ns, "0.0.0.0/0", "10.9.0.1")
+        route(ns, "10.10.0.0/16", "10.9.0.1")
+        found = ns.ipr(discover.interfaces)
+        assert len(found) == 1
+        eth0 = found[0]
+        assert (eth0.name, eth0.mac, eth0.mtu) == ("eth0", ns.link("eth0")["mac"], 1400)
+        # No fe80:: (the guest derives its own), no kernel-made subnet routes.
+        assert eth0.addresses == [discover.Address("10.9.0.2", 24),
+                                  discover.Address("fd09::2", 64)]
+        assert eth0.routes == [discover.Route("0.0.0.0", 0, "10.9.0.1", 0, False),
+                               discover.Route("10.10.0.0", 16, "10.9.0.1", 0, False)]
+
+
+def test_too_many_interfaces_fail_in_one_line():
+    with make_netns() as ns, make_netns() as peer:
+        for i in range(lib.PC_NET_MAX_IFACES + 1):
+            veth(ns, f"e{i}", peer, f"p{i}")
+        with pytest.raises(ParacellError) as err:
+            ns.ipr(discover.interfaces)
+    assert str(err.value) == (f"the network namespace has {lib.PC_NET_MAX_IFACES + 1} "
+                              f"interfaces; at most {lib.PC_NET_MAX_IFACES} can be mirrored "
+                              "into the VM")
+
+
+@pytest.mark.parametrize("name", ["a\x1fb", "a" * 16, "é"])
+def test_names_the_agent_cannot_take_are_refused(name):
+    with pytest.raises(ParacellError, match="cannot be given to the VM"):
+        discover.check_name(name)
+
+
+def _prepared(ns, state_dir) -> device.NetworkInterfaces:
+    state_dir.mkdir(exist_ok=True)
+    dev = device.NetworkInterfaces(state_dir, ns.path)
+    ns.run(dev.prepare)
+    return dev
+
+
+def test_prepare_mirrors_and_release_removes_everything(tmp_path):
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0", a_addrs=("10.9.0.2/24",))
+        dev = _prepared(ns, tmp_path)
+        try:
+            tap_name = dev.taps[0][1]
+            assert tap_name.startswith(discover.TAP_PREFIX)
+            assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", tap_name])
+            mac = ns.link("eth0")["mac"]
+            assert dev.qemu_args() == ["-netdev", f"tap,id=net0,fd={dev.taps[0][0]}",
+                                       "-device", f"virtio-net-device,netdev=net0,mac={mac}"]
+            assert json.loads((tmp_path / device.RECORD_FILE).read_text())["veths"] \
+                == [ns.link("eth0")["index"]]
+        finally:
+            ns.run(dev.release)
+        assert ns.ingress_qdiscs() == []
+        assert sorted(ns.link_names()) == ["eth0", "lo"]
+        assert not (tmp_path / device.RECORD_FILE).exists()
+
+
+def test_reclaim_after_a_dead_owner_uses_the_record(tmp_path):
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0")
+        dev = _prepared(ns, tmp_path)
+        dev.launched()  # as if QEMU had the TAP, and then died: the TAP goes with the fd
+        assert ns.ingress_qdiscs() == ["eth0"]
+        device.NetworkInterfaces.reclaim(dev.facts())
+        assert ns.ingress_qdiscs() == []
+        assert not (tmp_path / device.RECORD_FILE).exists()
+    # A namespace that is gone took everything with it.
+    device.NetworkInterfaces.reclaim({"netns": "/run/netns/paracell-gone",
+                                      "record": "/nonexistent"})
+
+
+def test_an_interface_already_mirrored_is_refused(tmp_path):
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0")
+        first = _prepared(ns, tmp_path / "a")
+        try:
+            second = device.NetworkInterfaces(tmp_path, ns.path)
+            with pytest.raises(ParacellError, match="already has an ingress qdisc"):
+                ns.run(second.prepare)
+            assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", first.taps[0][1]])
+        finally:
+            ns.run(first.release)
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{", b'{"veths": "x", "spares": []}',
+                                     b'{"veths": [true, -1, 3], "spares": []}', b"[]"])
+def test_a_garbled_record_reads_as_empty_or_clean(tmp_path, garbage):
+    path = tmp_path / "net.json"
+    path.write_bytes(garbage)
+    record = device.Record.read(path)
+    assert record.veths in ([], [3])
+    assert record.spares == []
+
+
+def test_spare_mac_is_local_and_unicast():
+    for _ in range(100):
+        first = int(device.new_mac().split(":")[0], 16)
+        assert first & 0x02 and not first & 0x01
+
+
+@pytest.fixture(autouse=True)
+def _root_only():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
