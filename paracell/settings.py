@@ -11,13 +11,22 @@ if TYPE_CHECKING:
 DEFAULT_ROOT = "/run/paracell"
 
 
+SYSTEM_CACHE = "/var/lib/paracell/guest"
+
+
 def cache_dir() -> Path:
-    """Guest artifacts live outside the repo, keyed by content, shared by checkouts."""
+    """Guest artifacts live outside the repo, keyed by content, shared by checkouts.
+
+    For root the default is a system path: containerd's CRI plugin starts
+    runtimes with an environment stripped to PATH, HOME and LANG, and HOME
+    need not be root's, so nothing here may depend on it."""
     from pathlib import Path
 
     override = os.environ.get("PARACELL_CACHE")
     if override:
         return Path(override)
+    if os.geteuid() == 0:
+        return Path(SYSTEM_CACHE)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "paracell"

@@ -1,0 +1,76 @@
+"""Kubernetes' path: containerd's CRI plugin, driven by ParaCell's CRI client,
+runs pods whose runtime handler is `paracell`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.cri import HANDLER, Cri, running_cri
+
+
+@pytest.fixture(scope="module")
+def cri(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path) -> Iterator[Cri]:
+    yield from running_cri(tmp_path_factory.mktemp("cri"), busybox_rootfs_module)
+
+
+def test_pod_lifecycle_exit_code_logs_and_nothing_left(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("lifecycle")
+    pod = client.run_pod(pod_config, HANDLER)
+    status = client.pod_status(pod)
+    assert client.pb.PodSandboxState.Name(status.state) == "SANDBOX_READY"
+    assert status.runtime_handler == HANDLER
+    ctr = client.create(pod, cri.container_config(
+        "exits", ["/bin/sh", "-c", "echo out-line; echo err-line >&2; exit 3"]), pod_config)
+    client.start(ctr)
+    done = cri.wait_state(ctr, "CONTAINER_EXITED")
+    assert done.exit_code == 3
+    log = (cri.logs / "lifecycle" / "exits.log").read_text()
+    lines = [line.split(" ", 3) for line in log.splitlines()]
+    # CRI log lines: time, stream, tag, text; only the container's own output.
+    assert [(stream, text) for _, stream, _, text in lines] == [
+        ("stdout", "out-line"), ("stderr", "err-line")], log
+    client.remove(ctr)
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    deadline = time.monotonic() + 20
+    while cri.qemu_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cri.qemu_pids() == []
+    listed = cri.paracell("list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() in ("null", "[]"), listed.stdout
+
+
+def test_exec_sync_stats_and_stop_with_grace(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("grace")
+    pod = client.run_pod(pod_config, HANDLER)
+    # A shell that traps TERM exits 7 on it: the grace period was honoured.
+    polite = client.create(pod, cri.container_config(
+        "polite", ["/bin/sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.1; done"]),
+        pod_config)
+    # One that ignores TERM is killed once the grace period is over.
+    stubborn = client.create(pod, cri.container_config(
+        "stubborn", ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]), pod_config)
+    for ctr in (polite, stubborn):
+        client.start(ctr)
+        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    reply = client.exec_sync(polite, ["/bin/sh", "-c", "echo from-exec; echo oops >&2; exit 4"])
+    assert (reply.stdout, reply.stderr, reply.exit_code) == (b"from-exec\n", b"oops\n", 4)
+    stats = client.container_stats(polite)
+    assert stats.memory.working_set_bytes.value > 0
+    client.stop(polite, 10)
+    assert cri.wait_state(polite, "CONTAINER_EXITED").exit_code == 7
+    began = time.monotonic()
+    client.stop(stubborn, 2)
+    stopped = cri.wait_state(stubborn, "CONTAINER_EXITED")
+    assert stopped.exit_code == 137
+    assert time.monotonic() - began >= 2
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert client.pods() == []
