@@ -86,12 +86,23 @@ def memory_manager_override() -> str | None:
 
 
 def guest_memory_mib() -> int:
+    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
+    return _memory_mib(raw)
+
+
+def pod_memory_mib() -> int:
+    """A pod VM holds every container of the pod; with the Pager, RAM the pod
+    does not touch costs the host nothing, so the default is generous."""
+    raw = os.environ.get("PARACELL_POD_MEMORY_MIB") or file_config().get("pod_memory_mib", 512)
+    return _memory_mib(raw)
+
+
+def _memory_mib(raw: object) -> int:
     from paracell.errors import ParacellError
 
-    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
     try:
         value = int(raw)  # type: ignore[arg-type]
-    except ValueError:
+    except (TypeError, ValueError):
         raise ParacellError(f"guest memory must be a number of MiB, not {raw!r}") from None
     if not 64 <= value <= 65536:
         raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")

@@ -14,6 +14,8 @@ enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_A
  * join it (an exec), or whichever its existence decides. */
 enum spec_role { SPEC_ROLE_ANY, SPEC_ROLE_INIT, SPEC_ROLE_EXEC };
 
+enum spec_join { SPEC_JOIN_IPC, SPEC_JOIN_UTS, SPEC_JOIN_PID, SPEC_JOIN_COUNT };
+
 struct spec_mount {
     const char *dest, *type, *source, *data;
     unsigned long flags;
@@ -65,6 +67,11 @@ struct spec {
     int nreadonly_paths;
     const char *masked_paths[PC_SPEC_MAX_PATHS];
     int nmasked_paths;
+    /* A pod member's root, under PC_PODSHARE_DIR; NULL: the VM's rootfs share. */
+    const char *rootfs;
+    /* Pod members: the containers whose namespaces the init joins instead
+     * of creating its own (NULL: a new one). */
+    const char *join[SPEC_JOIN_COUNT];
 };
 
 /* Parses in place (buf is modified and must outlive *s). 0, or -1 with err

@@ -74,3 +74,43 @@ def test_exec_sync_stats_and_stop_with_grace(cri: Cri):
     client.stop_pod(pod)
     client.remove_pod(pod)
     assert client.pods() == []
+
+
+def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("shared")
+    pod = client.run_pod(pod_config, HANDLER)
+    server = client.create(pod, cri.container_config(
+        "server", ["/bin/sh", "-c", "echo pod-local > /tmp/index.html; "
+                   "exec httpd -f -p 127.0.0.1:8080 -h /tmp"]), pod_config)
+    writer = client.create(pod, cri.container_config(
+        "writer", ["/bin/sh", "-c", "echo shared-bytes > /dev/shm/note; exec sleep 1000"]),
+        pod_config)
+    for ctr in (server, writer):
+        client.start(ctr)
+        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    # The sandbox and both members: one VM.
+    assert len(cri.qemu_pids()) == 1
+    fetched = b""
+    for _ in range(50):  # bounded: httpd may take a moment to bind
+        reply = client.exec_sync(writer, ["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"])
+        fetched = reply.stdout
+        if reply.exit_code == 0:
+            break
+        time.sleep(0.2)
+    assert fetched == b"pod-local\n", reply.stderr
+    assert client.exec_sync(server, ["cat", "/dev/shm/note"]).stdout == b"shared-bytes\n"
+    # Each member keeps its own filesystem.
+    assert client.exec_sync(writer, ["cat", "/tmp/index.html"]).exit_code != 0
+    # Stopping one member leaves the pod VM and the other running.
+    client.stop(writer, 0)
+    cri.wait_state(writer, "CONTAINER_EXITED")
+    client.remove(writer)
+    assert len(cri.qemu_pids()) == 1
+    assert client.exec_sync(server, ["echo", "alive"]).stdout == b"alive\n"
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    deadline = time.monotonic() + 20
+    while cri.qemu_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cri.qemu_pids() == []
