@@ -300,6 +300,15 @@ def xgate_vet(as_json: bool, paths: tuple[str, ...]) -> None:
     sys.exit(report.exit_status(found))
 
 
+def _register_cri() -> None:
+    from paracell.cri.cli import cri
+
+    main.add_command(cri)
+
+
+_register_cri()
+
+
 @main.group()
 def guest() -> None:
     """Build the guest kernel, agent and initramfs."""

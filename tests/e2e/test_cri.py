@@ -3,12 +3,17 @@ runs pods whose runtime handler is `paracell`."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import PARACELL
 from tests.e2e.cri import HANDLER, Cri, running_cri
 
 
@@ -114,3 +119,49 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
     while cri.qemu_pids() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert cri.qemu_pids() == []
+
+
+def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
+    """What the README shows: `paracell cri run`, `exec` and `rmp`."""
+    pod_file, ctr_file = tmp_path / "pod.json", tmp_path / "ctr.json"
+    pod_file.write_text(json.dumps(cri.pod_config("cli")))
+    ctr_file.write_text(json.dumps(cri.container_config("app", ["sleep", "1000"])))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PARACELL, "cri", "--address", str(cri.socket), *args],
+                              capture_output=True, text=True, timeout=180)
+
+    ran = cli("run", str(ctr_file), str(pod_file))
+    assert ran.returncode == 0, ran.stderr
+    container = ran.stdout.strip()
+    done = cli("exec", container, "sh", "-c", "echo in-the-pod; exit 5")
+    assert (done.returncode, done.stdout) == (5, "in-the-pod\n")
+    [pod] = [c.pod_sandbox_id for c in cri.client.containers() if c.id == container]
+    removed = cli("rmp", pod)
+    assert removed.returncode == 0, removed.stderr
+    assert cri.client.pods() == []
+    bad = cli("run", str(tmp_path / "missing.json"), str(pod_file))
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_pod_whose_vm_is_killed_ends_cleanly(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("killed")
+    pod = client.run_pod(pod_config, HANDLER)
+    ctr = client.create(pod, cri.container_config("victim", ["sleep", "1000"]), pod_config)
+    client.start(ctr)
+    cri.wait_state(ctr, "CONTAINER_RUNNING")
+    [qemu] = cri.qemu_pids()
+    os.kill(qemu, signal.SIGKILL)
+    # The member loses its VM: it ends as a process killed by SIGKILL would.
+    assert cri.wait_state(ctr, "CONTAINER_EXITED").exit_code == 137
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if client.pb.PodSandboxState.Name(client.pod_status(pod).state) == "SANDBOX_NOTREADY":
+            break
+        time.sleep(0.2)
+    assert client.pb.PodSandboxState.Name(client.pod_status(pod).state) == "SANDBOX_NOTREADY"
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert cri.qemu_pids() == []
+    assert not any(cri.paracell_root.glob("k8s.io/*/pod/*")), "a member's binds were left"
