@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from paracell import settings
 from paracell.cri.client import CriClient
 from tests.conftest import PARACELL, REPO
 from tests.e2e.conftest import IMAGE, oci_image_tar
@@ -140,6 +141,10 @@ def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
     """Yields a started daemon; a module's `cri` fixture wraps it."""
     if not shutil.which("containerd"):
         pytest.fail("containerd is not installed: run `make deps`")
+    if settings.cache_dir() != Path(settings.SYSTEM_CACHE):
+        pytest.fail(f"the CRI tests need the guest built in {settings.SYSTEM_CACHE}, where "
+                    "ParaCell finds it under containerd's stripped environment: "
+                    "unset PARACELL_CACHE and XDG_CACHE_HOME and run as root")
     socket = base / "containerd.sock"
     paracell_root = base / "paracell"
     (base / "cni").mkdir()
@@ -185,7 +190,3 @@ def _safe(call):  # noqa: ANN001, ANN202 - teardown helper: best effort, never r
         return call()
     except Exception:
         return []
-
-
-def guest_artifacts_installed() -> bool:
-    return os.path.exists("/var/lib/paracell/guest/current.json")
