@@ -5,7 +5,6 @@ does). The CRI client in paracell.cri plays kubelet."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
