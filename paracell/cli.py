@@ -328,6 +328,18 @@ def bench() -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
 
 
+@bench.command("pod")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--output", "-o", default="bench-results/pod.json")
+def bench_pod(rounds: int, output: str) -> None:
+    """Idle pods of 1 and 3 containers: one VM per pod vs a VM per container."""
+    from paracell.bench import pod as bench_pod_mod
+
+    if not 1 <= rounds <= 50:
+        raise ParacellError(f"--rounds {rounds} is outside 1..50")
+    click.echo(bench_pod_mod.run(_ctx(), rounds, output))
+
+
 @bench.command("start")
 @click.option("--runs", default=10, show_default=True)
 @click.option("--output", "-o", default="bench-results/start.json")
