@@ -1,4 +1,4 @@
-"""`paracell bench pod`: idle pods of 1 and 3 containers, one VM per pod
+"""`paracell bench pod`: idle pods of 0, 1 and 3 containers, one VM per pod
 against a VM per container (the pause container included, as ParaCell ran
 pods before pod VMs), interleaved round by round.
 
@@ -21,7 +21,8 @@ from paracell.bench import common
 from paracell.runtime import pod
 from paracell.runtime.lifecycle import Context
 
-SIZES = (1, 3)
+# 0: the sandbox alone, an idle pod VM: what a RuntimeClass's podFixed covers.
+SIZES = (0, 1, 3)
 MODES = ("pod_vm", "vm_per_container")
 IDLE_S = 2.0
 # A pod VM must cost at most this share of the VMs it replaces, for 3 containers.
