@@ -108,6 +108,33 @@ def _sandbox(store: object, sandbox_id: str) -> tuple[ContainerState, Path]:
     return state, share
 
 
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same_netns(path: str, sandbox: ContainerState) -> bool:
+    """The sandbox's network namespace: the path its own spec named, or the
+    one its shim sits in."""
+    import json
+
+    given = _inode(path)
+    if given is None:
+        return False
+    candidates = [f"/proc/{sandbox.shim_pid}/ns/net"]
+    try:
+        config = json.loads((Path(sandbox.bundle) / "config.json").read_text())
+        for entry in config["linux"]["namespaces"]:
+            if entry.get("type") == "network" and entry.get("path"):
+                candidates.append(entry["path"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return any(_inode(c) == given for c in candidates)
+
+
 def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
            ) -> list[tuple[str, str]]:
     """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
@@ -120,7 +147,11 @@ def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
         if not path or kind in ("mount", "cgroup", "user"):
             continue
         if kind == "network":
-            continue  # the VM has one network namespace: the pod's, which CNI made
+            # The VM has one network namespace, the pod's: a member can have no other.
+            if not _same_netns(path, sandbox):
+                raise ParacellError(f"network namespace {path} is not pod {sandbox.id}'s: "
+                                    "the containers of a pod VM share one network")
+            continue
         match = NS_PATH.fullmatch(path)
         owner = owners.get(int(match.group(1))) if match else None
         if kind not in JOINABLE or owner is None or match.group(2) != kind:
