@@ -160,7 +160,7 @@ static int pod_path_ok(const char *v)
         if (*part)
             part++;
     }
-    return v[n + 1] != 0;
+    return v[strlen(v) - 1] != '/';
 }
 
 /* The id is only compared and quoted in one-line messages, never used as a

@@ -114,6 +114,12 @@ static int run_spec(void)
         put_field("path.readonly", s.readonly_paths[i]);
     for (int i = 0; i < s.nmasked_paths; i++)
         put_field("path.masked", s.masked_paths[i]);
+    if (s.rootfs)
+        put_field("rootfs", s.rootfs);
+    static const char *const join_names[SPEC_JOIN_COUNT] = {"ns.ipc", "ns.uts", "ns.pid"};
+    for (int i = 0; i < SPEC_JOIN_COUNT; i++)
+        if (s.join[i])
+            put_field(join_names[i], s.join[i]);
     return 0;
 }
 
