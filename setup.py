@@ -2,4 +2,5 @@
 
 from setuptools import setup
 
-setup(cffi_modules=["csrc/build_native.py:ffibuilder"], scripts=["bin/paracell"])
+setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder"],
+      scripts=["bin/paracell"])

@@ -33,6 +33,7 @@ enum pc_type {
     PC_SIGNAL = 4,    /* struct pc_signal_msg */
     PC_RESIZE = 5,    /* struct pc_resize_msg */
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
+    PC_SECCOMP = 12,  /* struct pc_seccomp_hdr + BPF program, just before the init's SPEC */
 
     /* guest -> host */
     PC_READY = 16,    /* agent is up; payload: version text */
@@ -87,5 +88,42 @@ struct pc_exit_msg {
 /* process.oomScoreAdj, the kernel's OOM_SCORE_ADJ_MIN..OOM_SCORE_ADJ_MAX. */
 #define PC_SPEC_OOM_SCORE_ADJ_MIN -1000
 #define PC_SPEC_OOM_SCORE_ADJ_MAX 1000
+
+
+/* ---- In-guest fields of config.json (issue 9 part 3) ---- */
+
+/* linux.seccomp: the host compiles the profile with libseccomp and sends the
+ * classic-BPF program in one PC_SECCOMP frame on the init's channel, right
+ * before a SPEC that says seccomp=1 (the SPEC fails without it, and a
+ * PC_SECCOMP that no such SPEC takes is dropped).  Payload: the header, then
+ * `count` struct sock_filter {u16 code; u8 jt; u8 jf; u32 k}, little-endian.
+ * The agent installs it in the init and in every exec of that container. */
+struct pc_seccomp_hdr {
+    uint32_t flags;   /* SECCOMP_FILTER_FLAG_* bits of PC_SECCOMP_FLAGS_ALLOWED */
+    uint32_t count;   /* instructions, 1..PC_SECCOMP_MAX_INSNS */
+};
+#define PC_SECCOMP_HDR_LEN 8
+/* The kernel's BPF_MAXINSNS: a longer program is refused by seccomp(). */
+#define PC_SECCOMP_MAX_INSNS 4096
+/* The kernel's SECCOMP_FILTER_FLAG_LOG and _SPEC_ALLOW (TSYNC is a no-op for
+ * a process that execs alone, NEW_LISTENER is refused on the host). */
+#define PC_SECCOMP_FLAG_LOG 2
+#define PC_SECCOMP_FLAG_SPEC_ALLOW 4
+#define PC_SECCOMP_FLAGS_ALLOWED 6
+
+/* linux.devices: nodes made in the container's /dev tmpfs. */
+#define PC_SPEC_MAX_DEVICES 256
+/* linux.uidMappings and gidMappings: the kernel's limit on extents per map
+ * (UID_GID_MAP_MAX_EXTENTS); the map's text must also stay under a page. */
+#define PC_SPEC_MAX_ID_MAPS 340
+#define PC_SPEC_MAX_ID_MAP_TEXT 4095
+/* process.ioPriority: the kernel's classes; levels 0..PC_SPEC_IOPRIO_MAX_LEVEL. */
+#define PC_SPEC_IOPRIO_CLASS_RT 1
+#define PC_SPEC_IOPRIO_CLASS_BE 2
+#define PC_SPEC_IOPRIO_CLASS_IDLE 3
+#define PC_SPEC_IOPRIO_MAX_LEVEL 7
+/* linux.personality domains: PER_LINUX and PER_LINUX32. */
+#define PC_SPEC_PER_LINUX 0
+#define PC_SPEC_PER_LINUX32 8
 
 #endif

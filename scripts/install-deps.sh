@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(
     qemu-system-x86 linux-source-6.1 busybox-static
-    build-essential flex bison bc libelf-dev libssl-dev cpio xz-utils
+    build-essential flex bison bc libelf-dev libssl-dev cpio xz-utils libseccomp-dev
     python3 python3-venv python3-dev
     containerd runc crun podman conmon containernetworking-plugins iptables
 )

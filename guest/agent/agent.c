@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/signalfd.h>
 #include <time.h>
@@ -19,6 +20,7 @@
 #include "container.h"
 #include "log.h"
 #include "process.h"
+#include "seccomp.h"
 #include "spec.h"
 #include "vm.h"
 #include "vm_proto.h"
@@ -41,16 +43,40 @@ static int port_down;
 static int ever_connected;
 static struct spec spec;
 
+/* seccomp=1 in a SPEC and a PC_SECCOMP frame before it go together. */
+static int seccomp_matches(const struct spec *s, const struct seccomp_prog *prog, char *err,
+                           size_t errlen)
+{
+    if (s->seccomp && !prog) {
+        snprintf(err, errlen, "spec: seccomp=1, but no SECCOMP frame came before this SPEC");
+        return -1;
+    }
+    if (!s->seccomp && prog) {
+        snprintf(err, errlen, "spec: a SECCOMP frame came, but this SPEC has no seccomp=1");
+        return -1;
+    }
+    return 0;
+}
+
 static void handle_spec(const struct host_msg *m)
 {
     char err[ERRTEXT_MAX] = "";
     struct ctr *c = NULL;
     int pid = -1;
+    /* Taken whatever happens: a program is for the SPEC right after it. */
+    struct seccomp_prog *prog = seccomp_take(m->chan);
     if (spec_parse((char *)m->data, m->len, &spec, err, sizeof err) == 0 &&
+        seccomp_matches(&spec, prog, err, sizeof err) == 0 &&
         proc_chan_free(m->chan, err, sizeof err) == 0 &&
         ctr_claim(spec.container, spec.role, &c, err, sizeof err) == 0 &&
-        (c->state != CTR_NEW || vm_mount_shares(&spec, err, sizeof err) == 0))
+        (c->state != CTR_NEW || vm_mount_shares(&spec, err, sizeof err) == 0)) {
+        if (c->state == CTR_NEW) {
+            c->seccomp = prog; /* the container's now, freed with it */
+            prog = NULL;
+        }
         pid = proc_spawn(m->chan, &spec, c, err, sizeof err);
+    }
+    free(prog);
     if (pid > 0) {
         unsigned char b[PC_U32_MSG_LEN];
         struct pc_created_msg msg = {.pid = (uint32_t)pid};
@@ -79,6 +105,14 @@ static int dispatch(const struct frame *f)
     case PC_SPEC:
         handle_spec(&m);
         break;
+    case PC_SECCOMP: {
+        char err[ERRTEXT_MAX];
+        if (seccomp_stash(m.chan, m.data, m.len, err, sizeof err) < 0) {
+            /* The SPEC that follows fails for want of it, naming the cause here. */
+            loghost("chan %u: %s", m.chan, err);
+        }
+        break;
+    }
     case PC_START:
         proc_start(m.chan);
         break;
@@ -111,7 +145,7 @@ static void process_frames(void)
     while (outq_free() >= FRAME_ROOM && scanned < MAX_LOOKAHEAD && inq_frame_at(pos, &f)) {
         size_t next = pos + PC_HDR_LEN + f.hdr.len;
         uint16_t type = f.hdr.type, chan = f.hdr.chan;
-        int in_order = type == PC_STDIN || type == PC_SPEC;
+        int in_order = type == PC_STDIN || type == PC_SPEC || type == PC_SECCOMP;
         int chan_ok = chan <= PC_MAX_CHAN;
         if (pos)
             scanned++;

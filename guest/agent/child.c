@@ -21,6 +21,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/personality.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -28,13 +29,28 @@
 #include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <linux/openat2.h>
 
 #include "caps.h"
+#include "copyup.h"
+#include "devices.h"
 #include "log.h"
+#include "userns.h"
 #include "vm_proto.h"
+
+/* The kernel's ioprio ABI (linux/ioprio.h is not in every libc's headers). */
+#define IOPRIO_CLASS_SHIFT 13
+#define IOPRIO_WHO_PROCESS 1
+#define AT_RECURSIVE_ 0x8000
+
+/* struct mount_attr of mount_setattr(2); glibc's <sys/mount.h> and
+ * <linux/mount.h> do not mix. */
+struct mount_attr_ {
+    uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
 
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -155,6 +171,17 @@ static int change_mount(int rootfd, const char *dest, unsigned long flags)
     return r;
 }
 
+/* runc's r* options: mount_setattr(2) on the new mount and all below it. */
+static void set_recursive_attrs(int rootfd, const struct spec_mount *m)
+{
+    struct mount_attr_ attr = {.attr_set = m->attr_set, .attr_clr = m->attr_clr};
+    int fd = open_in_root(rootfd, m->dest, O_PATH);
+    if (fd < 0 || syscall(SYS_mount_setattr, fd, "", AT_EMPTY_PATH | AT_RECURSIVE_, &attr,
+                          sizeof attr) < 0)
+        die("mount %s: set recursive attributes: %s", m->dest, strerror(errno));
+    close(fd);
+}
+
 static void apply_mount(int rootfd, const struct spec_mount *m)
 {
     const unsigned long propagation = MS_SHARED | MS_SLAVE | MS_PRIVATE | MS_UNBINDABLE;
@@ -173,6 +200,11 @@ static void apply_mount(int rootfd, const struct spec_mount *m)
     int fd = open_target(rootfd, m->dest, want_dir);
     if (fd < 0)
         die("mount %s: %s", m->dest, strerror(errno));
+    /* tmpcopyup: the directory the tmpfs is about to cover, still reachable
+     * through this fd once it is covered. */
+    int below = -1;
+    if (m->copyup && (below = openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        die("mount %s: tmpcopyup: %s", m->dest, strerror(errno));
 
     if (bind) {
         r = mount_at_fd(m->source, fd, NULL, MS_BIND | (flags & MS_REC), NULL);
@@ -197,6 +229,63 @@ static void apply_mount(int rootfd, const struct spec_mount *m)
     }
     if (prop && change_mount(rootfd, m->dest, prop | (flags & MS_REC)) < 0)
         die("mount %s: set propagation: %s", m->dest, strerror(errno));
+    if (m->propagation && change_mount(rootfd, m->dest, m->propagation) < 0)
+        die("mount %s: set propagation: %s", m->dest, strerror(errno));
+    if (m->attr_set || m->attr_clr)
+        set_recursive_attrs(rootfd, m);
+    if (below >= 0) {
+        int top = open_in_root(rootfd, m->dest, O_RDONLY | O_DIRECTORY);
+        if (top < 0 || copy_tree(below, top) < 0)
+            die("mount %s: tmpcopyup: %s", m->dest, strerror(errno));
+        close(top);
+        close(below);
+    }
+}
+
+/* A container id as the VM's kernel sees it, through the container's map
+ * when it has a user namespace; an id the map lacks is left as it is. */
+static uint32_t outside_id(const struct spec_idmap *map, int n, uint32_t id)
+{
+    for (int i = 0; i < n; i++)
+        if (id >= map[i].inside && id - map[i].inside < map[i].size)
+            return map[i].outside + (id - map[i].inside);
+    return id;
+}
+
+/* linux.devices, before the defaults so that a spec's node takes a default's
+ * place, as in runc; missing directories under /dev are made.  The owner is
+ * a container id (runtime spec), so it goes through the id maps. */
+static void make_devices(int rootfd, const struct spec *s)
+{
+    char dir[PATH_MAX];
+    struct stat devst;
+    int devfd = s->ndevices ? open_in_root(rootfd, "/dev", O_PATH | O_DIRECTORY) : -1;
+    if (s->ndevices && (devfd < 0 || fstat(devfd, &devst) < 0))
+        die("create devices: open /dev: %s", strerror(errno));
+    if (devfd >= 0)
+        close(devfd);
+    dev_t dev_fs = s->ndevices ? devst.st_dev : 0;
+    for (int i = 0; i < s->ndevices; i++) {
+        struct spec_device dev = s->devices[i];
+        const struct spec_device *d = &dev;
+        dev.uid = outside_id(s->uidmap, s->nuidmap, dev.uid);
+        dev.gid = outside_id(s->gidmap, s->ngidmap, dev.gid);
+        const char *slash = strrchr(d->path, '/');
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - d->path), d->path);
+        int dirfd = open_target(rootfd, dir, 1);
+        struct stat st;
+        if (dirfd < 0 || fstat(dirfd, &st) < 0)
+            die("create device %s: %s", d->path, strerror(errno));
+        /* Only in the /dev tmpfs itself: a bind of an image directory under
+         * /dev is the host's, through 9p (whose statfs reports the host's
+         * filesystem, so st_dev is what tells), and a node there would be
+         * made on the host. */
+        if (st.st_dev != dev_fs)
+            die("create device %s: %s is not the container's /dev filesystem", d->path, dir);
+        if (device_make(dirfd, slash + 1, d) < 0)
+            die("create device %s: %s", d->path, strerror(errno));
+        close(dirfd);
+    }
 }
 
 /* OCI runtimes must provide these whatever the image holds; only done when
@@ -388,6 +477,10 @@ static void setup_rootfs(const struct spec *s)
         apply_mount(rootfd, &s->mounts[i]);
         has_dev |= is_dev(s->mounts[i].dest);
     }
+    /* Never in the rootfs: that is the host's directory, through 9p. */
+    if (s->ndevices && !has_dev)
+        die("create device %s: the spec has no /dev mount of its own", s->devices[0].path);
+    make_devices(rootfd, s);
     if (has_dev)
         populate_dev(rootfd);
     /* Before pivot_root, while the agent's devpts is still a fallback. */
@@ -409,11 +502,17 @@ static void setup_rootfs(const struct spec *s)
 
     /* pivot_root(".", ".") stacks the old root on the new one; detaching it
      * leaves no path back to the agent's filesystem (unlike chroot). */
+    int oldroot = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
     int fd = open(root, O_DIRECTORY | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 || fchdir(fd) < 0)
+    if (oldroot < 0 || fd < 0 || fchdir(fd) < 0)
         die("chdir %s: %s", root, strerror(errno));
     if (syscall(SYS_pivot_root, ".", ".") < 0)
         die("pivot_root: %s", strerror(errno));
+    /* As runc: "." must be the old root here, or MS_REC would turn the
+     * container's own mounts into slaves and lose their propagation. */
+    if (fchdir(oldroot) < 0)
+        die("pivot_root: chdir old root: %s", strerror(errno));
+    close(oldroot);
     if (mount(NULL, ".", NULL, MS_SLAVE | MS_REC, NULL) < 0)
         die("pivot_root: make old root slave: %s", strerror(errno));
     if (umount2(".", MNT_DETACH) < 0)
@@ -421,6 +520,9 @@ static void setup_rootfs(const struct spec *s)
     if (chdir("/") < 0)
         die("chdir /: %s", strerror(errno));
     close(fd);
+    /* runc applies linux.rootfsPropagation to the new / once it is root. */
+    if (s->root_propagation && mount(NULL, "/", NULL, s->root_propagation, NULL) < 0)
+        die("set propagation of /: %s", strerror(errno));
 
     /* Last, so that mount targets could still be created above. */
     if (s->root_readonly && mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)
@@ -428,6 +530,50 @@ static void setup_rootfs(const struct spec *s)
 }
 
 /* ---- credentials and limits (init and exec) ---- */
+
+/* The init's user namespace: unshared here, its maps written by a helper
+ * left outside it (userns.c says why), whose failure it reports itself.
+ * piddir is this process's directory in the agent's procfs. */
+static void enter_userns(const struct spec *s, int piddir)
+{
+    int go[2];
+    char err[ERRTEXT_MAX], b;
+    if (pipe2(go, O_CLOEXEC) < 0)
+        die("create user namespace: pipe: %s", strerror(errno));
+    pid_t helper = fork();
+    if (helper < 0)
+        die("create user namespace: fork: %s", strerror(errno));
+    if (helper == 0) {
+        close(go[1]);
+        if (read(go[0], &b, 1) != 1)
+            _exit(1); /* the namespace was not made; the parent reports why */
+        if (userns_write_maps(piddir, s, err, sizeof err) < 0)
+            die("create user namespace: %s", err);
+        _exit(0);
+    }
+    close(go[0]);
+    int r = unshare(CLONE_NEWUSER);
+    int e = errno;
+    if (r == 0 && write(go[1], "u", 1) != 1)
+        r = -1;
+    close(go[1]);
+    int st;
+    while (waitpid(helper, &st, 0) < 0 && errno == EINTR)
+        ;
+    if (r < 0)
+        die("create user namespace: %s", strerror(e));
+    if (!WIFEXITED(st) || WEXITSTATUS(st))
+        _exit(1); /* the helper sent the error */
+}
+
+/* runc's order: without no_new_privs, loading a filter needs CAP_SYS_ADMIN,
+ * so it is done before the credentials change; with it, as late as
+ * possible, so that the fewest of the agent's own syscalls pass through it. */
+static void load_seccomp(const struct seccomp_prog *p)
+{
+    if (p && seccomp_install(p) < 0)
+        die("error loading seccomp filter into kernel: %s", strerror(errno));
+}
 
 static void set_oom_score_adj(int adj)
 {
@@ -523,7 +669,7 @@ static const char *lookup(const char *file, char *const envp[], char *buf, size_
 static void close_other_fds(const struct child_ctx *c)
 {
     int keep[] = {c->stdio[0], c->stdio[1], c->stdio[2], c->status_fd, c->start_fd,
-                  c->ns_mnt, c->ns_uts, c->ns_ipc};
+                  c->ns_mnt, c->ns_uts, c->ns_ipc, c->ns_user};
     int n = (int)(sizeof keep / sizeof keep[0]);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && keep[j - 1] > keep[j]; j--) {
@@ -591,6 +737,16 @@ void child_main(const struct child_ctx *c)
      * needs CAP_SYS_RESOURCE, and the agent's /proc names this process. */
     if (s->has_oom_score_adj)
         set_oom_score_adj(s->oom_score_adj);
+    /* As root, before any namespace: the real-time class needs CAP_SYS_ADMIN. */
+    if (s->has_ioprio &&
+        syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 0,
+                s->ioprio_class << IOPRIO_CLASS_SHIFT | s->ioprio_level) < 0)
+        die("failed to set io priority: %s", strerror(errno));
+    /* The agent's procfs names this process until pivot_root hides it. */
+    int piddir = -1;
+    if (c->is_init && s->userns &&
+        (piddir = open("/proc/self", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0)
+        die("open /proc/self: %s", strerror(errno));
 
     if (c->is_init) {
         int flags = CLONE_NEWNS | (c->ns_uts < 0 ? CLONE_NEWUTS : 0) |
@@ -621,7 +777,25 @@ void child_main(const struct child_ctx *c)
         setup_rootfs(s);
     if (c->tty)
         stdio[0] = stdio[1] = stdio[2] = slave_fd;
+    /* Before the user namespace: raising a hard limit needs the VM's root. */
     setup_rlimits(s);
+    if (piddir >= 0) {
+        enter_userns(s, piddir);
+        close(piddir);
+        /* Copies of the mount and UTS namespaces, owned by the new user
+         * namespace as under runc, so that the container's root may mount
+         * and set the hostname; the mounts made above come along locked
+         * (masked paths stay masked).  IPC and PID stay the VM's: a new IPC
+         * namespace would drop the sysctls and orphan /dev/mqueue. */
+        if (unshare(CLONE_NEWNS | CLONE_NEWUTS) < 0)
+            die("unshare namespaces in the user namespace: %s", strerror(errno));
+    } else if (c->ns_user >= 0) {
+        if (setns(c->ns_user, CLONE_NEWUSER) < 0)
+            die("join container user namespace: %s", strerror(errno));
+        close(c->ns_user);
+    }
+    if (!s->nnp)
+        load_seccomp(c->seccomp);
     /* Lets the process reopen its own stdio (/dev/stdout) as a non-root user. */
     if (s->uid)
         for (int i = 0; i < 3; i++)
@@ -629,6 +803,8 @@ void child_main(const struct child_ctx *c)
                 /* Best effort, as in runc. */
             }
     setup_user(s);
+    if (s->has_personality && personality(s->personality) < 0)
+        die("unable to set personality: %s", strerror(errno));
     umask(s->has_umask ? s->umask : 022);
     if (chdir(s->cwd ? s->cwd : "/") < 0)
         die("chdir %s: %s", s->cwd ? s->cwd : "/", strerror(errno));
@@ -645,6 +821,10 @@ void child_main(const struct child_ctx *c)
      * silent run without. */
     if (c->xgates && prctl(PR_XGATE, PR_XGATE_ENABLE, 0, 0, 0) < 0)
         die("switch on XGates: %s", strerror(errno));
+    /* Before the filter, which might refuse close_range. */
+    close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
+    if (s->nnp)
+        load_seccomp(c->seccomp);
     report_ready();
     char b;
     ssize_t r;
@@ -654,7 +834,6 @@ void child_main(const struct child_ctx *c)
     if (r != 1)
         _exit(1); /* the agent gave up on this process */
 
-    close_range(3, ~0u, CLOSE_RANGE_CLOEXEC);
     execve(exe, s->argv, s->envp);
     die_exec("exec %s: %s", exe, strerror(errno));
 }

@@ -3,6 +3,7 @@
 #ifndef PARACELL_AGENT_CHILD_H
 #define PARACELL_AGENT_CHILD_H
 
+#include "seccomp.h"
 #include "spec.h"
 
 struct child_ctx {
@@ -15,6 +16,8 @@ struct child_ctx {
     int start_fd;     /* pipe from the agent: one byte means START */
     int ns_mnt, ns_uts, ns_ipc; /* exec: the container's namespaces; init of a pod
                                  * member: -1, or the uts/ipc namespace it joins */
+    int ns_user;      /* exec only: the container's user namespace, or -1 */
+    const struct seccomp_prog *seccomp; /* the container's filter, or NULL */
     int xgates;       /* switch XGates on (guest/xgate/) before execve */
 };
 

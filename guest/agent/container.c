@@ -15,7 +15,7 @@
 
 static struct ctr ctrs[CTR_MAX];
 static unsigned long long ended_count;
-static const char *const ns_names[CTR_NS_COUNT] = {"pid", "mnt", "uts", "ipc"};
+static const char *const ns_names[CTR_NS_COUNT] = {"pid", "mnt", "uts", "ipc", "user"};
 
 static struct ctr *find(const char *id)
 {
@@ -110,6 +110,7 @@ const struct ctr *ctr_find_live(const char *id)
 void ctr_abandon(struct ctr *c)
 {
     close_ns(c);
+    free(c->seccomp);
     memset(c, 0, sizeof *c);
 }
 
@@ -127,6 +128,9 @@ void ctr_release(struct ctr *c)
 void ctr_init_exited(struct ctr *c)
 {
     close_ns(c);
+    /* No exec can join any more. */
+    free(c->seccomp);
+    c->seccomp = NULL;
     c->state = CTR_EXITED;
 }
 

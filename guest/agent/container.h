@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "agent_proto.h"
+#include "seccomp.h"
 #include "spec.h"
 
 #define CTR_MAX 64
@@ -20,7 +21,7 @@ enum ctr_state {
     CTR_ENDED,  /* the init's EXIT is queued; the id is remembered until the slot is reused */
 };
 
-enum ctr_ns { CTR_NS_PID, CTR_NS_MNT, CTR_NS_UTS, CTR_NS_IPC, CTR_NS_COUNT };
+enum ctr_ns { CTR_NS_PID, CTR_NS_MNT, CTR_NS_UTS, CTR_NS_IPC, CTR_NS_USER, CTR_NS_COUNT };
 
 struct ctr {
     enum ctr_state state;
@@ -29,6 +30,8 @@ struct ctr {
     int ns[CTR_NS_COUNT];   /* open while CTR_LIVE */
     unsigned procs;         /* process slots that point here; the slot is not reused before 0 */
     int xgates;             /* the init's xgates=on, which every exec inherits */
+    int userns;             /* the init has its own user namespace, which execs join */
+    struct seccomp_prog *seccomp; /* the init's filter, which every exec gets too; owned */
     unsigned long long ended_seq;
 };
 

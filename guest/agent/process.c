@@ -161,8 +161,10 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
 {
     struct proc *p = &procs[chan];
     int is_init = c->state == CTR_NEW;
-    if (is_init)
+    if (is_init) {
         c->xgates = s->xgates;
+        c->userns = s->userns;
+    }
     int ours[3] = {-1, -1, -1}, theirs[3] = {-1, -1, -1};
     int st[2] = {-1, -1}, go[2] = {-1, -1};
     pid_t pid = -1;
@@ -215,6 +217,8 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
             .ns_uts = is_init ? join_ns[SPEC_JOIN_UTS] : c->ns[CTR_NS_UTS],
             .ns_ipc = is_init ? join_ns[SPEC_JOIN_IPC] : c->ns[CTR_NS_IPC],
             .xgates = is_init ? s->xgates : c->xgates,
+            .ns_user = !is_init && c->userns ? c->ns[CTR_NS_USER] : -1,
+            .seccomp = c->seccomp,
         };
         child_main(&cc);
     }

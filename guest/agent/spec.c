@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 
 static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -44,7 +45,8 @@ static int parse_uint(const char *s, unsigned base, uint64_t max, uint64_t *out)
             d = (unsigned)(*s - 'A' + 10);
         else
             return -1;
-        if (d >= base || v > (max - d) / base)
+        /* d > max first: max - d must not wrap (a one-digit "4" against max 3). */
+        if (d >= base || d > max || v > (max - d) / base)
             return -1;
         v = v * base + d;
     }
@@ -87,19 +89,98 @@ static int parse_rlimit(char *v, struct spec_rlimit *r)
     return 0;
 }
 
-/* dest \x1f type \x1f source \x1f flags \x1f data */
+/* One propagation type, maybe with MS_REC; or 0 where zero is allowed. */
+static int propagation_ok(uint64_t v, int zero_ok)
+{
+    uint64_t type = v & ~(uint64_t)MS_REC;
+    if (!v)
+        return zero_ok;
+    return type == MS_SHARED || type == MS_SLAVE || type == MS_PRIVATE || type == MS_UNBINDABLE;
+}
+
+/* The MOUNT_ATTR_* bits the r* options use: rdonly, nosuid, nodev, noexec,
+ * the atime bits, nodiratime, nosymfollow. */
+#define MOUNT_ATTRS_KNOWN 0x2000ffULL
+
+/* dest \x1f type \x1f source \x1f flags \x1f data, then optionally
+ * \x1f propagation \x1f attr_set \x1f attr_clr \x1f copyup (0 or 1). */
 static int parse_mount(char *v, struct spec_mount *m)
 {
-    char *f[5];
-    uint64_t flags;
-    if (split(v, '\x1f', f, 5) || f[0][0] != '/' || !f[1][0] ||
+    char *f[9];
+    uint64_t flags, prop = 0, set = 0, clr = 0, copyup = 0;
+    int n = 0;
+    for (const char *c = v; *c; c++)
+        n += *c == '\x1f';
+    if ((n != 4 && n != 8) || split(v, '\x1f', f, n + 1) || f[0][0] != '/' || !f[1][0] ||
         parse_uint(f[3], 10, (unsigned long)-1, &flags))
+        return -1;
+    if (n == 8 && (parse_uint(f[5], 10, UINT32_MAX, &prop) || !propagation_ok(prop, 1) ||
+                   parse_uint(f[6], 10, MOUNT_ATTRS_KNOWN, &set) || (set & ~MOUNT_ATTRS_KNOWN) ||
+                   parse_uint(f[7], 10, MOUNT_ATTRS_KNOWN, &clr) || (clr & ~MOUNT_ATTRS_KNOWN) ||
+                   parse_uint(f[8], 10, 1, &copyup)))
         return -1;
     m->dest = f[0];
     m->type = f[1];
     m->source = f[2];
     m->flags = (unsigned long)flags;
     m->data = f[4];
+    m->propagation = (unsigned long)prop;
+    m->attr_set = set;
+    m->attr_clr = clr;
+    m->copyup = (int)copyup;
+    return 0;
+}
+
+/* path \x1f type \x1f major \x1f minor \x1f mode (octal) \x1f uid \x1f gid.  The
+ * path stays under /dev, where the container's own tmpfs is: no "..". */
+static int parse_device(char *v, struct spec_device *d)
+{
+    char *f[7];
+    uint64_t major, minor, mode, uid, gid;
+    if (split(v, '\x1f', f, 7) || strncmp(f[0], "/dev/", 5) || !f[0][5] ||
+        strlen(f[0]) > PC_SPEC_MAX_PATH_LEN || strstr(f[0], "/../") ||
+        (strlen(f[0]) >= 3 && !strcmp(f[0] + strlen(f[0]) - 3, "/..")) ||
+        strlen(f[1]) != 1 || !strchr("cbp", f[1][0]) ||
+        parse_uint(f[2], 10, 4095, &major) || parse_uint(f[3], 10, (1u << 20) - 1, &minor) ||
+        parse_uint(f[4], 8, 07777, &mode) || parse_uint(f[5], 10, UINT32_MAX - 1, &uid) ||
+        parse_uint(f[6], 10, UINT32_MAX - 1, &gid))
+        return -1;
+    d->path = f[0];
+    d->type = f[1][0];
+    d->major = (unsigned)major;
+    d->minor = (unsigned)minor;
+    d->mode = (unsigned)mode;
+    d->uid = (uint32_t)uid;
+    d->gid = (uint32_t)gid;
+    return 0;
+}
+
+/* "inside outside size", single spaces; size at least 1, ranges in 32 bits. */
+static int parse_idmap(char *v, struct spec_idmap *m)
+{
+    char *f[3];
+    uint64_t in, out, size;
+    if (split(v, ' ', f, 3) || parse_uint(f[0], 10, UINT32_MAX - 1, &in) ||
+        parse_uint(f[1], 10, UINT32_MAX - 1, &out) || parse_uint(f[2], 10, UINT32_MAX, &size) ||
+        !size || in + size > UINT32_MAX || out + size > UINT32_MAX)
+        return -1;
+    m->inside = (uint32_t)in;
+    m->outside = (uint32_t)out;
+    m->size = (uint32_t)size;
+    return 0;
+}
+
+/* "class level": one of the kernel's three classes, level 0..7. */
+static int parse_ioprio(char *v, struct spec *s)
+{
+    char *f[2];
+    uint64_t cls, level;
+    if (split(v, ' ', f, 2) || parse_uint(f[0], 10, PC_SPEC_IOPRIO_CLASS_IDLE, &cls) ||
+        cls < PC_SPEC_IOPRIO_CLASS_RT || parse_uint(f[1], 10, PC_SPEC_IOPRIO_MAX_LEVEL, &level))
+        return -1;
+    s->ioprio_class = (int)cls;
+    s->ioprio_level = (int)level;
+    s->has_ioprio = 1;
     return 0;
 }
 
@@ -178,7 +259,8 @@ static int container_id_ok(const char *id)
 
 enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
-    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_OOM, ONCE_ROOTFS,
+    ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_OOM,
+    ONCE_USERNS, ONCE_ROOTPROP, ONCE_PERSONALITY, ONCE_IOPRIO, ONCE_SECCOMP, ONCE_ROOTFS,
     ONCE_JOIN0, ONCE_CAP0 = ONCE_JOIN0 + SPEC_JOIN_COUNT,
 };
 
@@ -364,6 +446,50 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             (ro ? s->readonly_paths : s->masked_paths)[(*n)++] = val;
             init_key = init_key ? init_key : key;
+        } else if (!strcmp(key, "device")) {
+            if (s->ndevices >= PC_SPEC_MAX_DEVICES)
+                return fail(err, errlen, "more than %d devices", PC_SPEC_MAX_DEVICES);
+            if (parse_device(val, &s->devices[s->ndevices]))
+                BAD();
+            s->ndevices++;
+            init_key = init_key ? init_key : "device";
+        } else if (!strcmp(key, "userns")) {
+            ONCE(ONCE_USERNS);
+            if (parse_bool(val, &s->userns))
+                BAD();
+            init_key = init_key ? init_key : "userns";
+        } else if (!strcmp(key, "uidmap") || !strcmp(key, "gidmap")) {
+            int uid = key[0] == 'u';
+            int *n = uid ? &s->nuidmap : &s->ngidmap;
+            if (*n >= PC_SPEC_MAX_ID_MAPS)
+                return fail(err, errlen, "more than %d %s lines", PC_SPEC_MAX_ID_MAPS, key);
+            if (parse_idmap(val, &(uid ? s->uidmap : s->gidmap)[*n]))
+                BAD();
+            (*n)++;
+            init_key = init_key ? init_key : key;
+        } else if (!strcmp(key, "root.propagation")) {
+            ONCE(ONCE_ROOTPROP);
+            if (parse_uint(val, 10, UINT32_MAX, &n) || !propagation_ok(n, 0))
+                BAD();
+            s->root_propagation = (unsigned long)n;
+            init_key = init_key ? init_key : "root.propagation";
+        } else if (!strcmp(key, "personality")) {
+            ONCE(ONCE_PERSONALITY);
+            if (parse_uint(val, 10, PC_SPEC_PER_LINUX32, &n) ||
+                (n != PC_SPEC_PER_LINUX && n != PC_SPEC_PER_LINUX32))
+                BAD();
+            s->personality = (unsigned long)n;
+            s->has_personality = 1;
+            init_key = init_key ? init_key : "personality";
+        } else if (!strcmp(key, "ioprio")) {
+            ONCE(ONCE_IOPRIO);
+            if (parse_ioprio(val, s))
+                BAD();
+        } else if (!strcmp(key, "seccomp")) {
+            ONCE(ONCE_SECCOMP);
+            if (parse_bool(val, &s->seccomp))
+                BAD();
+            init_key = init_key ? init_key : "seccomp";
         } else {
             return fail(err, errlen, "unknown key %.40s", key);
         }
@@ -382,6 +508,22 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
     }
     if (!s->argc || !s->argv[0][0])
         return fail(err, errlen, "no arg given");
+    /* Both maps or neither, and only with the namespace they are for. */
+    if (s->userns != (s->nuidmap > 0) || s->userns != (s->ngidmap > 0))
+        return fail(err, errlen, "userns=1 needs uidmap and gidmap lines, and they need userns=1");
+    {
+        /* The kernel takes a map in one write of less than a page. */
+        size_t text[2] = {0, 0};
+        char line[48];
+        for (int i = 0; i < s->nuidmap; i++)
+            text[0] += (size_t)snprintf(line, sizeof line, "%u %u %u\n", s->uidmap[i].inside,
+                                        s->uidmap[i].outside, s->uidmap[i].size);
+        for (int i = 0; i < s->ngidmap; i++)
+            text[1] += (size_t)snprintf(line, sizeof line, "%u %u %u\n", s->gidmap[i].inside,
+                                        s->gidmap[i].outside, s->gidmap[i].size);
+        if (text[0] > PC_SPEC_MAX_ID_MAP_TEXT || text[1] > PC_SPEC_MAX_ID_MAP_TEXT)
+            return fail(err, errlen, "an id map is longer than %d bytes", PC_SPEC_MAX_ID_MAP_TEXT);
+    }
     s->argv[s->argc] = NULL;
     s->envp[s->envc] = NULL;
     return 0;

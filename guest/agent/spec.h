@@ -19,6 +19,26 @@ enum spec_join { SPEC_JOIN_IPC, SPEC_JOIN_UTS, SPEC_JOIN_PID, SPEC_JOIN_COUNT };
 struct spec_mount {
     const char *dest, *type, *source, *data;
     unsigned long flags;
+    /* After the mount, as runc: a propagation change (MS_SHARED, MS_SLAVE,
+     * MS_PRIVATE or MS_UNBINDABLE, with MS_REC for the r* options; 0: none),
+     * MOUNT_ATTR_* bits set and cleared recursively (rro, rnosuid...), and
+     * tmpcopyup (a tmpfs gets a copy of what it covers). */
+    unsigned long propagation;
+    uint64_t attr_set, attr_clr;
+    int copyup;
+};
+
+/* linux.devices: a node made in the container's /dev tmpfs. */
+struct spec_device {
+    const char *path; /* absolute, under /dev */
+    char type;        /* 'c', 'b' or 'p' */
+    unsigned major, minor, mode;
+    uint32_t uid, gid;
+};
+
+/* One line of linux.uidMappings or gidMappings. */
+struct spec_idmap {
+    uint32_t inside, outside, size;
 };
 
 /* linux.sysctl: the path under /proc/sys ("kernel/shmmax"), checked to name
@@ -67,6 +87,18 @@ struct spec {
     int nreadonly_paths;
     const char *masked_paths[PC_SPEC_MAX_PATHS];
     int nmasked_paths;
+    struct spec_device devices[PC_SPEC_MAX_DEVICES];
+    int ndevices;
+    /* userns=1: the init enters a new user namespace with these maps. */
+    int userns;
+    struct spec_idmap uidmap[PC_SPEC_MAX_ID_MAPS], gidmap[PC_SPEC_MAX_ID_MAPS];
+    int nuidmap, ngidmap;
+    unsigned long root_propagation; /* linux.rootfsPropagation; 0: none */
+    int has_personality;
+    unsigned long personality;      /* PER_LINUX or PER_LINUX32 */
+    int has_ioprio;
+    int ioprio_class, ioprio_level;
+    int seccomp; /* seccomp=1: a PC_SECCOMP frame came just before, on this channel */
     /* A pod member's root, under PC_PODSHARE_DIR; NULL: the VM's rootfs share. */
     const char *rootfs;
     /* Pod members: the containers whose namespaces the init joins instead

@@ -11,7 +11,7 @@ from typing import Any
 from paracell import OCI_VERSION
 from paracell.errors import ParacellError
 from paracell.procfs import process_start_time
-from paracell.runtime import spec, status
+from paracell.runtime import mountopts, seccomp, spec, status
 from paracell.runtime.lifecycle import Context, oci_state
 from paracell.runtime.state import ContainerState
 
@@ -137,12 +137,12 @@ def features() -> dict[str, Any]:
         "ociVersionMin": "1.0.0",
         "ociVersionMax": OCI_VERSION,
         "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
-        "mountOptions": sorted(set(spec.MOUNT_FLAGS) | spec.IGNORED_OPTIONS),
+        "mountOptions": mountopts.option_names(),
         "linux": {
-            "namespaces": ["mount", "pid", "uts", "ipc"],
+            "namespaces": ["mount", "pid", "uts", "ipc", "user"],
             "capabilities": [f"CAP_{name}" for name in spec.CAPABILITIES],
             "cgroup": {"v1": False, "v2": False, "systemd": False},
-            "seccomp": {"enabled": False},
+            "seccomp": seccomp.features(),
             "apparmor": {"enabled": False},
             "selinux": {"enabled": False},
         },

@@ -26,6 +26,10 @@ from paracell.runtime.state import (
     shim_alive,
 )
 
+# runc refuses such a spec at create ("process property must not be empty");
+# the runtime spec only requires start to fail, which it does here.
+NO_PROCESS = "cannot start container {}: process property must not be empty"
+
 SHIM_DEATH_WAIT_S = 10.0
 
 TYPE_CHECKING = False
@@ -87,7 +91,8 @@ def create(
                                  console_socket, detach)
     xgates_plan = xgates.plan(bundle.annotations)
     launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled)
-    terminal = bool(bundle.config["process"].get("terminal"))
+    process = bundle.config.get("process")
+    terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
     memory_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
@@ -108,7 +113,7 @@ def create(
         id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
-        hooks=bundle.config.get("hooks") or {},
+        hooks=bundle.config.get("hooks") or {}, has_process=process is not None,
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
@@ -125,8 +130,11 @@ def create(
                      f"xgates {'on' if xgates_plan.enabled else 'off'}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
+        for warning in bundle.warnings:
+            ctx.log.warning(warning)
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
-                        console_socket=console_socket, terminal=terminal, log=ctx.log)
+                        console_socket=console_socket, terminal=terminal, log=ctx.log,
+                        seccomp=bundle.seccomp)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
@@ -161,6 +169,8 @@ def start(ctx: Context, container_id: str) -> None:
     with store.locked(container_id):
         state = store.load(container_id)
         target = status.transition("start", state.status, container_id)
+        if not state.has_process:
+            raise ParacellError(NO_PROCESS.format(container_id))
         channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START)
         state.status = target
         store.save(state)

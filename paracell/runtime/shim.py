@@ -42,6 +42,7 @@ class ShimPlan:
     console_socket: str | None
     terminal: bool
     log: RuntimeLog
+    seccomp: bytes | None = None  # PC_SECCOMP payload, sent just before the SPEC
 
 
 class Shim:
@@ -75,9 +76,12 @@ class Shim:
         if frame.type != lib.PC_READY:
             raise ParacellError(f"agent protocol violation: expected READY, got {frame.type}")
         self._debug(f"agent ready: {channel.printable(frame.payload)}")
-        channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
-        guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
-        self._debug(f"container process created, guest pid {guest_pid}")
+        if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
+            if plan.seccomp:
+                channel.send(fd, lib.PC_SECCOMP, 0, plan.seccomp)
+            channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
+            guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
+            self._debug(f"container process created, guest pid {guest_pid}")
         if plan.terminal:
             self.tty_fd = console.open_for_container(plan.console_socket)
             # The caller's fds 0-2 are not the container's stdio now, and a

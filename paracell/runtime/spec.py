@@ -18,7 +18,9 @@ from typing import Any
 from paracell import wire
 from paracell._native import lib
 from paracell.errors import ParacellError
-from paracell.linux import MS_BIND
+from paracell.runtime import guestfields, mountopts, seccomp
+from paracell.runtime.configcheck import expect as _expect
+from paracell.runtime.configcheck import fail as _fail
 from paracell.runtime.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
 
 MAX_CONFIG_BYTES = 4 << 20
@@ -45,24 +47,6 @@ CAPABILITIES = {
         AUDIT_READ PERFMON BPF CHECKPOINT_RESTORE""".split()
     )
 }
-
-# MS_* bits for the options that are flags; anything else is filesystem data.
-MOUNT_FLAGS = {
-    "ro": (0x1, True), "rw": (0x1, False), "nosuid": (0x2, True), "suid": (0x2, False),
-    "nodev": (0x4, True), "dev": (0x4, False), "noexec": (0x8, True), "exec": (0x8, False),
-    "sync": (0x10, True), "async": (0x10, False), "remount": (0x20, True),
-    "mand": (0x40, True), "nomand": (0x40, False), "dirsync": (0x80, True),
-    "noatime": (0x400, True), "atime": (0x400, False), "nodiratime": (0x800, True),
-    "diratime": (0x800, False), "bind": (0x1000, True), "rbind": (0x5000, True),
-    "relatime": (0x200000, True), "norelatime": (0x200000, False),
-    "strictatime": (0x1000000, True),
-}
-# Propagation is meaningless inside a VM that has one mount namespace per container.
-IGNORED_OPTIONS = {
-    "private", "rprivate", "shared", "rshared", "slave", "rslave",
-    "unbindable", "runbindable", "tmpcopyup", "copy-symlink", "idmap", "ridmap",
-}
-MOUNT_TYPES = {"proc", "sysfs", "tmpfs", "devpts", "mqueue", "cgroup", "cgroup2", "bind", "none"}
 
 # runc's list: the sysctls that live in an IPC namespace, besides fs.mqueue.*.
 IPC_SYSCTLS = {
@@ -95,19 +79,10 @@ class Bundle:
     # Where bind sources from outside the rootfs appear in the guest: the VM's
     # hostshare, or a pod member's directory of the pod share (runtime/pod.py).
     bind_prefix: str = GUEST_HOSTSHARE
-
-
-def _fail(msg: str) -> ParacellError:
-    return ParacellError(f"invalid config.json: {msg}")
-
-
-def _expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
-    if isinstance(value, bool) and kind is int:
-        raise _fail(f"{where} must be an integer")
-    if not isinstance(value, kind):
-        name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
-        raise _fail(f"{where} must be of type {name}")
-    return value
+    # What runc would apply but the guest cannot, logged by create.
+    warnings: list[str] = field(default_factory=list)
+    # linux.seccomp compiled: the PC_SECCOMP payload sent before the init's SPEC.
+    seccomp: bytes | None = None
 
 
 def _str_list(value: Any, where: str, limit: int) -> list[str]:
@@ -163,10 +138,12 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     _expect(annotations, dict, "annotations")
     for key, value in annotations.items():
         _expect(value, str, f"annotations[{key!r}]")
+    # Optional: without it, create makes the container and start fails.
     process = config.get("process")
-    _expect(process, dict, "process")
     bundle = Bundle(path, config, rootfs, readonly, annotations)
-    check_process(process)
+    if process is not None:
+        _expect(process, dict, "process")
+        check_process(process)
     hostname = _expect(config.get("hostname", ""), str, "hostname")
     if len(hostname) > 64:
         raise _fail("hostname is longer than 64 characters")
@@ -176,7 +153,9 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
         raise _fail(f"more than {lib.PC_SPEC_MAX_MOUNTS} mounts")
     for i, mount in enumerate(mounts):
         _mount_record(bundle, mount, f"mounts[{i}]")
-    _linux_records(config)
+    _linux_records(config, bundle.warnings)
+    bundle.warnings += guestfields.lsm_warnings(process or {}, config.get("linux") or {})
+    bundle.seccomp = seccomp.compile_profile((config.get("linux") or {}).get("seccomp"))
     return bundle
 
 
@@ -197,6 +176,7 @@ def check_rootfs(bundle: Path, root_path: str) -> Path:
 def check_process(process: dict[str, Any]) -> None:
     """Validates an OCI process object (init's, or an exec's --process file)."""
     _process_records(process)
+    guestfields.lsm_warnings(process, {})
 
 
 def _user_records(user: Any) -> list[tuple[str, str]]:
@@ -284,6 +264,7 @@ def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
         records += _cap_records(process["capabilities"])
     if process.get("oomScoreAdj") is not None:
         records.append(("oom_score_adj", _oom_score_adj(process["oomScoreAdj"])))
+    records += guestfields.ioprio_record(process)
     if _expect(process.get("terminal", False), bool, "process.terminal"):
         records.append(("terminal", "1"))
         size = process.get("consoleSize") or {}
@@ -382,14 +363,29 @@ def _path_records(linux: dict[str, Any], field_name: str, key: str) -> list[tupl
     return [(key, path) for path in paths]
 
 
-def _linux_records(config: dict[str, Any]) -> list[tuple[str, str]]:
+def _has_dev_mount(config: dict[str, Any]) -> bool:
+    return any(isinstance(m, dict) and isinstance(m.get("destination"), str)
+               and posixpath.normpath(m["destination"]) == "/dev"
+               for m in config.get("mounts") or [])
+
+
+def _linux_records(config: dict[str, Any], warnings: list[str]) -> list[tuple[str, str]]:
     """The init-only records of linux: sysctls, then read-only and masked
-    paths, which the agent applies in that order, as runc does."""
+    paths, which the agent applies in that order, as runc does; then devices,
+    the propagation of /, the user namespace and the personality."""
     linux = config.get("linux") or {}
     _expect(linux, dict, "linux")
+    userns, userns_warnings = guestfields.userns_records(linux, _namespaces(linux))
+    personality, personality_warnings = guestfields.personality_records(linux)
+    warnings += userns_warnings + personality_warnings
+    # Says that a PC_SECCOMP frame goes with this SPEC (compiled in validate).
+    has_seccomp = _expect(linux.get("seccomp"), (dict, type(None)), "linux.seccomp") is not None
     return [*_sysctl_records(linux),
             *_path_records(linux, "readonlyPaths", "path.readonly"),
-            *_path_records(linux, "maskedPaths", "path.masked")]
+            *_path_records(linux, "maskedPaths", "path.masked"),
+            *guestfields.device_records(linux, _has_dev_mount(config)),
+            *guestfields.rootfs_propagation_records(linux),
+            *userns, *personality, *([("seccomp", "1")] if has_seccomp else [])]
 
 
 def _escapes_root(dest: str) -> bool:
@@ -414,24 +410,23 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
     dest = posixpath.normpath(dest)
     kind = _expect(mount.get("type", "none"), str, f"{where}.type")
     source = _expect(mount.get("source", kind), str, f"{where}.source")
-    flags, data = 0, []
     options = _str_list(mount.get("options") or [], f"{where}.options",
                         lib.PC_SPEC_MAX_MOUNT_OPTIONS)
-    for opt in options:
-        if opt in MOUNT_FLAGS:
-            bit, on = MOUNT_FLAGS[opt]
-            flags = flags | bit if on else flags & ~bit
-        elif opt not in IGNORED_OPTIONS:
-            data.append(opt)
-    if kind not in MOUNT_TYPES:
-        raise _fail(f"{where}.type {kind!r} is not supported in the guest")
-    if kind == "bind" or flags & MS_BIND:
+    opts = mountopts.parse(options, where)
+    mountopts.check_type(kind, opts, where)
+    data = opts.data or []
+    if kind == "bind" or opts.flags & mountopts.MS_BIND:
         kind, source = "bind", _bind_source(bundle, source, where, dest)
+        opts.flags |= mountopts.MS_BIND
     else:
         bundle.mount_points.append(MountPoint(dest, directory=True))
     if any("\x1f" in s or "\0" in s for s in (dest, kind, source, *data)):
         raise _fail(f"{where} contains a control character")
-    value = "\x1f".join([dest, kind, source, str(flags), ",".join(data)])
+    # runc copies up only into a tmpfs and ignores the option elsewhere.
+    copyup = opts.tmpcopyup and kind == "tmpfs"
+    value = "\x1f".join([dest, kind, source, str(opts.flags), ",".join(data),
+                         str(opts.propagation), str(opts.attr_set), str(opts.attr_clr),
+                         "1" if copyup else "0"])
     return ("mount", value)
 
 
@@ -482,6 +477,8 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
     config = bundle.config
     bundle.host_binds.clear()
     bundle.mount_points.clear()
+    if config.get("process") is None:
+        return b""  # nothing to create in the guest until a process exists
     records = [("container", container_id), ("role", "init"), *_process_records(config["process"])]
     if config.get("hostname"):
         records.append(("hostname", config["hostname"]))
@@ -491,7 +488,7 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
         records.append(("xgates", "on"))
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
-    records += _linux_records(config)
+    records += _linux_records(config, [])
     records += extra or []
     return encode_records(records)
 

@@ -88,7 +88,7 @@ class ContainerState(Record):
     FIELDS = {
         "id": "", "bundle": "", "status": "", "created": "", "annotations": {},
         "rootfs": "", "shim_pid": 0, "shim_start": 0, "creator_pid": 0, "creator_start": 0,
-        "hooks": {}, "vm": None,
+        "hooks": {}, "vm": None, "has_process": True,
     }
     NESTED = {"vm": VmRecord}
 
@@ -105,6 +105,8 @@ class ContainerState(Record):
     # Kept here: poststart/poststop must run even if the bundle has changed or gone.
     hooks: dict[str, Any]
     vm: VmRecord
+    # False for a spec without `process`: created, but start must fail.
+    has_process: bool
 
 
 def oci_state(state: ContainerState) -> dict[str, object]:

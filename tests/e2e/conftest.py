@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -86,6 +87,22 @@ def e2e_env(memory_dir: Path) -> dict[str, str]:
     return dict(os.environ, PARACELL_MEMORY_DIR=str(memory_dir))
 
 
+def client_runtime(base: Path) -> str:
+    """The paracell a client (podman's conmon) runs.  Clients start the
+    runtime with an environment of their own, so a PARACELL_CACHE given to
+    the tests (a checkout's own guest build) is carried by a wrapper named
+    paracell, the name podman knows."""
+    cache = os.environ.get("PARACELL_CACHE")
+    if not cache:
+        return PARACELL
+    wrapper = base / "bin" / "paracell"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    wrapper.write_text(f'#!/bin/sh\nPARACELL_CACHE={shlex.quote(cache)} '
+                       f'exec {shlex.quote(PARACELL)} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
 @dataclass
 class Containerd:
     socket: Path
@@ -152,11 +169,12 @@ def busybox_rootfs_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Podman:
     base: Path
     env: dict[str, str]
+    runtime: str = PARACELL
 
     def __call__(self, *args: str, timeout: float = 180, tty: bool = False,
                  input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
         cmd = ["podman", "--root", str(self.base / "storage"), "--runroot",
-               str(self.base / "run"), "--runtime", PARACELL, "--cgroup-manager", "cgroupfs",
+               str(self.base / "run"), "--runtime", self.runtime, "--cgroup-manager", "cgroupfs",
                "--events-backend", "file", *args]
         if tty:
             cmd = ["script", "-qfec", " ".join(cmd), "/dev/null"]
@@ -177,7 +195,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path
         '[engine]\nruntime_supports_json = ["crun", "runc", "paracell"]\n'
     )
     env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf))
-    daemon = Podman(base, env)
+    daemon = Podman(base, env, client_runtime(base))
     tar_path = base / "rootfs.tar"
     with tarfile.open(tar_path, "w") as tar:
         for path in sorted(busybox_rootfs_module.rglob("*")):

@@ -1,6 +1,6 @@
 /* Runs the guest agent's parsers on the host, for tests/unit/test_agent_parsers.py.
  * It is compiled together with the agent's own spec.c, channel.c, container.c
- * and log.c, so the tests exercise the code that runs in the guest.
+ * log.c and seccomp.c, so the tests exercise the code that runs in the guest.
  *
  *   agent_harness spec < PAYLOAD
  *       "ok" and one "key value" line per parsed field, or "error <text>".
@@ -9,6 +9,9 @@
  *       a pipe that the receive buffer reads from; after each chunk, one line
  *       per whole frame (decoded and consumed), then "buffered N": the bytes
  *       still waiting.
+ *   agent_harness seccomp < PAYLOAD
+ *       A PC_SECCOMP payload through seccomp_stash and seccomp_take:
+ *       "ok FLAGS COUNT FIRST-K LAST-K" or "error <text>".
  *   agent_harness ctr OP...
  *       Runs the container table through OPs (see run_ctr), one output line
  *       each.  A started container's namespaces are the harness's own.
@@ -28,6 +31,7 @@
 #include "channel.h"
 #include "container.h"
 #include "log.h"
+#include "seccomp.h"
 #include "spec.h"
 
 static void put_str(const char *s)
@@ -102,6 +106,9 @@ static int run_spec(void)
         printf("|%lu|", m->flags);
         put_str(m->data);
         putchar('\n');
+        if (m->propagation || m->attr_set || m->attr_clr || m->copyup)
+            printf("mount+ %lu|%llu|%llu|%d\n", m->propagation,
+                   (unsigned long long)m->attr_set, (unsigned long long)m->attr_clr, m->copyup);
     }
     for (int i = 0; i < s.nsysctls; i++) {
         printf("sysctl ");
@@ -114,6 +121,26 @@ static int run_spec(void)
         put_field("path.readonly", s.readonly_paths[i]);
     for (int i = 0; i < s.nmasked_paths; i++)
         put_field("path.masked", s.masked_paths[i]);
+    for (int i = 0; i < s.ndevices; i++) {
+        const struct spec_device *d = &s.devices[i];
+        printf("device ");
+        put_str(d->path);
+        printf("|%c|%u|%u|%o|%u|%u\n", d->type, d->major, d->minor, d->mode, d->uid, d->gid);
+    }
+    if (s.userns)
+        puts("userns 1");
+    for (int i = 0; i < s.nuidmap; i++)
+        printf("uidmap %u %u %u\n", s.uidmap[i].inside, s.uidmap[i].outside, s.uidmap[i].size);
+    for (int i = 0; i < s.ngidmap; i++)
+        printf("gidmap %u %u %u\n", s.gidmap[i].inside, s.gidmap[i].outside, s.gidmap[i].size);
+    if (s.root_propagation)
+        printf("root.propagation %lu\n", s.root_propagation);
+    if (s.has_personality)
+        printf("personality %lu\n", s.personality);
+    if (s.has_ioprio)
+        printf("ioprio %d %d\n", s.ioprio_class, s.ioprio_level);
+    if (s.seccomp)
+        puts("seccomp 1");
     if (s.rootfs)
         put_field("rootfs", s.rootfs);
     static const char *const join_names[SPEC_JOIN_COUNT] = {"ns.ipc", "ns.uts", "ns.pid"};
@@ -121,6 +148,21 @@ static int run_spec(void)
         if (s.join[i])
             put_field(join_names[i], s.join[i]);
     return 0;
+}
+
+static int run_seccomp(void)
+{
+    static unsigned char buf[2 * PC_MAX_PAYLOAD];
+    char err[ERRTEXT_MAX];
+    size_t len = fread(buf, 1, sizeof buf, stdin);
+    if (seccomp_stash(7, buf, len, err, sizeof err) < 0) {
+        put_field("error", err);
+        return 0;
+    }
+    struct seccomp_prog *p = seccomp_take(7);
+    printf("ok %u %u %u %u\n", p->flags, p->count, p->insns[0].k, p->insns[p->count - 1].k);
+    free(p);
+    return seccomp_take(7) ? 1 : 0;
 }
 
 static int unhex(const char *hex, unsigned char **out, size_t *len)
@@ -328,6 +370,8 @@ int main(int argc, char **argv)
         return run_frames();
     if (argc >= 2 && !strcmp(argv[1], "ctr"))
         return run_ctr(argc - 2, argv + 2);
-    fprintf(stderr, "usage: agent_harness spec|frames|ctr ...\n");
+    if (argc >= 2 && !strcmp(argv[1], "seccomp"))
+        return run_seccomp();
+    fprintf(stderr, "usage: agent_harness spec|frames|ctr|seccomp ...\n");
     return 2;
 }

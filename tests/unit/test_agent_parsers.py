@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "guest" / "agent"
 HARNESS_SRC = Path(__file__).with_name("agent_harness.c")
-AGENT_MODULES = ("spec.c", "channel.c", "container.c", "log.c")
+AGENT_MODULES = ("spec.c", "channel.c", "container.c", "log.c", "seccomp.c")
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
@@ -411,7 +411,7 @@ def test_ended_container_refuses_every_spec(harness):
               f"claim:{a}:any", f"claim:{a}:init", f"claim:{a}:exec", "allended",
               f"reported:{a}", f"state:{a}", f"claim:{a}:any", "allended")
     fds_live, fds_gone = (int(x.split()[1]) for x in out[2:5:2])
-    assert fds_live - fds_gone == 4  # the init's pid, mnt, uts and ipc namespaces
+    assert fds_live - fds_gone == 5  # the init's pid, mnt, uts, ipc and user namespaces
     assert out[:2] + [out[3]] + out[5:] == [
         "ok new", "ok", "ok",
         "error container a is not running", "error container a is not running",

@@ -69,7 +69,7 @@ def test_inner_dotdot_that_stays_inside_is_fine(tmp_path):
         (lambda c: c.update(hostname="h" * 65), "longer than 64"),
         (lambda c: c["mounts"].append({"destination": "/x", "type": "nfs"}), "not supported"),
         (lambda c: c["mounts"].append({"destination": "x", "type": "tmpfs"}), "absolute path"),
-        (lambda c: c.update(process=None), "process must be of type dict"),
+        (lambda c: c.update(process="sh"), "process must be of type dict"),
         (lambda c: c["process"].update(args=["a\0b"]), "NUL byte"),
     ],
 )
