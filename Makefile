@@ -11,10 +11,11 @@ STAMP := $(VENV)/.installed
 deps:
 	./scripts/install-deps.sh
 
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h)
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h proto/cri/*.proto)
 	$(MAKE) deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
+	$(VENV)/bin/python -m paracell.cri.generate
 	touch $(STAMP)
 
 venv: deps $(STAMP)

@@ -4,6 +4,9 @@
  * for channel 0 go to the local stdio; other channels belong to exec proxies
  * and control clients that connect to listen_fd.
  * Proxy mode: chan_fd is a connection to the shim; everything is channel 0.
+ * A pod member's proxy also serves control clients (start, kill) on
+ * control_fd: their requests are for its own process, so they go upstream
+ * on channel 0, which the shim maps to the member's channel.
  *
  * Everything the guest sends is hostile: headers are checked before any use,
  * buffers are fixed-size, and queues are bounded with backpressure instead of
@@ -64,6 +67,7 @@ struct client {
 
 struct relay {
     const struct pc_relay_cfg *cfg;
+    int listen_fd;  /* the shim's socket, or a member proxy's control socket, or -1 */
     struct pc_relay_result *res;
     int shim;
     int chan_fd;
@@ -313,6 +317,10 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
     struct client *c = r->clients[idx];
     (void)chan;
     if (c->chan == 0) {
+        if (type == PC_SPEC && !r->shim) {
+            c->closing = 1; /* a member proxy runs one process: its own */
+            return 0;
+        }
         if (type == PC_SPEC) {
             int ch = r->init_exited ? -1 : free_chan(r);
             if (ch < 0) {
@@ -343,7 +351,7 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
 
 static void accept_client(struct relay *r)
 {
-    int fd = accept4(r->cfg->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(r->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return;
     for (int i = 0; i < MAX_CLIENTS; i++) {
         if (r->clients[i]) continue;
@@ -522,8 +530,8 @@ static void run_loop(struct relay *r)
         if (chan_open && all_sinks_have_room(r)) chan_ev |= POLLIN;
         if (sink_pending(&r->to_chan)) chan_ev |= POLLOUT;
         add_pollfd(pfd, P_CHAN, r->chan_fd, chan_ev);
-        add_pollfd(pfd, P_LISTEN, r->cfg->listen_fd,
-                   r->shim && room_to_chan && !r->init_exited ? POLLIN : 0);
+        add_pollfd(pfd, P_LISTEN, r->listen_fd,
+                   r->listen_fd >= 0 && room_to_chan && !r->init_exited ? POLLIN : 0);
         add_pollfd(pfd, P_STDIN, r->in_fd, r->in_open && r->started && room_to_chan ? POLLIN : 0);
         add_pollfd(pfd, P_SIG, r->sig_fd, r->sig_fd >= 0 && room_to_chan ? POLLIN : 0);
         add_pollfd(pfd, P_OUT, r->out.fd,
@@ -617,7 +625,10 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     r->cfg = cfg;
     r->res = res;
     r->shim = cfg->listen_fd >= 0;
-    r->started = !r->shim;  /* a proxy's process was started before its relay */
+    r->listen_fd = r->shim ? cfg->listen_fd : cfg->control_fd;
+    /* An exec proxy's process was started before its relay; a member's
+     * waits for `start`, which arrives on its control socket. */
+    r->started = !r->shim && cfg->control_fd < 0;
     r->chan_fd = cfg->chan_fd;
     for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) r->chan_owner[ch] = -1;
     r->chan_in.buf = malloc(INBUF_CAP);

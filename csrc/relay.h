@@ -14,6 +14,7 @@
 struct pc_relay_cfg {
     int chan_fd;    /* guest port (shim mode) or shim socket (proxy mode) */
     int listen_fd;  /* shim mode: exec/control socket; -1 in proxy mode */
+    int control_fd; /* proxy mode: a pod member's start/kill socket; -1 for none */
     int in_fd;      /* process stdin source, -1 for none */
     int out_fd;     /* process stdout sink, -1 to discard */
     int err_fd;     /* process stderr sink, -1 to discard */

@@ -300,6 +300,15 @@ def xgate_vet(as_json: bool, paths: tuple[str, ...]) -> None:
     sys.exit(report.exit_status(found))
 
 
+def _register_cri() -> None:
+    from paracell.cri.cli import cri
+
+    main.add_command(cri)
+
+
+_register_cri()
+
+
 @main.group()
 def guest() -> None:
     """Build the guest kernel, agent and initramfs."""
@@ -317,6 +326,18 @@ def guest_build() -> None:
 @main.group()
 def bench() -> None:
     """Benchmarks: ratios against baselines measured in the same run."""
+
+
+@bench.command("pod")
+@click.option("--rounds", default=3, show_default=True)
+@click.option("--output", "-o", default="bench-results/pod.json")
+def bench_pod(rounds: int, output: str) -> None:
+    """Idle pods of 1 and 3 containers: one VM per pod vs a VM per container."""
+    from paracell.bench import pod as bench_pod_mod
+
+    if not 1 <= rounds <= 50:
+        raise ParacellError(f"--rounds {rounds} is outside 1..50")
+    click.echo(bench_pod_mod.run(_ctx(), rounds, output))
 
 
 @bench.command("start")

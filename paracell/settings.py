@@ -11,13 +11,22 @@ if TYPE_CHECKING:
 DEFAULT_ROOT = "/run/paracell"
 
 
+SYSTEM_CACHE = "/var/lib/paracell/guest"
+
+
 def cache_dir() -> Path:
-    """Guest artifacts live outside the repo, keyed by content, shared by checkouts."""
+    """Guest artifacts live outside the repo, keyed by content, shared by checkouts.
+
+    For root the default is a system path: containerd's CRI plugin starts
+    runtimes with an environment stripped to PATH, HOME and LANG, and HOME
+    need not be root's, so nothing here may depend on it."""
     from pathlib import Path
 
     override = os.environ.get("PARACELL_CACHE")
     if override:
         return Path(override)
+    if os.geteuid() == 0:
+        return Path(SYSTEM_CACHE)
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg) if xdg else Path.home() / ".cache"
     return base / "paracell"
@@ -77,12 +86,23 @@ def memory_manager_override() -> str | None:
 
 
 def guest_memory_mib() -> int:
+    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
+    return _memory_mib(raw)
+
+
+def pod_memory_mib() -> int:
+    """A pod VM holds every container of the pod; with the Pager, RAM the pod
+    does not touch costs the host nothing, so the default is generous."""
+    raw = os.environ.get("PARACELL_POD_MEMORY_MIB") or file_config().get("pod_memory_mib", 512)
+    return _memory_mib(raw)
+
+
+def _memory_mib(raw: object) -> int:
     from paracell.errors import ParacellError
 
-    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
     try:
         value = int(raw)  # type: ignore[arg-type]
-    except ValueError:
+    except (TypeError, ValueError):
         raise ParacellError(f"guest memory must be a number of MiB, not {raw!r}") from None
     if not 64 <= value <= 65536:
         raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")

@@ -13,5 +13,9 @@
 #define PC_ROOTFS_DIR "/rootfs"
 #define PC_HOSTSHARE_TAG "hostshare"
 #define PC_HOSTSHARE_DIR "/hostshare"
+/* A pod VM's share: one directory per member container, holding its rootfs
+ * and its bind sources (docs/pods.md). */
+#define PC_PODSHARE_TAG "podshare"
+#define PC_PODSHARE_DIR "/pod"
 
 #endif

@@ -464,9 +464,14 @@ static void setup_rootfs(const struct spec *s)
     /* Nothing done below may leak back into the agent's mount namespace. */
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
         die("make / private: %s", strerror(errno));
-    int rootfd = open(PC_ROOTFS_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    const char *root = s->rootfs ? s->rootfs : PC_ROOTFS_DIR;
+    /* A pod member's root is a directory of the pod share; pivot_root needs
+     * a mount point, and a private one, so it is bound onto itself. */
+    if (s->rootfs && mount(root, root, NULL, MS_BIND | MS_REC, NULL) < 0)
+        die("bind %s: %s", root, strerror(errno));
+    int rootfd = open(root, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (rootfd < 0)
-        die("open %s: %s", PC_ROOTFS_DIR, strerror(errno));
+        die("open %s: %s", root, strerror(errno));
 
     for (int i = 0; i < s->nmounts; i++) {
         apply_mount(rootfd, &s->mounts[i]);
@@ -498,9 +503,9 @@ static void setup_rootfs(const struct spec *s)
     /* pivot_root(".", ".") stacks the old root on the new one; detaching it
      * leaves no path back to the agent's filesystem (unlike chroot). */
     int oldroot = open("/", O_DIRECTORY | O_RDONLY | O_CLOEXEC);
-    int fd = open(PC_ROOTFS_DIR, O_DIRECTORY | O_RDONLY | O_CLOEXEC);
+    int fd = open(root, O_DIRECTORY | O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (oldroot < 0 || fd < 0 || fchdir(fd) < 0)
-        die("chdir %s: %s", PC_ROOTFS_DIR, strerror(errno));
+        die("chdir %s: %s", root, strerror(errno));
     if (syscall(SYS_pivot_root, ".", ".") < 0)
         die("pivot_root: %s", strerror(errno));
     /* As runc: "." must be the old root here, or MS_REC would turn the
@@ -744,8 +749,14 @@ void child_main(const struct child_ctx *c)
         die("open /proc/self: %s", strerror(errno));
 
     if (c->is_init) {
-        if (unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC) < 0)
+        int flags = CLONE_NEWNS | (c->ns_uts < 0 ? CLONE_NEWUTS : 0) |
+                    (c->ns_ipc < 0 ? CLONE_NEWIPC : 0);
+        if (unshare(flags) < 0)
             die("unshare namespaces: %s", strerror(errno));
+        /* A pod member shares these with the pod's sandbox, as CRI asks. */
+        if ((c->ns_uts >= 0 && setns(c->ns_uts, CLONE_NEWUTS) < 0) ||
+            (c->ns_ipc >= 0 && setns(c->ns_ipc, CLONE_NEWIPC) < 0))
+            die("join the pod's namespaces: %s", strerror(errno));
     } else {
         int fallback = c->tty ? open_agent_ptmx() : -1;
         /* Joining the mount namespace also moves root and cwd to its root,

@@ -14,7 +14,8 @@ struct child_ctx {
     int status_fd;    /* CLOEXEC seqpacket socket to the agent: "O" (with the
                        * pty master when tty) or "E<text>", at most ERRTEXT_MAX */
     int start_fd;     /* pipe from the agent: one byte means START */
-    int ns_mnt, ns_uts, ns_ipc; /* exec only: the container's namespaces */
+    int ns_mnt, ns_uts, ns_ipc; /* exec: the container's namespaces; init of a pod
+                                 * member: -1, or the uts/ipc namespace it joins */
     int ns_user;      /* exec only: the container's user namespace, or -1 */
     const struct seccomp_prog *seccomp; /* the container's filter, or NULL */
     int xgates;       /* switch XGates on (guest/xgate/) before execve */

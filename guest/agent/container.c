@@ -101,6 +101,12 @@ int ctr_started(struct ctr *c, pid_t init_pid)
     return 0;
 }
 
+const struct ctr *ctr_find_live(const char *id)
+{
+    const struct ctr *c = find(id);
+    return c && c->state == CTR_LIVE ? c : NULL;
+}
+
 void ctr_abandon(struct ctr *c)
 {
     close_ns(c);

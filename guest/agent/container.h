@@ -44,6 +44,8 @@ int ctr_claim(const char *id, enum spec_role role, struct ctr **out, char *err, 
  * namespaces cannot be opened (the slot stays CTR_NEW). */
 int ctr_started(struct ctr *c, pid_t init_pid);
 void ctr_abandon(struct ctr *c);
+/* The CTR_LIVE container named id, whose namespaces a pod member may join; or NULL. */
+const struct ctr *ctr_find_live(const char *id);
 /* A process slot starts or stops pointing at c. */
 void ctr_hold(struct ctr *c);
 void ctr_release(struct ctr *c);

@@ -184,9 +184,27 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
         goto fail;
     }
 
+    /* A pod member's init joins the namespaces of the containers its SPEC
+     * names; each must be running now, and stays held by that container. */
+    int join_ns[SPEC_JOIN_COUNT] = {-1, -1, -1};
+    static const enum ctr_ns join_kind[SPEC_JOIN_COUNT] = {CTR_NS_IPC, CTR_NS_UTS, CTR_NS_PID};
+    static const char *const join_name[SPEC_JOIN_COUNT] = {"ipc", "uts", "pid"};
+    for (int i = 0; is_init && i < SPEC_JOIN_COUNT; i++) {
+        if (!s->join[i])
+            continue;
+        const struct ctr *target = ctr_find_live(s->join[i]);
+        if (!target) {
+            snprintf(err, errlen, "container %s, whose %s namespace this one joins, is not running",
+                     s->join[i], join_name[i]);
+            goto fail;
+        }
+        join_ns[i] = target->ns[join_kind[i]];
+    }
+
     /* Both calls only change the pid namespace of the agent's next child;
      * the agent itself stays where it is and switches back right after. */
-    if ((is_init ? unshare(CLONE_NEWPID) : setns(c->ns[CTR_NS_PID], CLONE_NEWPID)) < 0) {
+    int pidns = is_init ? join_ns[SPEC_JOIN_PID] : c->ns[CTR_NS_PID];
+    if ((pidns < 0 ? unshare(CLONE_NEWPID) : setns(pidns, CLONE_NEWPID)) < 0) {
         snprintf(err, errlen, "%s pid namespace: %s", is_init ? "create" : "join", strerror(errno));
         goto fail;
     }
@@ -195,7 +213,9 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
         struct child_ctx cc = {
             .spec = s, .is_init = is_init, .stdio = {theirs[0], theirs[1], theirs[2]},
             .tty = s->terminal, .status_fd = st[1], .start_fd = go[0],
-            .ns_mnt = c->ns[CTR_NS_MNT], .ns_uts = c->ns[CTR_NS_UTS], .ns_ipc = c->ns[CTR_NS_IPC],
+            .ns_mnt = c->ns[CTR_NS_MNT],
+            .ns_uts = is_init ? join_ns[SPEC_JOIN_UTS] : c->ns[CTR_NS_UTS],
+            .ns_ipc = is_init ? join_ns[SPEC_JOIN_IPC] : c->ns[CTR_NS_IPC],
             .xgates = is_init ? s->xgates : c->xgates,
             .ns_user = !is_init && c->userns ? c->ns[CTR_NS_USER] : -1,
             .seccomp = c->seccomp,

@@ -7,6 +7,8 @@
 #define _GNU_SOURCE
 #include "spec.h"
 
+#include "vm_proto.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -224,6 +226,24 @@ static int path_ok(const char *v)
     return v[0] == '/' && strlen(v) <= PC_SPEC_MAX_PATH_LEN;
 }
 
+/* A pod member's root: a directory under the pod share, named without "."
+ * or ".." parts, so that it cannot lead out of the share. */
+static int pod_path_ok(const char *v)
+{
+    size_t n = strlen(PC_PODSHARE_DIR);
+    if (strncmp(v, PC_PODSHARE_DIR "/", n + 1) || strlen(v) > PC_SPEC_MAX_PATH_LEN)
+        return 0;
+    for (const char *part = v + n + 1; *part;) {
+        size_t len = strcspn(part, "/");
+        if (!len || (len == 1 && part[0] == '.') || (len == 2 && !strncmp(part, "..", 2)))
+            return 0;
+        part += len;
+        if (*part)
+            part++;
+    }
+    return v[strlen(v) - 1] != '/';
+}
+
 /* The id is only compared and quoted in one-line messages, never used as a
  * path, but '/' is kept out so that it could be one. */
 static int container_id_ok(const char *id)
@@ -240,8 +260,11 @@ static int container_id_ok(const char *id)
 enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
     ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_OOM,
-    ONCE_USERNS, ONCE_ROOTPROP, ONCE_PERSONALITY, ONCE_IOPRIO, ONCE_SECCOMP, ONCE_CAP0,
+    ONCE_USERNS, ONCE_ROOTPROP, ONCE_PERSONALITY, ONCE_IOPRIO, ONCE_SECCOMP, ONCE_ROOTFS,
+    ONCE_JOIN0, ONCE_CAP0 = ONCE_JOIN0 + SPEC_JOIN_COUNT,
 };
+
+static const char *const join_keys[SPEC_JOIN_COUNT] = {"ns.ipc", "ns.uts", "ns.pid"};
 
 static const char *const cap_keys[SC_COUNT] = {
     "cap.bounding", "cap.effective", "cap.permitted", "cap.inheritable", "cap.ambient",
@@ -382,6 +405,23 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             s->xgates = 1;
             init_key = init_key ? init_key : "xgates";
+        } else if (!strcmp(key, "rootfs")) {
+            ONCE(ONCE_ROOTFS);
+            if (!pod_path_ok(val))
+                BAD();
+            s->rootfs = val;
+            init_key = init_key ? init_key : "rootfs";
+        } else if (!strncmp(key, "ns.", 3)) {
+            int i;
+            for (i = 0; i < SPEC_JOIN_COUNT && strcmp(key, join_keys[i]); i++)
+                ;
+            if (i == SPEC_JOIN_COUNT)
+                return fail(err, errlen, "unknown key %.40s", key);
+            ONCE(ONCE_JOIN0 + i);
+            if (!container_id_ok(val))
+                BAD();
+            s->join[i] = val;
+            init_key = init_key ? init_key : key;
         } else if (!strcmp(key, "mount")) {
             if (s->nmounts >= PC_SPEC_MAX_MOUNTS)
                 return fail(err, errlen, "more than %d mounts", PC_SPEC_MAX_MOUNTS);

@@ -15,6 +15,8 @@ enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_A
  * join it (an exec), or whichever its existence decides. */
 enum spec_role { SPEC_ROLE_ANY, SPEC_ROLE_INIT, SPEC_ROLE_EXEC };
 
+enum spec_join { SPEC_JOIN_IPC, SPEC_JOIN_UTS, SPEC_JOIN_PID, SPEC_JOIN_COUNT };
+
 struct spec_mount {
     const char *dest, *type, *source, *data;
     unsigned long flags;
@@ -100,6 +102,11 @@ struct spec {
     int seccomp; /* seccomp=1: a PC_SECCOMP frame came just before, on this channel */
     /* net.if, net.addr, net.route: the VM's interfaces (netspec.h). */
     struct net_spec net;
+    /* A pod member's root, under PC_PODSHARE_DIR; NULL: the VM's rootfs share. */
+    const char *rootfs;
+    /* Pod members: the containers whose namespaces the init joins instead
+     * of creating its own (NULL: a new one). */
+    const char *join[SPEC_JOIN_COUNT];
 };
 
 /* Parses in place (buf is modified and must outlive *s). 0, or -1 with err

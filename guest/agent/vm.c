@@ -96,6 +96,7 @@ void vm_boot(void)
     mount_fs("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620");
     mkdir(PC_ROOTFS_DIR, 0755);
     mkdir(PC_HOSTSHARE_DIR, 0755);
+    mkdir(PC_PODSHARE_DIR, 0755);
     caps_init();
     /* PID 1 gets no default signal actions anyway; EPIPE is what we want. */
     signal(SIGPIPE, SIG_IGN);
@@ -176,23 +177,30 @@ static int mount_share(const char *tag, const char *dir, int *mounted, char *err
     return 0;
 }
 
-static int uses_hostshare(const struct spec *s)
+static int under(const char *path, const char *dir)
 {
-    size_t n = strlen(PC_HOSTSHARE_DIR);
+    size_t n = strlen(dir);
+    return !strncmp(path, dir, n) && (path[n] == '/' || !path[n]);
+}
+
+static int uses_share(const struct spec *s, const char *dir)
+{
     for (int i = 0; i < s->nmounts; i++)
-        if (!strncmp(s->mounts[i].source, PC_HOSTSHARE_DIR, n) &&
-            (s->mounts[i].source[n] == '/' || !s->mounts[i].source[n]))
+        if (under(s->mounts[i].source, dir))
             return 1;
     return 0;
 }
 
 int vm_mount_shares(const struct spec *s, char *err, size_t errlen)
 {
-    static int rootfs_mounted, hostshare_mounted;
+    static int rootfs_mounted, hostshare_mounted, podshare_mounted;
     if (mount_share(PC_ROOTFS_TAG, PC_ROOTFS_DIR, &rootfs_mounted, err, errlen) < 0)
         return -1;
-    if (uses_hostshare(s) &&
+    if (uses_share(s, PC_HOSTSHARE_DIR) &&
         mount_share(PC_HOSTSHARE_TAG, PC_HOSTSHARE_DIR, &hostshare_mounted, err, errlen) < 0)
+        return -1;
+    if ((s->rootfs || uses_share(s, PC_PODSHARE_DIR)) &&
+        mount_share(PC_PODSHARE_TAG, PC_PODSHARE_DIR, &podshare_mounted, err, errlen) < 0)
         return -1;
     return 0;
 }

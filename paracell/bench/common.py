@@ -21,12 +21,12 @@ def time_call(fn: Callable[[], object]) -> float:
     return time.perf_counter() - began
 
 
-def summarize(samples: list[float]) -> dict[str, float]:
+def summarize(samples: list[float], unit: str = "s") -> dict[str, float]:
     ordered = sorted(samples)
     return {
-        "median_s": statistics.median(ordered),
-        "min_s": ordered[0],
-        "max_s": ordered[-1],
+        f"median_{unit}": statistics.median(ordered),
+        f"min_{unit}": ordered[0],
+        f"max_{unit}": ordered[-1],
         "runs": len(ordered),
     }
 

@@ -130,8 +130,11 @@ def exec_process(
         state = store.load(container_id)
         status.transition("exec", state.status, container_id)
     state_dir = store.dir(container_id)
-    body = _proxy_body(state_dir / CONTROL_SOCKET, launch, terminal, console_socket,
-                       state_dir / EXECS_DIR)
+    from paracell.runtime import pod
+
+    # A pod member's processes run in its pod's VM: its pod's shim starts them.
+    shim_socket = pod.sandbox_socket(store, state) or state_dir / CONTROL_SOCKET
+    body = _proxy_body(shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)
     spawned = spawn.spawn(body, detach, ctx.log.background_error)
     spawned.abandon()
     if spawned.ready.error:

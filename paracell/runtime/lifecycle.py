@@ -78,7 +78,7 @@ def create(
     from paracell import settings
     from paracell.guest import artifacts
     from paracell.net import netns
-    from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan, xgates
+    from paracell.runtime import hooks, memorymanager, pod, shim, spawn, spec, vmplan, xgates
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -86,13 +86,18 @@ def create(
     check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
+    pod_role = pod.role(bundle.annotations, container_id)
+    if pod_role.kind == "member":
+        return pod.create_member(ctx, container_id, bundle, pod_role.sandbox_id, pid_file,
+                                 console_socket, detach)
     xgates_plan = xgates.plan(bundle.annotations)
     launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled)
     process = bundle.config.get("process")
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    memory_mib = settings.guest_memory_mib()
+    memory_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
+                  if pod_role.kind == "sandbox" else settings.guest_memory_mib())
     memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
                                        bundle.annotations, memory_mib)
     choice, facts, qemu = _choose_engine(ctx)
@@ -114,7 +119,8 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=1, network=network)
+                                    memory_mib, memory_plan, vcpus=1, network=network,
+                                    pod_share=pod_role.kind == "sandbox")
     state.vm = VmRecord(devices=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.

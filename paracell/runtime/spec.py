@@ -76,6 +76,9 @@ class Bundle:
     annotations: dict[str, str]
     host_binds: list[HostBind] = field(default_factory=list)
     mount_points: list[MountPoint] = field(default_factory=list)
+    # Where bind sources from outside the rootfs appear in the guest: the VM's
+    # hostshare, or a pod member's directory of the pod share (runtime/pod.py).
+    bind_prefix: str = GUEST_HOSTSHARE
     # What runc would apply but the guest cannot, logged by create.
     warnings: list[str] = field(default_factory=list)
     # linux.seccomp compiled: the PC_SECCOMP payload sent before the init's SPEC.
@@ -447,7 +450,7 @@ def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> str:
     bundle.mount_points.append(MountPoint(dest, directory))
     slot = str(len(bundle.host_binds))
     bundle.host_binds.append(HostBind(real, slot))
-    return f"{GUEST_HOSTSHARE}/{slot}"
+    return f"{bundle.bind_prefix}/{slot}"
 
 
 def prepare_rootfs(bundle: Bundle) -> None:
@@ -470,10 +473,12 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
     return bytes(out)
 
 
-def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False) -> bytes:
+def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
+                     extra: list[tuple[str, str]] | None = None) -> bytes:
     """Records for the container's init: its process plus the container-wide keys.
     The first spec that names a container makes it; its process is the init.
-    `xgates=on` switches XGates on for every process of the container."""
+    `xgates=on` switches XGates on for every process of the container; `extra`
+    are a pod member's records (runtime/pod.py)."""
     config = bundle.config
     bundle.host_binds.clear()
     bundle.mount_points.clear()
@@ -489,6 +494,7 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False) ->
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
     records += _linux_records(config, [])
+    records += extra or []
     return encode_records(records)
 
 

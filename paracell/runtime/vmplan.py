@@ -13,11 +13,13 @@ from paracell.vmm import devices
 from paracell.vmm.builder import Machine, VmBuilder
 
 SHARE_DIR = "share"
+POD_SHARE_DIR = "pod"
 
 
 def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
                  memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int,
-                 network: NetworkPlan | None = None) -> tuple[VmBuilder, devices.AgentPort]:
+                 network: NetworkPlan | None = None, pod_share: bool = False
+                 ) -> tuple[VmBuilder, devices.AgentPort]:
     from paracell.vmm import hostclock
 
     tsc_khz = hostclock.tsc_khz() if engine == "tcg" else 0
@@ -36,6 +38,8 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
     if bundle.host_binds:
         vm.attach(devices.HostShare(state_dir / SHARE_DIR,
                                     [(b.source, b.slot) for b in bundle.host_binds]))
+    if pod_share:
+        vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR))
     vm.attach(devices.QmpSocket(state_dir / "qmp.sock"))
     if network is not None and network.mode in (JOIN, NEW):
         vm.attach(devices.NetworkInterfaces(state_dir, network.path))

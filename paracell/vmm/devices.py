@@ -113,14 +113,18 @@ class Share(Device):
 
     kind = "9p-share"
 
-    def __init__(self, tag: str, path: Path, readonly: bool) -> None:
-        self.tag, self.path, self.readonly = tag, path, readonly
+    def __init__(self, tag: str, path: Path, readonly: bool, multidevs: bool = False) -> None:
+        self.tag, self.path, self.readonly, self.multidevs = tag, path, readonly, multidevs
 
     def qemu_args(self) -> list[str]:
         # passthrough keeps the container's uids/modes on the host files, as runc would.
         opts = f"local,id={self.tag},path={self.path},security_model=passthrough"
         if self.readonly:
             opts += ",readonly=on"
+        if self.multidevs:
+            # Several host filesystems under one share: remap inode numbers
+            # so that two files never share one in the guest.
+            opts += ",multidevs=remap"
         return ["-fsdev", opts,
                 "-device", f"virtio-9p-device,fsdev={self.tag},mount_tag={self.tag}"]
 
@@ -149,6 +153,39 @@ class HostShare(Share):
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:
         hostshare.unmount_binds(Path(facts["dir"]))
+
+
+@device_kind
+class PodShare(Share):
+    """A pod VM's share: each member container's rootfs and bind sources are
+    bound into a directory of it while the VM runs (paracell/runtime/pod.py)."""
+
+    kind = "pod-share"
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(wire.text("PC_PODSHARE_TAG"), directory, readonly=False, multidevs=True)
+
+    def facts(self) -> dict[str, Any]:
+        return {"dir": str(self.path)}
+
+    def prepare(self) -> None:
+        self.path.mkdir(mode=0o700, exist_ok=True)
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        hostshare.remove_tree(Path(facts["dir"]))
+
+
+@device_kind
+class PodMemberDir(Device):
+    """Not attached to a VM: a member's directory in its pod's share, recorded
+    in the member's state so that `delete` unbinds it even after a crash."""
+
+    kind = "pod-member"
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        hostshare.remove_tree(Path(facts["dir"]))
 
 
 @device_kind

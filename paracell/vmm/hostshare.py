@@ -61,3 +61,28 @@ def unmount_binds(share: Path) -> None:
         else:
             slot.unlink()
     share.rmdir()
+
+
+def remove_tree(directory: Path) -> None:
+    """Unmounts everything under directory, then removes what is left with
+    rmdir and unlink only: a mount that would not go leaves its directory
+    non-empty, and nothing behind it is ever deleted. Idempotent."""
+    if not directory.is_dir() or directory.is_symlink():
+        return
+    libc = _libc()
+    for point in sorted(_mounts_under(directory), reverse=True):
+        libc.umount2(point.encode(), MNT_DETACH)
+    left = _mounts_under(directory)
+    if left:
+        # What is below a mount is somebody's data: never walk into it.
+        raise ParacellError(f"cannot unmount {left[0]}: {directory} is left in place")
+    for top, dirs, files in os.walk(directory, topdown=False):
+        for name in files:
+            os.unlink(os.path.join(top, name))
+        for name in dirs:
+            path = os.path.join(top, name)
+            if os.path.islink(path):
+                os.unlink(path)
+            else:
+                os.rmdir(path)
+    directory.rmdir()

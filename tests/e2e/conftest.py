@@ -37,7 +37,8 @@ def _blob(blobs: Path, data: bytes) -> dict[str, object]:
     return {"digest": f"sha256:{digest}", "size": len(data)}
 
 
-def oci_image_tar(rootfs: Path, out: Path) -> Path:
+def oci_image_tar(rootfs: Path, out: Path, name: str = IMAGE,
+                  cmd: tuple[str, ...] = ("/bin/sh",)) -> Path:
     """An OCI image layout, tarred, as `ctr images import` takes it."""
     layout = out.with_suffix(".d")
     blobs = layout / "blobs" / "sha256"
@@ -46,7 +47,7 @@ def oci_image_tar(rootfs: Path, out: Path) -> Path:
     layer_desc = _blob(blobs, gzip.compress(layer, mtime=0))
     config = {
         "architecture": "amd64", "os": "linux",
-        "config": {"Cmd": ["/bin/sh"], "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
+        "config": {"Cmd": list(cmd), "Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(layer).hexdigest()}"]},
     }
     config_desc = _blob(blobs, json.dumps(config).encode())
@@ -62,7 +63,7 @@ def oci_image_tar(rootfs: Path, out: Path) -> Path:
         "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
             "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {"io.containerd.image.name": IMAGE,
+            "annotations": {"io.containerd.image.name": name,
                             "org.opencontainers.image.ref.name": "latest"},
         }],
     }

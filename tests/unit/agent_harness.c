@@ -141,6 +141,12 @@ static int run_spec(void)
         printf("ioprio %d %d\n", s.ioprio_class, s.ioprio_level);
     if (s.seccomp)
         puts("seccomp 1");
+    if (s.rootfs)
+        put_field("rootfs", s.rootfs);
+    static const char *const join_names[SPEC_JOIN_COUNT] = {"ns.ipc", "ns.uts", "ns.pid"};
+    for (int i = 0; i < SPEC_JOIN_COUNT; i++)
+        if (s.join[i])
+            put_field(join_names[i], s.join[i]);
     return 0;
 }
 

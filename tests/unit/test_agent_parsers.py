@@ -505,3 +505,37 @@ def test_agent_has_one_copy_of_each_helper():
     assert not any(re.search(r"#define\s+(ROOTFS|HOSTSHARE|PORT_NAME)\b", t)
                    for t in text.values())
     assert sum("cap_last_cap" in t for t in text.values()) <= 1
+
+
+# ---- pod members (docs/pods.md) ----
+
+def test_a_pod_members_root_and_joins_make_an_init(harness):
+    parsed = parse(harness, recs(*BASE, ("rootfs", "/pod/0123abcd/rootfs"), ("ns.ipc", "sb"),
+                                 ("ns.uts", "sb"), ("ns.pid", "other-member")))
+    assert fields(parsed, "role") == ["init"]
+    assert fields(parsed, "rootfs") == ["/pod/0123abcd/rootfs"]
+    assert (fields(parsed, "ns.ipc"), fields(parsed, "ns.uts"), fields(parsed, "ns.pid")) == \
+        (["sb"], ["sb"], ["other-member"])
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rootfs", ""), ("rootfs", "/pod"), ("rootfs", "/pod/"), ("rootfs", "/rootfs"),
+    ("rootfs", "/podx/a"), ("rootfs", "pod/a"), ("rootfs", "/pod/../etc"), ("rootfs", "/pod/a/.."),
+    ("rootfs", "/pod/./a"), ("rootfs", "/pod//a"), ("rootfs", "/pod/a/"),
+    ("rootfs", "/pod/" + "a" * 4091),
+    ("ns.ipc", ""), ("ns.uts", "a/b"), ("ns.pid", "x" * 256), ("ns.pid", "a\x01"),
+])
+def test_bad_pod_member_values(harness, key, value):
+    assert parse(harness, recs(*BASE, (key, value))) == f"spec: bad value for {key}"
+
+
+@pytest.mark.parametrize("key", ["ns.net", "ns.", "ns.mnt"])
+def test_only_ipc_uts_and_pid_can_be_joined(harness, key):
+    assert parse(harness, recs(*BASE, (key, "sb"))) == f"spec: unknown key {key}"
+
+
+@pytest.mark.parametrize("key, value", [("rootfs", "/pod/a/rootfs"), ("ns.ipc", "sb")])
+def test_pod_member_keys_are_once_and_init_only(harness, key, value):
+    assert parse(harness, recs(*BASE, (key, value), (key, value))) == f"spec: duplicate key {key}"
+    assert (parse(harness, recs(*BASE, ("role", "exec"), (key, value)))
+            == f"spec: {key} is for a container's init, not for role=exec")

@@ -39,6 +39,7 @@ def relay(guest_bytes: bytes, tmp_path, close_guest: bool = True):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), listener.fileno()
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, out_w, -1, -1, -1
+    cfg.control_fd = -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
     lib.pc_relay(cfg, res)
@@ -104,6 +105,7 @@ def test_exit_wins_over_a_shim_that_hangs_up_right_after(tmp_path):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = in_fd, -1, -1, -1, -1
+    cfg.control_fd = -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
 
@@ -129,6 +131,7 @@ def test_a_failed_vm_service_ends_the_relay_at_once(tmp_path):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, abort
+    cfg.control_fd = -1
     res = ffi.new("struct pc_relay_result *")
     lib.pc_relay(cfg, res)
     for fd in (ours, guest):

@@ -1,0 +1,170 @@
+"""`paracell bench pod`: idle pods of 0, 1 and 3 containers, one VM per pod
+against a VM per container (the pause container included, as ParaCell ran
+pods before pod VMs), interleaved round by round.
+
+Each pod is made with the runtime's own CLI, in the order containerd's CRI
+plugin uses: the sandbox (annotated as CRI annotates it), then each member
+created and started. Figures per pod: the time from the sandbox's create to
+the last member running, and the host memory of every process the pod
+holds (shims, member proxies, QEMUs) as PSS, once the pod has sat idle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from paracell.bench import common
+from paracell.runtime import pod
+from paracell.runtime.lifecycle import Context
+
+# 0: the sandbox alone, an idle pod VM: what a RuntimeClass's podFixed covers.
+SIZES = (0, 1, 3)
+MODES = ("pod_vm", "vm_per_container")
+IDLE_S = 2.0
+# A pod VM must cost at most this share of the VMs it replaces, for 3 containers.
+GOAL_MEMORY_RATIO_3 = 0.5
+GOAL_TIME_RATIO_3 = 1.0
+
+
+def _bundle(name: str, annotations: dict[str, str]) -> Path:
+    directory = common.example_bundle(name, ["sleep", "1000000"])
+    config = json.loads((directory / "config.json").read_text())
+    config["annotations"] = annotations
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def _create(cmd: list[str]) -> None:
+    """The container's stdio is /dev/null: the shim keeps what it is given
+    open for the container's life, so a pipe here would never see EOF."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=err)
+        if done.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)}: {err.read().decode(errors='replace')[-300:]}")
+
+
+def _pss_of_tree(pids: list[int]) -> int:
+    import psutil
+
+    seen: set[int] = set()
+    total = 0
+    for pid in pids:
+        try:
+            top = psutil.Process(pid)
+            family = [top, *top.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in family:
+            if proc.pid in seen:
+                continue
+            seen.add(proc.pid)
+            try:
+                total += proc.memory_full_info().pss
+            except psutil.Error:
+                pass
+    return total
+
+
+def _one_pod(paracell: list[str], mode: str, size: int, tag: str) -> dict[str, float]:
+    sandbox_id = f"{tag}-sandbox"
+    members = [f"{tag}-c{i}" for i in range(size)]
+    pod_vm = mode == "pod_vm"
+    sandbox_notes = {pod.CONTAINER_TYPE: "sandbox"} if pod_vm else {}
+    member_notes = ({pod.CONTAINER_TYPE: "container", pod.SANDBOX_ID: sandbox_id}
+                    if pod_vm else {})
+    bundles = {sandbox_id: _bundle("pod-sandbox" if pod_vm else "pod-plain", sandbox_notes)}
+    member_bundle = _bundle("pod-member" if pod_vm else "pod-plain", member_notes)
+    bundles.update(dict.fromkeys(members, member_bundle))
+    began = time.monotonic()
+    try:
+        for cid, bundle in bundles.items():
+            _create([*paracell, "create", "--bundle", str(bundle), cid])
+            common.run_checked([*paracell, "start", cid])
+        ready_s = time.monotonic() - began
+        time.sleep(IDLE_S)
+        pids = []
+        for cid in bundles:
+            state = json.loads(common.run_checked([*paracell, "state", cid]).stdout)
+            pids.append(int(state["pid"]))
+        return {"ready_s": ready_s, "host_mib": _pss_of_tree(pids) / (1 << 20)}
+    finally:
+        for cid in [*members, sandbox_id]:
+            subprocess.run([*paracell, "delete", "--force", cid], capture_output=True)
+
+
+def goals(results: dict[str, Any]) -> list[tuple[str, bool]]:
+    pod3, plain3 = results["pod_vm"]["3"], results["vm_per_container"]["3"]
+    memory_ratio = pod3["host_mib"]["median_mib"] / plain3["host_mib"]["median_mib"]
+    time_ratio = pod3["ready_s"]["median_s"] / plain3["ready_s"]["median_s"]
+    return [
+        (f"3-container pod: host memory {memory_ratio:.2f}x of a VM per container "
+         f"(goal <= {GOAL_MEMORY_RATIO_3})", memory_ratio <= GOAL_MEMORY_RATIO_3),
+        (f"3-container pod: time to the last container running {time_ratio:.2f}x "
+         f"(goal <= {GOAL_TIME_RATIO_3})", time_ratio <= GOAL_TIME_RATIO_3),
+    ]
+
+
+def run(ctx: Context, rounds: int, output: str) -> str:
+    paracell = [common.paracell_executable(), "--root", common.state_root(), "--engine",
+                ctx.engine]
+    samples: dict[str, dict[str, dict[str, list[float]]]] = {
+        mode: {str(n): {"ready_s": [], "host_mib": []} for n in SIZES} for mode in MODES}
+    for r in range(rounds):
+        # Rotate which mode goes first, so that neither always meets a cold cache.
+        order = MODES if r % 2 == 0 else tuple(reversed(MODES))
+        for size in SIZES:
+            for mode in order:
+                figures = _one_pod(paracell, mode, size, f"bench-pod-{os.getpid()}-{r}-{size}")
+                for key, value in figures.items():
+                    samples[mode][str(size)][key].append(value)
+    results = {mode: {n: {k: common.summarize(v, "mib" if k == "host_mib" else "s")
+                          for k, v in by.items()}
+                      for n, by in per.items()} for mode, per in samples.items()}
+    met = goals(results)
+    result = {"benchmark": "idle pods of 1 and 3 containers", "rounds": rounds,
+              "engine": ctx.engine, "results": results,
+              "goals": [{"goal": text, "met": ok} for text, ok in met]}
+    path = common.write_result(output, result)
+    _plot(results, path.with_suffix(".png"))
+    lines = []
+    for size in SIZES:
+        for mode in MODES:
+            fig = results[mode][str(size)]
+            mib, ready = fig["host_mib"]["median_mib"], fig["ready_s"]["median_s"]
+            lines.append(f"{size} container(s), {mode}: host {mib:.1f} MiB, "
+                         f"last running after {ready:.2f} s")
+    lines += [f"{text}: {'met' if ok else 'NOT met'}" for text, ok in met]
+    return "\n".join([*lines, f"-> {path}"])
+
+
+def _plot(results: dict[str, Any], output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    width = 0.38
+    for ax, key, unit in ((axes[0], "host_mib", "host MiB (PSS)"),
+                          (axes[1], "ready_s", "s to last container running")):
+        for i, mode in enumerate(MODES):
+            xs = [j + (i - 0.5) * width for j in range(len(SIZES))]
+            unit_key = "median_mib" if key == "host_mib" else "median_s"
+            ys = [results[mode][str(n)][key][unit_key] for n in SIZES]
+            ax.bar(xs, ys, width, label=mode)
+        ax.set_xticks(range(len(SIZES)), [f"{n} container(s)" for n in SIZES])
+        ax.set_ylabel(unit)
+    axes[0].legend()
+    fig.suptitle("idle pod: one VM per pod vs a VM per container")
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output

@@ -1,0 +1,312 @@
+"""Pods: one VM per Kubernetes pod.
+
+containerd's CRI plugin says which container is a pod's sandbox (the pause
+container) and which belong to it, in annotations. The sandbox boots the pod's
+VM, with a pod share attached. A member does not boot a VM: its rootfs and
+bind sources are bind-mounted into its own directory of the pod share, and a
+proxy process asks the sandbox's shim to start it in the guest, beside the
+others. The proxy's pid stands for the member as the shim's does for a VM:
+it lives as long as the member, relays its stdio and signals, exits with its
+status, and serves its `start` and `kill` on the member's own control socket.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paracell import unixsock, wire
+from paracell.errors import ParacellError
+from paracell.linux import MS_BIND, MS_REC
+from paracell.runtime import channel, spawn
+from paracell.runtime.ids import check_id
+from paracell.runtime.spec import Bundle
+from paracell.runtime.state import CONTROL_SOCKET, ContainerState
+
+CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+# Set by containerd releases that pass the pod's limits down (1.7 on).
+SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
+MEMBER_DEVICE = "pod-member"
+GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
+CREATE_TIMEOUT_S = 60.0
+MS_RDONLY, MS_REMOUNT = 0x1, 0x20
+# The guest namespaces a member may share with its pod, by OCI type, and the
+# launch-spec key that asks the agent to join them.
+JOINABLE = {"ipc": "ns.ipc", "uts": "ns.uts", "pid": "ns.pid"}
+NS_PATH = re.compile(r"/proc/(\d{1,10})/ns/([a-z]+)")
+
+
+@dataclass(frozen=True)
+class PodRole:
+    kind: str  # "sandbox", "member" or "none"
+    sandbox_id: str = ""
+
+
+def role(annotations: dict[str, str], container_id: str) -> PodRole:
+    kind = annotations.get(CONTAINER_TYPE)
+    if kind is None:
+        return PodRole("none")
+    if kind == "sandbox":
+        return PodRole("sandbox")
+    if kind != "container":
+        raise ParacellError(f"invalid annotation {CONTAINER_TYPE}={kind!r}: "
+                            "expected sandbox or container")
+    sandbox = annotations.get(SANDBOX_ID, "")
+    if not sandbox:
+        raise ParacellError(f"annotation {SANDBOX_ID} is required with {CONTAINER_TYPE}=container")
+    check_id(sandbox)
+    if sandbox == container_id:
+        raise ParacellError(f"container {container_id} names itself as its pod's sandbox")
+    return PodRole("member", sandbox)
+
+
+def pod_memory_mib(annotations: dict[str, str], default_mib: int) -> int:
+    """The pod's memory limit when containerd passes it, else the default."""
+    raw = annotations.get(SANDBOX_MEMORY, "")
+    if not raw or raw == "0":
+        return default_mib
+    if not raw.isdigit() or len(raw) > 20:
+        raise ParacellError(f"invalid annotation {SANDBOX_MEMORY}={raw[:40]!r}: not a byte count")
+    mib = -(-int(raw) // (1 << 20))
+    if not 64 <= mib <= 65536:
+        raise ParacellError(f"pod memory limit of {mib} MiB is outside 64..65536")
+    return mib
+
+
+def member_slot(container_id: str) -> str:
+    """A member's directory name in the pod share: fixed length, whatever the ID."""
+    return hashlib.sha256(container_id.encode()).hexdigest()[:16]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount(source: Path, target: Path, flags: int) -> None:
+    if _libc().mount(str(source).encode(), str(target).encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise ParacellError(f"bind mount of {source}: {os.strerror(err)}")
+
+
+def _sandbox(store: object, sandbox_id: str) -> tuple[ContainerState, Path]:
+    from paracell.runtime import status
+
+    state = store.load(sandbox_id)  # type: ignore[attr-defined]
+    if state.status not in (status.CREATED, status.RUNNING):
+        raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
+    try:
+        share = Path(state.vm.device("pod-share")["dir"])
+    except (ParacellError, KeyError):
+        raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
+                            "it was created without the sandbox annotation") from None
+    return state, share
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same_netns(path: str, sandbox: ContainerState) -> bool:
+    """The sandbox's network namespace: the path its own spec named, or the
+    one its shim sits in."""
+    import json
+
+    given = _inode(path)
+    if given is None:
+        return False
+    candidates = [f"/proc/{sandbox.shim_pid}/ns/net"]
+    try:
+        config = json.loads((Path(sandbox.bundle) / "config.json").read_text())
+        for entry in config["linux"]["namespaces"]:
+            if entry.get("type") == "network" and entry.get("path"):
+                candidates.append(entry["path"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return any(_inode(c) == given for c in candidates)
+
+
+def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
+           ) -> list[tuple[str, str]]:
+    """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
+    sandbox's pid), mapped to the guest namespaces of that container."""
+    owners = {sandbox.shim_pid: sandbox.id, **members}
+    linux = bundle.config.get("linux") or {}
+    records = []
+    for entry in linux.get("namespaces") or []:
+        kind, path = entry.get("type"), entry.get("path") or ""
+        if not path or kind in ("mount", "cgroup", "user"):
+            continue
+        if kind == "network":
+            # The VM has one network namespace, the pod's: a member can have no other.
+            if not _same_netns(path, sandbox):
+                raise ParacellError(f"network namespace {path} is not pod {sandbox.id}'s: "
+                                    "the containers of a pod VM share one network")
+            continue
+        match = NS_PATH.fullmatch(path)
+        owner = owners.get(int(match.group(1))) if match else None
+        if kind not in JOINABLE or owner is None or match.group(2) != kind:
+            raise ParacellError(f"namespace path {path} ({kind}) is not one of pod "
+                                f"{sandbox.id}'s: a pod member can only share its pod's namespaces")
+        records.append((JOINABLE[kind], owner))
+    return records
+
+
+def member_devices(member_dir: Path) -> list[dict[str, str]]:
+    return [{"kind": MEMBER_DEVICE, "dir": str(member_dir)}]
+
+
+def mount_member(bundle: Bundle, member_dir: Path) -> None:
+    """The member's rootfs and bind sources, bound into its directory of the
+    pod share, where the running VM's 9p server finds them. All or nothing."""
+    from paracell.vmm import hostshare
+
+    member_dir.mkdir(mode=0o700)
+    try:
+        root = member_dir / "rootfs"
+        root.mkdir()
+        _mount(bundle.rootfs, root, MS_BIND | MS_REC)
+        if bundle.rootfs_readonly:
+            # Read-only for QEMU too, as the rootfs share of a VM of its own is.
+            _mount(root, root, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        if bundle.host_binds:
+            hostshare.mount_binds(member_dir / "binds",
+                                  [(b.source, b.slot) for b in bundle.host_binds])
+    except BaseException:
+        hostshare.remove_tree(member_dir)
+        raise
+
+
+def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
+                   members: dict[int, str]) -> list[tuple[str, str]]:
+    slot = member_slot(container_id)
+    return [("rootfs", f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
+
+
+def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, terminal: bool,
+               console_socket: str | None) -> Callable[[spawn.Handshake], int]:
+    """The member's host process: see the module's docstring."""
+
+    def body(handshake: spawn.Handshake) -> int:
+        from paracell._native import lib
+        from paracell.runtime import console, execproc, signals
+
+        try:
+            listener = unixsock.listen(control_socket)
+            conn = unixsock.connect(sandbox_socket)
+            channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
+            channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+            tty_fd = console.open_for_container(console_socket) if terminal else -1
+        except (ParacellError, OSError) as err:
+            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+            handshake.report(spawn.Ready(error=text))
+            return 255
+        import signal
+
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        handshake.report(spawn.Ready(pid=os.getpid()))
+        if not handshake.committed():
+            return 255  # create died: closing the connection kills the member in the guest
+        try:
+            end = channel.run_relay(conn.fileno(), -1, tty_fd, control_fd=listener.fileno())
+        finally:
+            unixsock.unlink(control_socket)
+        if end.kind == lib.PC_END_EXIT:
+            return end.status & 0xFF
+        return execproc.EXIT_CHANNEL_LOST
+
+    return body
+
+
+def member_pids(store: object, sandbox_id: str) -> dict[int, str]:
+    """The proxy pids of the pod's live members, whose namespaces a later
+    member may name (CRI's TARGET mode)."""
+    found = {}
+    for other in store.list_ids():  # type: ignore[attr-defined]
+        try:
+            state = store.load(other)  # type: ignore[attr-defined]
+        except ParacellError:
+            continue
+        if state.annotations.get(SANDBOX_ID) == sandbox_id and other != sandbox_id:
+            found[state.shim_pid] = other
+    return found
+
+
+def sandbox_socket(store: object, state: ContainerState) -> Path | None:
+    """Where exec requests for this container go: its pod's shim for a member."""
+    if state.annotations.get(CONTAINER_TYPE) != "container":
+        return None
+    sandbox_id = state.annotations.get(SANDBOX_ID, "")
+    check_id(sandbox_id)
+    return store.dir(sandbox_id) / CONTROL_SOCKET  # type: ignore[attr-defined]
+
+
+def create_member(ctx: object, container_id: str, bundle: Bundle, sandbox_id: str,
+                  pid_file: str | None, console_socket: str | None, detach: bool
+                  ) -> ContainerState:
+    """`create` of a pod member: the same steps and the same all-or-nothing
+    rule as a container with a VM of its own (lifecycle.create)."""
+    from paracell.procfs import process_start_time
+    from paracell.runtime import hooks, lifecycle, spec, status, xgates
+    from paracell.runtime.console import NEED_CONSOLE_SOCKET
+    from paracell.runtime.log import rfc3339_now
+    from paracell.runtime.state import VmRecord, oci_state
+
+    store = ctx.store  # type: ignore[attr-defined]
+    log = ctx.log  # type: ignore[attr-defined]
+    sandbox, share = _sandbox(store, sandbox_id)
+    terminal = bool(bundle.config["process"].get("terminal"))
+    if terminal and not console_socket:
+        raise ParacellError(NEED_CONSOLE_SOCKET)
+    xgates_plan = xgates.plan(bundle.annotations)
+    xgates.vet_rootfs(xgates_plan, bundle.rootfs, log)
+    member_dir = share / member_slot(container_id)
+    bundle.bind_prefix = f"{GUEST_POD_DIR}/{member_slot(container_id)}/binds"
+    extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
+    launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled, extra=extra)
+    spec.prepare_rootfs(bundle)
+    me = os.getpid()
+    state = ContainerState(
+        id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
+        annotations=bundle.annotations, rootfs=str(bundle.rootfs),
+        creator_pid=me, creator_start=process_start_time(me) or 0,
+        hooks=bundle.config.get("hooks") or {},
+        vm=VmRecord(devices=member_devices(member_dir)),
+    )
+    lock_fd = store.create(state)
+    spawned = None
+    try:
+        log.info(f"create {container_id}: member of pod {sandbox_id}")
+        mount_member(bundle, member_dir)
+        hooks.run_hooks(state.hooks, "prestart", oci_state(state))
+        hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
+        body = proxy_body(store.dir(sandbox_id) / CONTROL_SOCKET,
+                          store.dir(container_id) / CONTROL_SOCKET, launch, terminal,
+                          console_socket)
+        spawned = spawn.spawn(body, detach, log.background_error)
+        if spawned.ready.error:
+            raise ParacellError(spawned.ready.error)
+        state.shim_pid = spawned.pid
+        state.shim_start = process_start_time(spawned.pid) or 0
+        state.status = status.CREATED
+        store.save(state)
+        spawned.commit()
+        if pid_file:
+            lifecycle.write_pid_file(pid_file, spawned.pid)
+    except BaseException:
+        if spawned is not None:
+            spawned.abandon()
+        lifecycle._destroy(ctx, state)  # type: ignore[arg-type]
+        raise
+    finally:
+        os.close(lock_fd)
+    return state

@@ -1,0 +1,191 @@
+"""A real containerd with its CRI plugin, private state, a locally built pause
+image, Debian's CNI plugins on a bridge of the fixture's own, and ParaCell
+registered as the runtime handler `paracell` (as oci/containerd/config.toml
+does). The CRI client in paracell.cri plays kubelet."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from paracell import settings
+from paracell.cri.client import CriClient
+from tests.conftest import PARACELL, REPO
+from tests.e2e.conftest import IMAGE, oci_image_tar
+
+PAUSE_IMAGE = "localhost/pause:paracell"
+HANDLER = "paracell"
+BRIDGE = "pccri0"
+SUBNET = "10.217.0.0/24"
+CNI_BIN = "/usr/lib/cni"
+
+
+@dataclass
+class Cri:
+    client: CriClient
+    base: Path
+    socket: Path
+    paracell_root: Path
+    logs: Path
+
+    def ctr(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+
+    def paracell(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PARACELL, "--root", str(self.paracell_root / "k8s.io"), *args],
+                              capture_output=True, text=True, timeout=60)
+
+    def pod_config(self, name: str, **extra: object) -> dict[str, object]:
+        logs = self.logs / name
+        logs.mkdir(parents=True, exist_ok=True)
+        return {"metadata": {"name": name, "uid": f"uid-{name}", "namespace": "paracell-test"},
+                "hostname": name, "log_directory": str(logs),
+                "linux": {"security_context": {"namespace_options": {"pid": "CONTAINER"}}},
+                **extra}
+
+    def container_config(self, name: str, command: list[str], **extra: object) -> dict[str, object]:
+        return {"metadata": {"name": name}, "image": {"image": IMAGE}, "command": command,
+                "log_path": f"{name}.log", **extra}
+
+    def qemu_pids(self) -> list[int]:
+        """QEMU processes of this fixture's containers: their command lines
+        name state files under the fixture's private runtime root."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"qemu-system" in cmdline and str(self.paracell_root).encode() in cmdline:
+                found.append(int(entry.name))
+        return found
+
+    def wait_state(self, container_id: str, state: str, timeout_s: float = 60) -> object:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.client.status(container_id)
+            if self.client.pb.ContainerState.Name(status.state) == state:
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{container_id} still {status.state} after {timeout_s} s")
+            time.sleep(0.2)
+
+
+def _config(base: Path, socket: Path, paracell_root: Path) -> str:
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{base}/root"
+state = "{base}/state"
+[grpc]
+  address = "{socket}"
+[ttrpc]
+  address = "{socket}.ttrpc"
+[debug]
+  address = "{base}/debug.sock"
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  # Root here lacks CAP_SYS_RESOURCE: without this even runc fails.
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.{HANDLER}]
+  runtime_type = "io.containerd.runc.v2"
+[{cri}.containerd.runtimes.{HANDLER}.options]
+  BinaryName = "{PARACELL}"
+  Root = "{paracell_root}"
+[{cri}.cni]
+  bin_dir = "{CNI_BIN}"
+  conf_dir = "{base}/cni"
+"""
+
+
+def _cni_config(base: Path) -> str:
+    return f"""{{
+  "cniVersion": "0.4.0",
+  "name": "paracell-cri-test",
+  "plugins": [
+    {{"type": "bridge", "bridge": "{BRIDGE}", "isGateway": true, "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "{SUBNET}"}}]],
+               "dataDir": "{base}/ipam"}}}},
+    {{"type": "loopback"}}
+  ]
+}}
+"""
+
+
+def _pause_image(base: Path) -> Path:
+    rootfs = base / "pause-rootfs"
+    rootfs.mkdir()
+    subprocess.run(["gcc", "-static", "-O2", "-o", str(rootfs / "pause"),
+                    str(REPO / "oci" / "kubernetes" / "pause.c")], check=True)
+    return oci_image_tar(rootfs, base / "pause.tar", name=PAUSE_IMAGE, cmd=("/pause",))
+
+
+def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
+    """Yields a started daemon; a module's `cri` fixture wraps it."""
+    if not shutil.which("containerd"):
+        pytest.fail("containerd is not installed: run `make deps`")
+    if settings.cache_dir() != Path(settings.SYSTEM_CACHE):
+        pytest.fail(f"the CRI tests need the guest built in {settings.SYSTEM_CACHE}, where "
+                    "ParaCell finds it under containerd's stripped environment: "
+                    "unset PARACELL_CACHE and XDG_CACHE_HOME and run as root")
+    socket = base / "containerd.sock"
+    paracell_root = base / "paracell"
+    (base / "cni").mkdir()
+    (base / "cni" / "10-paracell-test.conflist").write_text(_cni_config(base))
+    config = base / "config.toml"
+    config.write_text(_config(base, socket, paracell_root))
+    log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
+    # containerd strips the runtime's environment to PATH, HOME and LANG, so
+    # ParaCell below runs exactly as it would on a node: system paths only.
+    proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
+                            start_new_session=True)
+    client = None
+    try:
+        deadline = time.monotonic() + 30
+        while not socket.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"containerd did not start: see {base}/containerd.log")
+            time.sleep(0.1)
+        daemon = Cri(CriClient(socket), base, socket, paracell_root, base / "logs")
+        client = daemon.client
+        for tar in (_pause_image(base), oci_image_tar(busybox_rootfs, base / "bb.tar")):
+            imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(tar))
+            assert imported.returncode == 0, imported.stderr
+        yield daemon
+    finally:
+        if client is not None:
+            for pod in _safe(client.pods):
+                _safe(lambda p=pod: client.stop_pod(p.id))
+                _safe(lambda p=pod: client.remove_pod(p.id))
+            client.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+        subprocess.run(["umount", "-R", "-l", str(base / "state")], capture_output=True)
+        subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
+
+
+def _safe(call):  # noqa: ANN001, ANN202 - teardown helper: best effort, never raises
+    try:
+        return call()
+    except Exception:
+        return []

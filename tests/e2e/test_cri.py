@@ -1,0 +1,167 @@
+"""Kubernetes' path: containerd's CRI plugin, driven by ParaCell's CRI client,
+runs pods whose runtime handler is `paracell`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PARACELL
+from tests.e2e.cri import HANDLER, Cri, running_cri
+
+
+@pytest.fixture(scope="module")
+def cri(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path) -> Iterator[Cri]:
+    yield from running_cri(tmp_path_factory.mktemp("cri"), busybox_rootfs_module)
+
+
+def test_pod_lifecycle_exit_code_logs_and_nothing_left(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("lifecycle")
+    pod = client.run_pod(pod_config, HANDLER)
+    status = client.pod_status(pod)
+    assert client.pb.PodSandboxState.Name(status.state) == "SANDBOX_READY"
+    assert status.runtime_handler == HANDLER
+    ctr = client.create(pod, cri.container_config(
+        "exits", ["/bin/sh", "-c", "echo out-line; echo err-line >&2; exit 3"]), pod_config)
+    client.start(ctr)
+    done = cri.wait_state(ctr, "CONTAINER_EXITED")
+    assert done.exit_code == 3
+    log = (cri.logs / "lifecycle" / "exits.log").read_text()
+    lines = [line.split(" ", 3) for line in log.splitlines()]
+    # CRI log lines: time, stream, tag, text; only the container's own output.
+    assert [(stream, text) for _, stream, _, text in lines] == [
+        ("stdout", "out-line"), ("stderr", "err-line")], log
+    client.remove(ctr)
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    deadline = time.monotonic() + 20
+    while cri.qemu_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cri.qemu_pids() == []
+    listed = cri.paracell("list", "--format", "json")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.strip() in ("null", "[]"), listed.stdout
+
+
+def test_exec_sync_stats_and_stop_with_grace(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("grace")
+    pod = client.run_pod(pod_config, HANDLER)
+    # A shell that traps TERM exits 7 on it: the grace period was honoured.
+    polite = client.create(pod, cri.container_config(
+        "polite", ["/bin/sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.1; done"]),
+        pod_config)
+    # One that ignores TERM is killed once the grace period is over.
+    stubborn = client.create(pod, cri.container_config(
+        "stubborn", ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]), pod_config)
+    for ctr in (polite, stubborn):
+        client.start(ctr)
+        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    reply = client.exec_sync(polite, ["/bin/sh", "-c", "echo from-exec; echo oops >&2; exit 4"])
+    assert (reply.stdout, reply.stderr, reply.exit_code) == (b"from-exec\n", b"oops\n", 4)
+    stats = client.container_stats(polite)
+    assert stats.memory.working_set_bytes.value > 0
+    client.stop(polite, 10)
+    assert cri.wait_state(polite, "CONTAINER_EXITED").exit_code == 7
+    began = time.monotonic()
+    client.stop(stubborn, 2)
+    stopped = cri.wait_state(stubborn, "CONTAINER_EXITED")
+    assert stopped.exit_code == 137
+    assert time.monotonic() - began >= 2
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert client.pods() == []
+
+
+def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("shared")
+    pod = client.run_pod(pod_config, HANDLER)
+    server = client.create(pod, cri.container_config(
+        "server", ["/bin/sh", "-c", "echo pod-local > /tmp/index.html; "
+                   "exec httpd -f -p 127.0.0.1:8080 -h /tmp"]), pod_config)
+    writer = client.create(pod, cri.container_config(
+        "writer", ["/bin/sh", "-c", "echo shared-bytes > /dev/shm/note; exec sleep 1000"]),
+        pod_config)
+    for ctr in (server, writer):
+        client.start(ctr)
+        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    # The sandbox and both members: one VM.
+    assert len(cri.qemu_pids()) == 1
+    fetched = b""
+    for _ in range(50):  # bounded: httpd may take a moment to bind
+        reply = client.exec_sync(writer, ["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"])
+        fetched = reply.stdout
+        if reply.exit_code == 0:
+            break
+        time.sleep(0.2)
+    assert fetched == b"pod-local\n", reply.stderr
+    assert client.exec_sync(server, ["cat", "/dev/shm/note"]).stdout == b"shared-bytes\n"
+    # Each member keeps its own filesystem.
+    assert client.exec_sync(writer, ["cat", "/tmp/index.html"]).exit_code != 0
+    # Stopping one member leaves the pod VM and the other running.
+    client.stop(writer, 0)
+    cri.wait_state(writer, "CONTAINER_EXITED")
+    client.remove(writer)
+    assert len(cri.qemu_pids()) == 1
+    assert client.exec_sync(server, ["echo", "alive"]).stdout == b"alive\n"
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    deadline = time.monotonic() + 20
+    while cri.qemu_pids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cri.qemu_pids() == []
+
+
+def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
+    """What the README shows: `paracell cri run`, `exec` and `rmp`."""
+    pod_file, ctr_file = tmp_path / "pod.json", tmp_path / "ctr.json"
+    pod_file.write_text(json.dumps(cri.pod_config("cli")))
+    ctr_file.write_text(json.dumps(cri.container_config("app", ["sleep", "1000"])))
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PARACELL, "cri", "--address", str(cri.socket), *args],
+                              capture_output=True, text=True, timeout=180)
+
+    ran = cli("run", str(ctr_file), str(pod_file))
+    assert ran.returncode == 0, ran.stderr
+    container = ran.stdout.strip()
+    done = cli("exec", container, "sh", "-c", "echo in-the-pod; exit 5")
+    assert (done.returncode, done.stdout) == (5, "in-the-pod\n")
+    [pod] = [c.pod_sandbox_id for c in cri.client.containers() if c.id == container]
+    removed = cli("rmp", pod)
+    assert removed.returncode == 0, removed.stderr
+    assert cri.client.pods() == []
+    bad = cli("run", str(tmp_path / "missing.json"), str(pod_file))
+    assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_a_pod_whose_vm_is_killed_ends_cleanly(cri: Cri):
+    client = cri.client
+    pod_config = cri.pod_config("killed")
+    pod = client.run_pod(pod_config, HANDLER)
+    ctr = client.create(pod, cri.container_config("victim", ["sleep", "1000"]), pod_config)
+    client.start(ctr)
+    cri.wait_state(ctr, "CONTAINER_RUNNING")
+    [qemu] = cri.qemu_pids()
+    os.kill(qemu, signal.SIGKILL)
+    # The member loses its VM: it ends as a process killed by SIGKILL would.
+    assert cri.wait_state(ctr, "CONTAINER_EXITED").exit_code == 137
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if client.pb.PodSandboxState.Name(client.pod_status(pod).state) == "SANDBOX_NOTREADY":
+            break
+        time.sleep(0.2)
+    assert client.pb.PodSandboxState.Name(client.pod_status(pod).state) == "SANDBOX_NOTREADY"
+    client.stop_pod(pod)
+    client.remove_pod(pod)
+    assert cri.qemu_pids() == []
+    assert not any(cri.paracell_root.glob("k8s.io/*/pod/*")), "a member's binds were left"

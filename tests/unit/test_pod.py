@@ -1,0 +1,121 @@
+"""Pod membership from CRI's annotations, the pod's memory, and the namespace
+paths a member may give: all untrusted input."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from paracell.errors import ParacellError
+from paracell.linux import MS_BIND
+from paracell.runtime import pod
+from paracell.runtime.spec import Bundle
+from paracell.runtime.state import ContainerState
+from paracell.vmm import hostshare
+
+SANDBOX = {pod.CONTAINER_TYPE: "sandbox"}
+
+
+def member(sandbox_id: str = "sb") -> dict[str, str]:
+    return {pod.CONTAINER_TYPE: "container", pod.SANDBOX_ID: sandbox_id}
+
+
+def test_roles():
+    assert pod.role({}, "c") == pod.PodRole("none")
+    assert pod.role(SANDBOX, "sb") == pod.PodRole("sandbox")
+    assert pod.role(member(), "c") == pod.PodRole("member", "sb")
+
+
+@pytest.mark.parametrize("notes, error", [
+    ({pod.CONTAINER_TYPE: "pod"}, "expected sandbox or container"),
+    ({pod.CONTAINER_TYPE: "container"}, "is required"),
+    (member("../etc"), "invalid container id"),
+    (member("c"), "names itself"),
+])
+def test_bad_roles(notes, error):
+    with pytest.raises(ParacellError, match=error):
+        pod.role(notes, "c")
+
+
+@pytest.mark.parametrize("raw, mib", [("", 512), ("0", 512), (str(256 << 20), 256),
+                                      (str((256 << 20) + 1), 257)])
+def test_pod_memory(raw, mib):
+    assert pod.pod_memory_mib({pod.SANDBOX_MEMORY: raw} if raw else {}, 512) == mib
+
+
+@pytest.mark.parametrize("raw", ["-1", "1e9", "12 ", "9" * 21, str(1 << 20), str(1 << 40)])
+def test_bad_pod_memory(raw):
+    with pytest.raises(ParacellError, match=pod.SANDBOX_MEMORY + "|outside"):
+        pod.pod_memory_mib({pod.SANDBOX_MEMORY: raw}, 512)
+
+
+def test_member_slots_are_fixed_length_and_distinct():
+    slots = {pod.member_slot(cid) for cid in ("a", "b", "x" * 255)}
+    assert len(slots) == 3 and {len(s) for s in slots} == {16}
+
+
+def _bundle(tmp_path: Path, namespaces: list[dict[str, str]]) -> Bundle:
+    config = {"linux": {"namespaces": namespaces}}
+    return Bundle(tmp_path, config, tmp_path, False, {})
+
+
+def _sandbox(tmp_path: Path) -> ContainerState:
+    bundle = tmp_path / "sandbox-bundle"
+    bundle.mkdir(exist_ok=True)
+    (bundle / "config.json").write_text("{}")
+    return ContainerState(id="sb", shim_pid=os.getpid(), bundle=str(bundle))
+
+
+def test_member_joins_map_the_sandboxes_pid_to_its_guest_namespaces(tmp_path: Path):
+    me = os.getpid()
+    bundle = _bundle(tmp_path, [
+        {"type": "ipc", "path": f"/proc/{me}/ns/ipc"},
+        {"type": "uts", "path": f"/proc/{me}/ns/uts"},
+        {"type": "pid", "path": "/proc/4242/ns/pid"}, {"type": "mount"},
+        {"type": "network", "path": f"/proc/{me}/ns/net"}])
+    records = pod.member_records("c", bundle, _sandbox(tmp_path), {4242: "other"})
+    assert records == [("rootfs", f"/pod/{pod.member_slot('c')}/rootfs"),
+                       ("ns.ipc", "sb"), ("ns.uts", "sb"), ("ns.pid", "other")]
+
+
+@pytest.mark.parametrize("entry", [
+    {"type": "ipc", "path": "/proc/1/ns/ipc"},           # not a pod member's pid
+    {"type": "ipc", "path": "/proc/{me}/ns/uts"},        # type mismatch
+    {"type": "uts", "path": "/var/run/netns/x"},         # not a /proc path
+    {"type": "ipc", "path": "/proc/{me}/ns/ipc/../net"},
+    {"type": "network", "path": "/proc/{other}/ns/net"},  # a network of its own
+    {"type": "network", "path": "/nonexistent"},
+])
+def test_member_namespaces_outside_the_pod_are_refused(tmp_path: Path, entry):
+    other = subprocess.Popen(["unshare", "--net", "sleep", "30"])
+    try:
+        own = os.stat("/proc/self/ns/net").st_ino
+        for _ in range(100):  # until unshare has made its namespace, at most 5 s
+            if os.stat(f"/proc/{other.pid}/ns/net").st_ino != own:
+                break
+            time.sleep(0.05)
+        entry = {k: v.format(me=os.getpid(), other=other.pid) for k, v in entry.items()}
+        with pytest.raises(ParacellError, match="pod sb|namespace"):
+            pod.member_records("c", _bundle(tmp_path, [entry]), _sandbox(tmp_path), {})
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_remove_tree_unbinds_and_never_deletes_what_was_bound(tmp_path: Path):
+    source = tmp_path / "data"
+    source.mkdir()
+    (source / "precious").write_text("keep me")
+    tree = tmp_path / "pod" / "slot" / "rootfs"
+    tree.mkdir(parents=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mount(str(source).encode(), str(tree).encode(), None, MS_BIND, None) == 0
+    hostshare.remove_tree(tmp_path / "pod")
+    assert not (tmp_path / "pod").exists()
+    assert (source / "precious").read_text() == "keep me"
+    hostshare.remove_tree(tmp_path / "pod")  # idempotent
