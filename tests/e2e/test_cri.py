@@ -165,3 +165,25 @@ def test_a_pod_whose_vm_is_killed_ends_cleanly(cri: Cri):
     client.remove_pod(pod)
     assert cri.qemu_pids() == []
     assert not any(cri.paracell_root.glob("k8s.io/*/pod/*")), "a member's binds were left"
+
+
+def test_the_host_reaches_a_pod_member_by_the_pod_ip(cri: Cri):
+    """CNI gave the pod's namespace a veth on the fixture's bridge; the
+    sandbox's VM holds it, and every member serves on it."""
+    from tests.e2e.cri import BRIDGE
+    from tests.netutil import http_get, wait_route_via
+
+    client = cri.client
+    pod_config = cri.pod_config("reach")
+    pod = client.run_pod(pod_config, HANDLER)
+    web = client.create(pod, cri.container_config(
+        "web", ["/bin/sh", "-c", "echo from-the-pod > /tmp/index.html; "
+                "exec httpd -f -p 8080 -h /tmp"]), pod_config)
+    client.start(web)
+    cri.wait_state(web, "CONTAINER_RUNNING")
+    pod_ip = client.pod_status(pod).network.ip
+    assert pod_ip.startswith("10.217.0.")
+    wait_route_via(pod_ip, BRIDGE)
+    assert http_get(None, pod_ip, 8080).endswith(b"from-the-pod\n")
+    client.stop_pod(pod)
+    client.remove_pod(pod)
