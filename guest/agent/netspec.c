@@ -10,6 +10,7 @@
  * spare device (net.spare, in the init's SPEC) that the interface takes over. */
 #define _GNU_SOURCE
 #include "netspec.h"
+#include "textfields.h"
 
 #include <arpa/inet.h>
 #include <stdio.h>
@@ -24,19 +25,6 @@ int netspec_is_key(const char *key)
            !strcmp(key, "net.spare");
 }
 
-/* Splits s in place into exactly n fields. */
-static int fields(char *s, char **f, int n)
-{
-    for (int i = 0; i < n - 1; i++) {
-        f[i] = s;
-        s = strchr(s, SEP);
-        if (!s)
-            return -1;
-        *s++ = 0;
-    }
-    f[n - 1] = s;
-    return strchr(s, SEP) ? -1 : 0;
-}
 
 /* Decimal digits only, at most max. */
 static int number(const char *s, unsigned long long max, unsigned long long *out)
@@ -142,7 +130,7 @@ static int add_iface(struct net_spec *n, char *val)
     for (const char *c = val; *c; c++)
         seps += *c == SEP;
     int nf = seps == 3 ? 4 : 3;
-    if (fields(val, f, nf) || !name_ok(f[0]) || parse_mac(f[1], i->mac) ||
+    if (split_fields(val, SEP, f, nf) || !name_ok(f[0]) || parse_mac(f[1], i->mac) ||
         number(f[2], PC_NET_MTU_MAX, &mtu) || mtu < PC_NET_MTU_MIN)
         return -1;
     i->has_dev_mac = nf == 4;
@@ -163,7 +151,7 @@ static int add_addr(struct net_spec *n, char *val)
 {
     char *f[2];
     struct net_addr *a = &n->addrs[n->naddrs];
-    if (fields(val, f, 2) || iface_ref(n, f[0], &a->iface) ||
+    if (split_fields(val, SEP, f, 2) || iface_ref(n, f[0], &a->iface) ||
         parse_prefix(f[1], &a->family, a->addr, &a->prefixlen))
         return -1;
     n->naddrs++;
@@ -176,7 +164,7 @@ static int add_route(struct net_spec *n, char *val)
     unsigned long long metric;
     int gw_family;
     struct net_route *r = &n->routes[n->nroutes];
-    if (fields(val, f, 5) || iface_ref(n, f[0], &r->iface) ||
+    if (split_fields(val, SEP, f, 5) || iface_ref(n, f[0], &r->iface) ||
         parse_prefix(f[1], &r->family, r->dst, &r->dst_len) ||
         !host_bits_clear(r->dst, r->dst_len, r->family) ||
         number(f[3], UINT32_MAX, &metric) || (strcmp(f[4], "0") && strcmp(f[4], "1")))

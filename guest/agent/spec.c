@@ -6,6 +6,7 @@
  * expects us to apply. */
 #define _GNU_SOURCE
 #include "spec.h"
+#include "textfields.h"
 
 #include "vm_proto.h"
 
@@ -62,26 +63,13 @@ static int parse_bool(const char *s, int *out)
     return 0;
 }
 
-/* Splits s in place into exactly n fields separated by sep. */
-static int split(char *s, char sep, char **f, int n)
-{
-    for (int i = 0; i < n - 1; i++) {
-        f[i] = s;
-        s = strchr(s, sep);
-        if (!s)
-            return -1;
-        *s++ = 0;
-    }
-    f[n - 1] = s;
-    return strchr(s, sep) ? -1 : 0;
-}
 
 /* "resource soft hard", single spaces. */
 static int parse_rlimit(char *v, struct spec_rlimit *r)
 {
     char *f[3];
     uint64_t res;
-    if (split(v, ' ', f, 3) || parse_uint(f[0], 10, RLIM_NLIMITS - 1, &res) ||
+    if (split_fields(v, ' ', f, 3) || parse_uint(f[0], 10, RLIM_NLIMITS - 1, &res) ||
         parse_uint(f[1], 10, UINT64_MAX, &r->soft) || parse_uint(f[2], 10, UINT64_MAX, &r->hard) ||
         r->soft > r->hard)
         return -1;
@@ -111,7 +99,7 @@ static int parse_mount(char *v, struct spec_mount *m)
     int n = 0;
     for (const char *c = v; *c; c++)
         n += *c == '\x1f';
-    if ((n != 4 && n != 8) || split(v, '\x1f', f, n + 1) || f[0][0] != '/' || !f[1][0] ||
+    if ((n != 4 && n != 8) || split_fields(v, '\x1f', f, n + 1) || f[0][0] != '/' || !f[1][0] ||
         parse_uint(f[3], 10, (unsigned long)-1, &flags))
         return -1;
     if (n == 8 && (parse_uint(f[5], 10, UINT32_MAX, &prop) || !propagation_ok(prop, 1) ||
@@ -137,7 +125,7 @@ static int parse_device(char *v, struct spec_device *d)
 {
     char *f[7];
     uint64_t major, minor, mode, uid, gid;
-    if (split(v, '\x1f', f, 7) || strncmp(f[0], "/dev/", 5) || !f[0][5] ||
+    if (split_fields(v, '\x1f', f, 7) || strncmp(f[0], "/dev/", 5) || !f[0][5] ||
         strlen(f[0]) > PC_SPEC_MAX_PATH_LEN || strstr(f[0], "/../") ||
         (strlen(f[0]) >= 3 && !strcmp(f[0] + strlen(f[0]) - 3, "/..")) ||
         strlen(f[1]) != 1 || !strchr("cbp", f[1][0]) ||
@@ -160,7 +148,7 @@ static int parse_idmap(char *v, struct spec_idmap *m)
 {
     char *f[3];
     uint64_t in, out, size;
-    if (split(v, ' ', f, 3) || parse_uint(f[0], 10, UINT32_MAX - 1, &in) ||
+    if (split_fields(v, ' ', f, 3) || parse_uint(f[0], 10, UINT32_MAX - 1, &in) ||
         parse_uint(f[1], 10, UINT32_MAX - 1, &out) || parse_uint(f[2], 10, UINT32_MAX, &size) ||
         !size || in + size > UINT32_MAX || out + size > UINT32_MAX)
         return -1;
@@ -175,7 +163,7 @@ static int parse_ioprio(char *v, struct spec *s)
 {
     char *f[2];
     uint64_t cls, level;
-    if (split(v, ' ', f, 2) || parse_uint(f[0], 10, PC_SPEC_IOPRIO_CLASS_IDLE, &cls) ||
+    if (split_fields(v, ' ', f, 2) || parse_uint(f[0], 10, PC_SPEC_IOPRIO_CLASS_IDLE, &cls) ||
         cls < PC_SPEC_IOPRIO_CLASS_RT || parse_uint(f[1], 10, PC_SPEC_IOPRIO_MAX_LEVEL, &level))
         return -1;
     s->ioprio_class = (int)cls;

@@ -25,7 +25,7 @@ def harness(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("netspec") / "netspec_harness"
     base = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
             f"-I{REPO / 'proto'}", f"-I{AGENT}", "-o", str(exe), str(HARNESS),
-            str(AGENT / "netspec.c"), str(AGENT / "spec.c")]
+            str(AGENT / "netspec.c"), str(AGENT / "spec.c"), str(AGENT / "textfields.c")]
     built = subprocess.run([base[0], "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                             *base[1:]], capture_output=True, text=True)
     if built.returncode != 0:
