@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -84,22 +85,36 @@ def process_from_args(
 EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
 
 
+def open_process(handshake: spawn.Handshake, shim_socket: Path, launch: bytes, terminal: bool,
+                 console_socket: str | None) -> tuple[socket.socket, int] | None:
+    """A proxy's first step: the shim makes the process in the guest from
+    `launch`. The connection and the terminal's fd (-1 without one), or None
+    once the failure went to create through the handshake."""
+    from paracell._native import lib
+    from paracell.runtime import console
+
+    try:
+        conn = unixsock.connect(shim_socket)
+        channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
+        channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+        tty_fd = console.open_for_container(console_socket) if terminal else -1
+    except (ParacellError, OSError) as err:
+        text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        handshake.report(spawn.Ready(error=text))
+        return None
+    return conn, tty_fd
+
+
 def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
                 execs_dir: Path) -> Callable[[spawn.Handshake], int]:
     def body(handshake: spawn.Handshake) -> int:
         from paracell._native import lib
-        from paracell.runtime import console
 
         handshake.no_commit()
-        try:
-            conn = unixsock.connect(shim_socket)
-            channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
-            channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
-            tty_fd = console.open_for_container(console_socket) if terminal else -1
-        except (ParacellError, OSError) as err:
-            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            handshake.report(spawn.Ready(error=text))
+        opened = open_process(handshake, shim_socket, launch, terminal, console_socket)
+        if opened is None:
             return 255
+        conn, tty_fd = opened
         # `ps` lists the live exec proxies from these markers.
         marker = execs_dir / str(os.getpid())
         execs_dir.mkdir(exist_ok=True)

@@ -34,7 +34,6 @@ SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
 SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
 MEMBER_DEVICE = "pod-member"
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
-CREATE_TIMEOUT_S = 60.0
 MS_RDONLY, MS_REMOUNT = 0x1, 0x20
 # The guest namespaces a member may share with its pod, by OCI type, and the
 # launch-spec key that asks the agent to join them.
@@ -197,20 +196,20 @@ def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, termin
     """The member's host process: see the module's docstring."""
 
     def body(handshake: spawn.Handshake) -> int:
+        import signal
+
         from paracell._native import lib
-        from paracell.runtime import console, execproc, signals
+        from paracell.runtime import execproc, signals
 
         try:
             listener = unixsock.listen(control_socket)
-            conn = unixsock.connect(sandbox_socket)
-            channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
-            channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
-            tty_fd = console.open_for_container(console_socket) if terminal else -1
-        except (ParacellError, OSError) as err:
-            text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            handshake.report(spawn.Ready(error=text))
+        except OSError as err:
+            handshake.report(spawn.Ready(error=f"listen on {control_socket}: {err.strerror}"))
             return 255
-        import signal
+        opened = execproc.open_process(handshake, sandbox_socket, launch, terminal, console_socket)
+        if opened is None:
+            return 255
+        conn, tty_fd = opened
 
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         handshake.report(spawn.Ready(pid=os.getpid()))

@@ -15,6 +15,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -75,12 +76,23 @@ def oci_image_tar(rootfs: Path, out: Path, name: str = IMAGE,
     return out
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
+def wait_for(path: Path, proc: subprocess.Popen, what: str, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"{what} did not start")
         time.sleep(0.1)
+
+
+def stop_containerd(proc: subprocess.Popen[bytes], log: IO[bytes], base: Path) -> None:
+    """Ends a fixture's containerd and unmounts what its private state holds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    subprocess.run(["umount", "-R", "-l", str(base / "state")], capture_output=True)
 
 
 def e2e_env(memory_dir: Path) -> dict[str, str]:
@@ -141,20 +153,14 @@ def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: 
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
     try:
-        _wait_for(sock, proc, "containerd")
+        wait_for(sock, proc, "containerd")
         daemon = Containerd(sock, base / "runc", env)
         image = oci_image_tar(busybox_rootfs_module, base / "bb.tar")
         imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(image))
         assert imported.returncode == 0, imported.stderr
         yield daemon
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        subprocess.run(["umount", "-R", "-l", str(base / "state")], capture_output=True)
+        stop_containerd(proc, log, base)
         shutil.rmtree(memory_dir, ignore_errors=True)
 
 

@@ -17,7 +17,7 @@ import pytest
 from paracell import settings
 from paracell.cri.client import CriClient
 from tests.conftest import PARACELL, REPO
-from tests.e2e.conftest import IMAGE, oci_image_tar
+from tests.e2e.conftest import IMAGE, oci_image_tar, stop_containerd, wait_for
 
 PAUSE_IMAGE = "localhost/pause:paracell"
 HANDLER = "paracell"
@@ -68,6 +68,15 @@ class Cri:
             if b"qemu-system" in cmdline and str(self.paracell_root).encode() in cmdline:
                 found.append(int(entry.name))
         return found
+
+    def remove_pod_and_wait(self, pod_id: str) -> None:
+        """Stops and removes the pod, then waits (bounded) for its VM to go."""
+        self.client.stop_pod(pod_id)
+        self.client.remove_pod(pod_id)
+        deadline = time.monotonic() + 20
+        while self.qemu_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.qemu_pids() == []
 
     def wait_state(self, container_id: str, state: str, timeout_s: float = 60) -> object:
         deadline = time.monotonic() + timeout_s
@@ -157,11 +166,7 @@ def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
                             start_new_session=True)
     client = None
     try:
-        deadline = time.monotonic() + 30
-        while not socket.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"containerd did not start: see {base}/containerd.log")
-            time.sleep(0.1)
+        wait_for(socket, proc, f"containerd (see {base}/containerd.log)")
         daemon = Cri(CriClient(socket), base, socket, paracell_root, base / "logs")
         client = daemon.client
         for tar in (_pause_image(base), oci_image_tar(busybox_rootfs, base / "bb.tar")):
@@ -174,13 +179,7 @@ def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
                 _safe(lambda p=pod: client.stop_pod(p.id))
                 _safe(lambda p=pod: client.remove_pod(p.id))
             client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-        subprocess.run(["umount", "-R", "-l", str(base / "state")], capture_output=True)
+        stop_containerd(proc, log, base)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 

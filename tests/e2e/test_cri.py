@@ -40,12 +40,7 @@ def test_pod_lifecycle_exit_code_logs_and_nothing_left(cri: Cri):
     assert [(stream, text) for _, stream, _, text in lines] == [
         ("stdout", "out-line"), ("stderr", "err-line")], log
     client.remove(ctr)
-    client.stop_pod(pod)
-    client.remove_pod(pod)
-    deadline = time.monotonic() + 20
-    while cri.qemu_pids() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert cri.qemu_pids() == []
+    cri.remove_pod_and_wait(pod)
     listed = cri.paracell("list", "--format", "json")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() in ("null", "[]"), listed.stdout
@@ -113,12 +108,7 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
     client.remove(writer)
     assert len(cri.qemu_pids()) == 1
     assert client.exec_sync(server, ["echo", "alive"]).stdout == b"alive\n"
-    client.stop_pod(pod)
-    client.remove_pod(pod)
-    deadline = time.monotonic() + 20
-    while cri.qemu_pids() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert cri.qemu_pids() == []
+    cri.remove_pod_and_wait(pod)
 
 
 def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
