@@ -30,7 +30,8 @@ def _version_text() -> str:
 @click.option("--log", "log_path", default=None, help="log file (default: stderr only)")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--debug", is_flag=True, help="log debug messages")
-@click.option("--systemd-cgroup", is_flag=True, help="not applicable to a VM runtime")
+@click.option("--systemd-cgroup", is_flag=True,
+              help="cgroupsPath is slice:prefix:name (needs systemd as PID 1)")
 @click.option("--rootless", default="auto", hidden=True)
 @click.option("--criu", default=None, hidden=True)
 @click.option("--engine", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
@@ -48,13 +49,8 @@ def main(
     from paracell import settings
 
     log = RuntimeLog(log_path, log_format, debug)
-    if systemd_cgroup:
-        raise ParacellError(
-            "--systemd-cgroup: the container's cgroups live inside its VM; "
-            "configure the runtime without systemd cgroups"
-        )
     ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto",
-                      memory_manager=memory_manager)
+                      memory_manager=memory_manager, systemd_cgroup=systemd_cgroup)
 
 
 def _ctx() -> Context:

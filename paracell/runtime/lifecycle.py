@@ -39,6 +39,7 @@ class Context:
     log: RuntimeLog
     engine: str = "auto"
     memory_manager: str | None = None  # the global flag; see runtime/memorymanager.py
+    systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/cgroups/
 
     @property
     def store(self) -> StateStore:
@@ -73,7 +74,16 @@ def create(
 ) -> ContainerState:
     from paracell import settings
     from paracell.guest import artifacts
-    from paracell.runtime import hooks, memorymanager, shim, spawn, spec, vmplan, xgates
+    from paracell.runtime import (
+        hooks,
+        hostside,
+        memorymanager,
+        shim,
+        spawn,
+        spec,
+        vmplan,
+        xgates,
+    )
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -86,7 +96,10 @@ def create(
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    memory_mib = settings.guest_memory_mib()
+    # Host side: VM size from linux.resources, cgroup, namespaces (docs/host-isolation.md).
+    host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
+                         settings.guest_memory_mib())
+    memory_mib = host.size.memory_mib
     memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
                                        bundle.annotations, memory_mib)
     choice, facts, qemu = _choose_engine(ctx)
@@ -107,23 +120,26 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=1)
-    state.vm = VmRecord(devices=vm.record())
+                                    memory_mib, memory_plan, vcpus=host.size.vcpus)
+    state.vm = VmRecord(devices=[*vm.record(), host.record()])
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
     spawned = None
     try:
+        host.setup(engine, ctx.log)
         ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
+                     f"{host.size.vcpus} vCPU ({host.size.reason}), "
                      f"memory manager {memory_plan.manager}, "
                      f"xgates {'on' if xgates_plan.enabled else 'off'}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
-                        console_socket=console_socket, terminal=terminal, log=ctx.log)
+                        console_socket=console_socket, terminal=terminal, log=ctx.log,
+                        isolation=host.isolation)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
-            detach, ctx.log.background_error,
+            detach, ctx.log.background_error, pid_namespace=host.isolation.pid_namespace_for_child,
         )
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)
@@ -212,6 +228,9 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     _wait_shim_gone(state)
     kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
     builder.reclaim(state.vm.devices)
+    from paracell.runtime import cgroups
+
+    cgroups.reclaim(state.vm.devices)
     was_started = state.status != status.CREATING
     state.status = status.STOPPED
     ctx.store.remove(state.id)

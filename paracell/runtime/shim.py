@@ -20,6 +20,7 @@ from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.procfs import process_start_time
 from paracell.runtime import channel, console, signals
+from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.signals import exit_status_for_signal
 from paracell.runtime.spawn import Handshake, Ready
@@ -42,6 +43,8 @@ class ShimPlan:
     console_socket: str | None
     terminal: bool
     log: RuntimeLog
+    # Namespaces, cgroup and jail on the host (runtime/hostns.py).
+    isolation: HostIsolation | None = None
 
 
 class Shim:
@@ -64,11 +67,18 @@ class Shim:
     def boot(self) -> Ready:
         """Everything up to a created (not yet started) process."""
         from paracell._native import lib
+        from paracell.runtime import hostns
 
         plan = self.plan
+        iso = plan.isolation
+        if iso is not None:
+            iso.enter()
+            hostns.prepare_qemu_privileges()
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
-        self.vm = plan.vm.launch(plan.state_dir / "qemu.log")
+        self.vm = plan.vm.launch(plan.state_dir / "qemu.log",
+                                 before_start=iso.jail if iso else None,
+                                 preexec=hostns.drop_qemu_privileges if iso else None)
         self._debug(f"qemu started, pid {self.vm.pid}")
         fd = self._agent_fd()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
@@ -89,6 +99,8 @@ class Shim:
         # From the moment the pid is published, `kill` may signal us: hold
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        if iso is not None:
+            return Ready(*iso.host_pids(self.vm.pid))
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0)
 
     def _pager(self) -> PagerChannel | None:
