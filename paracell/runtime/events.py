@@ -81,16 +81,18 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
             "guest": guest,
         }
     total_ns = qemu.get("user_ns", 0) + qemu.get("kernel_ns", 0)
-    return {
-        "type": "stats",
-        "id": container_id,
-        "data": {
-            "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
-                              "kernel": qemu.get("kernel_ns", 0)}},
-            "memory": {"usage": {"usage": resident, "limit": limit}},
-            "paracell": paracell,
-        },
+    data: dict[str, Any] = {
+        "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
+                          "kernel": qemu.get("kernel_ns", 0)}},
+        "memory": {"usage": {"usage": resident, "limit": limit}},
     }
+    # The host cgroup holds the shim and QEMU: runc's figures, read as runc reads them.
+    from paracell.runtime import cgroups
+    from paracell.runtime.cgroups import stats as cgroup_stats
+
+    data |= cgroup_stats.read(cgroups.from_record(state.vm.devices))
+    data["paracell"] = paracell
+    return {"type": "stats", "id": container_id, "data": data}
 
 
 def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:

@@ -21,9 +21,11 @@ class HostPlan:
     cgroup_dirs: list[CgroupDir]
     isolation: HostIsolation
 
-    def record(self) -> dict[str, Any]:
-        """The VM-record entry `delete` reclaims the cgroup from."""
-        return cgroups.record(self.cgroup_dirs)
+    def record(self, engine: str) -> dict[str, Any]:
+        """The VM-record entry `delete` reclaims the cgroup from, with the
+        sizes `update` starts from."""
+        return {**cgroups.record(self.cgroup_dirs), "engine": engine,
+                "guest_mib": self.size.memory_mib, "vcpus": self.size.vcpus}
 
     def setup(self, engine: str, log: Any) -> None:
         """Makes the cgroup with the host's limits; the shim joins it."""

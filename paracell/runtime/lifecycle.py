@@ -121,7 +121,7 @@ def create(
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
                                     memory_mib, memory_plan, vcpus=host.size.vcpus)
-    state.vm = VmRecord(devices=[*vm.record(), host.record()])
+    state.vm = VmRecord(devices=[*vm.record(), host.record(engine)])
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
