@@ -201,6 +201,18 @@ def _enable_v2(d: CgroupDir, mount: str) -> None:
         _write(level, "cgroup.subtree_control", wanted)
 
 
+def _check_existing(d: CgroupDir) -> None:
+    """A cgroup that exists already must be a leaf: limits written into one
+    with sub-cgroups would bind every container below it."""
+    try:
+        subdirs = [e.name for e in os.scandir(d.path) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    if subdirs:
+        raise ParacellError(f"cgroupsPath names {d.path}, an existing cgroup with sub-cgroups: "
+                            "a container needs a cgroup of its own")
+
+
 def _procs(d: CgroupDir) -> list[int]:
     text = _read(os.path.join(d.path, "cgroup.procs")) or ""
     return [int(p) for p in text.split() if p.isdigit()]
@@ -217,6 +229,8 @@ def setup(dirs: list[CgroupDir], res: Resources, log: Any) -> None:
     writes = _all_writes(dirs, res, log)
     mounts = {h.mount for h in hierarchy.discover()}
     for d in dirs:
+        if not d.made_from:
+            _check_existing(d)
         _make(d.path, d.version)
         busy = _procs(d)
         if busy:
@@ -255,9 +269,12 @@ def from_record(devices: list[dict[str, Any]]) -> list[CgroupDir]:
 def reclaim(devices: list[dict[str, Any]]) -> None:
     """delete: kill what is left in the cgroup (a shim that crashed leaves
     nothing, but a create killed at the wrong moment might), then remove
-    the directories, and the parents this create made if they are empty."""
+    the directories, and the parents this create made if they are empty.
+    A cgroup that was there before create is only removed if empty."""
     dirs = from_record(devices)
-    for d in dirs:
+    # Only in a cgroup this create made: one that existed before (refused
+    # because busy, say) holds processes that are not the container's.
+    for d in (d for d in dirs if d.made_from):
         for pid in _procs(d):
             try:
                 os.kill(pid, signal.SIGKILL)

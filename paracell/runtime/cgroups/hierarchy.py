@@ -133,10 +133,14 @@ def directory(h: Hierarchy, cgroups_path: str, container_id: str) -> str:
     else:
         target = posixpath.join(h.mount, h.own.lstrip("/"), inner)
     target = posixpath.normpath(target)
+    own = posixpath.normpath(posixpath.join(h.mount, h.own.lstrip("/")))
     # Belt and braces: whatever the path said, the cgroup is below the mount.
     if target == h.mount or not target.startswith(h.mount.rstrip("/") + "/"):
         raise ParacellError(f"cgroupsPath {cgroups_path!r} names the root of {h.mount}, "
                             "which a container cannot own")
+    if target == own or own.startswith(target + "/"):
+        raise ParacellError(f"cgroupsPath {cgroups_path!r} names the runtime's own cgroup "
+                            f"{target} or one above it, which a container cannot own")
     return target
 
 
