@@ -126,14 +126,15 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _writes_for(d: CgroupDir, res: Resources) -> list[tuple[str, str]]:
+def _writes_for(d: CgroupDir, res: Resources, only_v2: bool) -> list[tuple[str, str]]:
     """This directory's share of the writes."""
     if d.version == 1:
         memsw = _read(os.path.join(d.path, "memory.memsw.limit_in_bytes"))
         writes = files.v1(res, int(memsw) if memsw and memsw.lstrip("-").isdigit() else None)
     else:
         period = (_read(os.path.join(d.path, "cpu.max")) or "").split()
-        writes = files.v2(res, int(period[1]) if len(period) == 2 else None)
+        writes = files.v2(res, int(period[1]) if len(period) == 2 else None,
+                          None if only_v2 else d.controllers)
     return [(name, value) for controller, name, value in writes if controller in d.controllers]
 
 
@@ -144,7 +145,7 @@ def _all_writes(dirs: list[CgroupDir], res: Resources,
     v2_only = all(d.version == 2 for d in dirs)
     out = []
     for d in dirs:
-        for name, value in _writes_for(d, res):
+        for name, value in _writes_for(d, res, v2_only):
             out.append((d, name, value))
     # What a hierarchy-less controller would have received: refuse, naming it.
     probe = files.v2(res) if v2_only else files.v1(res)

@@ -91,6 +91,7 @@ def v1(res: Resources, current_memsw: int | None = None) -> list[Write]:
     for name, prio in res.net_priorities:
         w.append(("net_prio", "net_prio.ifpriomap", f"{name} {prio}"))
     if res.unified:
+        # runc's ErrV1NoUnified; on a hybrid host too, as runc has it.
         raise ParacellError("invalid configuration: cannot use unified on cgroup v1")
     return w
 
@@ -126,19 +127,25 @@ def _max(value: int) -> str:
     return "max" if value < 0 else str(value)
 
 
-def v2(res: Resources, current_period: int | None = None) -> list[Write]:
-    """runc's fs2 driver."""
+def v2(res: Resources, current_period: int | None = None,
+       controllers: tuple[str, ...] | None = None) -> list[Write]:
+    """runc's fs2 driver. `controllers`: those v2 holds here (on a hybrid host
+    v1 has the rest); a field v2 cannot express is refused only where v2 holds
+    its controller."""
+    def owns(controller: str) -> bool:
+        return controllers is None or controller in controllers
+
     w: list[Write] = []
     if res.memory_limit is not None:
         w.append(("memory", "memory.max", _max(res.memory_limit)))
-    swap = v2_swap(res.memory_swap, res.memory_limit)
+    swap = v2_swap(res.memory_swap, res.memory_limit) if owns("memory") else None
     if swap is not None:
         w.append(("memory", "memory.swap.max", _max(swap)))
     if res.memory_reservation is not None:
         w.append(("memory", "memory.low", _max(res.memory_reservation)))
-    if res.memory_swappiness is not None:
+    if res.memory_swappiness is not None and owns("memory"):
         raise ParacellError("linux.resources.memory.swappiness: cgroup v2 has no swappiness")
-    if res.disable_oom_killer:
+    if res.disable_oom_killer and owns("memory"):
         raise ParacellError("linux.resources.memory.disableOOMKiller: cgroup v2 cannot "
                             "disable the OOM killer")
     if res.cpu_shares is not None:
@@ -149,7 +156,7 @@ def v2(res: Resources, current_period: int | None = None) -> list[Write]:
         w.append(("cpu", "cpu.max", f"{quota} {period}"))
     if res.cpu_burst is not None:
         w.append(("cpu", "cpu.max.burst", str(res.cpu_burst)))
-    if res.cpu_rt_runtime is not None or res.cpu_rt_period is not None:
+    if (res.cpu_rt_runtime is not None or res.cpu_rt_period is not None) and owns("cpu"):
         raise ParacellError("linux.resources.cpu: realtime runtime and period are not "
                             "supported on cgroup v2")
     if res.cpu_idle is not None:
@@ -172,7 +179,7 @@ def v2(res: Resources, current_period: int | None = None) -> list[Write]:
             w.append(("io", "io.max", f"{dev.major}:{dev.minor} {keys[name]}={dev.value}"))
     for size, limit_bytes in res.hugepages.items():
         w.append(("hugetlb", f"hugetlb.{size}.max", str(limit_bytes)))
-    if res.net_classid is not None or res.net_priorities:
+    if (res.net_classid is not None or res.net_priorities) and controllers is None:
         raise ParacellError("linux.resources.network: net_cls and net_prio do not exist on "
                             "cgroup v2")
     for key, value in res.unified.items():
