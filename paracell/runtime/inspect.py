@@ -133,9 +133,11 @@ def features() -> dict[str, Any]:
         "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
         "mountOptions": sorted(set(spec.MOUNT_FLAGS) | spec.IGNORED_OPTIONS),
         "linux": {
-            "namespaces": ["mount", "pid", "uts", "ipc"],
+            "namespaces": ["mount", "pid", "uts", "ipc", "cgroup"],
             "capabilities": [f"CAP_{name}" for name in spec.CAPABILITIES],
-            "cgroup": {"v1": False, "v2": False, "systemd": False},
+            # The host cgroup of the shim and QEMU (runtime/cgroups/); systemd
+            # paths only where systemd is PID 1.
+            "cgroup": {"v1": True, "v2": True, "systemd": False},
             "seccomp": {"enabled": False},
             "apparmor": {"enabled": False},
             "selinux": {"enabled": False},
