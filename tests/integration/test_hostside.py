@@ -313,3 +313,54 @@ def test_run_in_the_foreground_keeps_working(runtime, make_bundle):
     result = runtime("run", "--bundle", str(make_bundle(["sh", "-c", "echo fg; exit 7"])), "fg")
     assert result.returncode == 7 and result.stdout == b"fg\n", result.stderr
     runtime.assert_no_leaks()
+
+
+V2_SCRIPT = """
+set -e
+umount -l /sys/fs/cgroup
+mount -t cgroup2 none /sys/fs/cgroup
+P="$PARACELL --root $ROOT"
+$P create --bundle $BUNDLE --pid-file $ROOT.pid v2c </dev/null >/dev/null 2>$ROOT.err
+cg=/sys/fs/cgroup/$TOP/v2c
+echo "subtree $(cat /sys/fs/cgroup/$TOP/cgroup.subtree_control)"
+echo "hugetlb $(cat $cg/hugetlb.2MB.max)"
+echo "procs $(cat $cg/cgroup.procs | tr '\\n' ' ')"
+echo "shim $(cat $ROOT.pid)"
+$P delete --force v2c
+test -e $cg && echo "left $cg" || true
+test -e /sys/fs/cgroup/$TOP && echo "left top" || true
+$P run --bundle $BAD v2bad </dev/null >/dev/null 2>$ROOT.bad || true
+echo "refused $(cat $ROOT.bad)"
+"""
+
+
+def test_pure_cgroup_v2_host_in_a_private_mount(runtime, make_bundle, tmp_path):
+    """A v2-only host, as this hybrid host's v2 hierarchy mounted alone at
+    /sys/fs/cgroup in a private mount namespace. Only hugetlb is free of v1
+    here, so that is the controller v2 can be seen to apply; a limit whose
+    controller v2 lacks is refused in one line."""
+    from tests.conftest import PARACELL
+
+    top = f"pc-v2-{os.getpid()}"
+
+    def good(config):
+        cgroups_path_and_resources(f"/{top}/v2c",
+                                   hugepageLimits=[{"pageSize": "2MB", "limit": 0}])(config)
+
+    bad = make_bundle(["true"], mutate=cgroups_path_and_resources(
+        f"/{top}/v2bad", memory={"limit": 300 << 20}))
+    env = dict(runtime.env, PARACELL=PARACELL, ROOT=str(runtime.root),
+               BUNDLE=str(make_bundle(["sleep", "30"], mutate=good)), BAD=str(bad), TOP=top)
+    result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             V2_SCRIPT], env=env, capture_output=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(" ", 1) for line in result.stdout.decode().splitlines())
+    assert "hugetlb" in lines["subtree"].split()
+    assert lines["hugetlb"] == "0"
+    procs = lines["procs"].split()
+    assert lines["shim"] in procs and len(procs) == 2  # the shim and QEMU
+    assert "left" not in lines
+    assert lines["refused"] == ("paracell: linux.resources: memory.max needs the memory cgroup "
+                                "controller, which this host does not have")
+    assert not os.path.exists(f"/sys/fs/cgroup/unified/{top}")
+    runtime.assert_no_leaks()
