@@ -22,8 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from paracell.errors import ParacellError
-from paracell.runtime.cgroups import files, hierarchy
-from paracell.runtime.resources import MIB, Resources
+from paracell.runtime.cgroups import hierarchy
+
+# `delete` only reclaims: the resource parser and the file mapping stay out
+# of its imports.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.resources import Resources
 
 KIND = "host-cgroup"
 RMDIR_WAIT_S = 2.0
@@ -91,6 +96,8 @@ def host_resources(res: Resources, guest_memory_mib: int, engine: str) -> Resour
     be OOM-killed as soon as the guest used the RAM it was promised."""
     from dataclasses import replace
 
+    from paracell.runtime.resources import MIB
+
     overhead = VMM_OVERHEAD_MIB.get(engine, VMM_OVERHEAD_MIB["tcg"]) * MIB
     limit, swap = res.memory_limit, res.memory_swap
     if limit is not None and limit > 0:
@@ -128,6 +135,8 @@ def _read(path: str) -> str | None:
 
 def _writes_for(d: CgroupDir, res: Resources, only_v2: bool) -> list[tuple[str, str]]:
     """This directory's share of the writes."""
+    from paracell.runtime.cgroups import files
+
     if d.version == 1:
         memsw = _read(os.path.join(d.path, "memory.memsw.limit_in_bytes"))
         writes = files.v1(res, int(memsw) if memsw and memsw.lstrip("-").isdigit() else None)
@@ -141,6 +150,8 @@ def _writes_for(d: CgroupDir, res: Resources, only_v2: bool) -> list[tuple[str, 
 def _all_writes(dirs: list[CgroupDir], res: Resources,
                 log: Any) -> list[tuple[CgroupDir, str, str]]:
     """Every write, refusing one whose controller no hierarchy has."""
+    from paracell.runtime.cgroups import files
+
     available = {c for d in dirs for c in d.controllers}
     v2_only = all(d.version == 2 for d in dirs)
     out = []
