@@ -43,7 +43,16 @@ CLONE_NEWNET = 0x40000000
 CLONE_NEWTIME = 0x00000080
 NS_GET_NSTYPE = 0xB703
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MS_REC, MS_SLAVE = 0x4000, 0x80000
+MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 0x80000
+SYS_MOUNT_SETATTR = 442  # x86_64
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+# Host trees that neither the shim nor QEMU writes once the VM runs: read-only
+# in the jail, so a compromised QEMU (root, with CAP_DAC_OVERRIDE) cannot
+# change host binaries, configuration or keys. A tree that holds a path the
+# VM must write (its state, guest RAM, a writable rootfs, the log) is left as is.
+READONLY_TREES = ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                  "/libx32", "/opt", "/srv", "/root", "/home", "/var")
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
@@ -148,6 +157,10 @@ class HostIsolation:
     cgroup_dirs: list[str] = field(default_factory=list)
     # An fd of the host's /proc, opened before the jail mounts its own.
     host_proc: int = -1
+    # What the shim and QEMU write after the jail is made: their trees stay writable.
+    writable: list[str] = field(default_factory=list)
+    # The trees the jail made read-only (for the log and the tests).
+    readonly: list[str] = field(default_factory=list)
 
     # -- in the process that forks the shim ---------------------------------
 
@@ -216,6 +229,9 @@ class HostIsolation:
         if "pid" in ns.new:
             _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
                    "mounting /proc of the pid namespace")
+        self.readonly = _readonly_trees(self.writable)
+
+
 
     def host_pids(self, qemu_pid: int) -> tuple[int, int, int]:
         """The shim's pid, QEMU's pid and QEMU's start time as the host sees
@@ -238,6 +254,37 @@ class HostIsolation:
         if self.host_proc >= 0:
             os.close(self.host_proc)
             self.host_proc = -1
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _inside(path: str, tree: str) -> bool:
+    return path == tree or path.startswith(tree + "/")
+
+
+def _readonly_trees(writable: list[str]) -> list[str]:
+    """Binds each of READONLY_TREES onto itself and makes it read-only,
+    submounts included (mount_setattr), unless the VM writes below it."""
+    keep = [os.path.realpath(p) for p in writable]
+    libc = _libc()
+    done = []
+    for tree in READONLY_TREES:
+        # A symlink (/bin -> usr/bin) is covered by its target; a tree that
+        # holds, or lies inside, a path the VM writes is left writable.
+        if os.path.islink(tree) or not os.path.isdir(tree) \
+                or any(_inside(p, tree) or _inside(tree, p) for p in keep):
+            continue
+        path = tree.encode()
+        _check(libc.mount(path, path, None, MS_BIND | MS_REC, None), f"binding {tree}")
+        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+        _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE,
+                            ctypes.byref(attr), ctypes.sizeof(attr)),
+               f"making {tree} read-only")
+        done.append(tree)
+    return done
 
 
 def _read_at(proc_fd: int, path: str) -> str:

@@ -27,8 +27,10 @@ class HostPlan:
         return {**cgroups.record(self.cgroup_dirs), "engine": engine,
                 "guest_mib": self.size.memory_mib, "vcpus": self.size.vcpus}
 
-    def setup(self, engine: str, log: Any) -> None:
-        """Makes the cgroup with the host's limits; the shim joins it."""
+    def setup(self, engine: str, log: Any, writable: list[str]) -> None:
+        """Makes the cgroup with the host's limits; the shim joins it.
+        `writable`: what the shim and QEMU write once jailed."""
+        self.isolation.writable = [os.path.abspath(p) for p in writable]
         for name in self.resources.ignored:
             log.warning(f"linux.resources.{name} is ignored, as runc ignores it "
                         "(kernel memory accounting is obsolete)")

@@ -86,6 +86,15 @@ def test_new_namespaces_jail_and_privileges_seen_from_the_host(runtime, make_bun
     # No mount of the jail is in a peer group: what is mounted in it stays in it.
     jail_mounts = Path(f"/proc/{qemu}/mountinfo").read_text().splitlines()
     assert [ln for ln in jail_mounts if "shared:" in ln] == []
+    # Host trees nothing in the jail writes are read-only there, not on the host.
+    mount_opts = {ln.split()[4]: ln.split()[5].split(",") for ln in jail_mounts}
+    for tree in ("/usr", "/etc"):
+        assert "ro" in mount_opts[tree], tree
+    host_mounts = {ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()}
+    assert "/usr" not in host_mounts and "/etc" not in host_mounts
+    touch = subprocess.run(["nsenter", "-t", str(qemu), "-m", "touch", "/etc/paracell-jail"],
+                           capture_output=True)
+    assert touch.returncode != 0 and b"Read-only file system" in touch.stderr
     # QEMU's privileges: no_new_privs and only the 9p server's capabilities.
     assert status_field(qemu, "NoNewPrivs") == "1"
     assert int(status_field(qemu, "CapBnd"), 16) == QEMU_CAP_MASK
