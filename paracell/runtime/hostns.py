@@ -116,30 +116,49 @@ def plan(namespaces: dict[str, str]) -> NamespacePlan:
         if not path:
             result.new.add(kind)
             continue
-        flag, name = TYPES[kind]
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as err:
-            raise ParacellError(f"failed to open {path}: {err.strerror}") from None
-        try:
-            actual = ns_type_of(fd)
-        except OSError:
-            raise ParacellError(f"failed to setns into {name} namespace: Invalid argument "
-                                f"({path} is not a namespace)") from None
-        finally:
-            os.close(fd)
-        if actual != flag:
-            raise ParacellError(f"failed to setns into {name} namespace: Invalid argument "
-                                f"({path} is a {NAME_OF_FLAG.get(actual, '?')} namespace)")
+        os.close(_open_ns(path, kind))
         result.join[kind] = path
     return result
 
 
-def _setns(path: str, kind: str) -> None:
+def _open_ns(path: str, kind: str) -> int:
+    """An fd of the namespace at a hostile path, checked to be of `kind`.
+    Looked at with O_PATH first: an open for reading could block on a FIFO or
+    act on a device (arming a watchdog); namespace files, /proc's and
+    bind-mounted ones, are regular files."""
+    import stat
+
     flag, name = TYPES[kind]
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _check(_libc().setns(fd, flag), f"failed to setns into {name} namespace")
+        probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as err:
+        raise ParacellError(f"failed to open {path}: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(probe).st_mode):
+            raise ParacellError(f"failed to setns into {name} namespace: Invalid argument "
+                                f"({path} is not a namespace)")
+        fd = os.open(f"/proc/self/fd/{probe}", os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    finally:
+        os.close(probe)
+    try:
+        actual = ns_type_of(fd)
+    except OSError:
+        os.close(fd)
+        raise ParacellError(f"failed to setns into {name} namespace: Invalid argument "
+                            f"({path} is not a namespace)") from None
+    if actual != flag:
+        os.close(fd)
+        raise ParacellError(f"failed to setns into {name} namespace: Invalid argument "
+                            f"({path} is a {NAME_OF_FLAG.get(actual, '?')} namespace)")
+    return fd
+
+
+def _setns(path: str, kind: str) -> None:
+    """Checked again here: the path may have changed since create looked."""
+    fd = _open_ns(path, kind)
+    try:
+        _check(_libc().setns(fd, TYPES[kind][0]), f"failed to setns into {TYPES[kind][1]} "
+               "namespace")
     finally:
         os.close(fd)
 

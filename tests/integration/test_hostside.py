@@ -318,9 +318,31 @@ def test_refusals_are_one_line_and_leave_nothing(runtime, make_bundle, args, res
     runtime.assert_no_leaks()
 
 
-def test_run_in_the_foreground_keeps_working(runtime, make_bundle):
+def test_run_in_the_foreground_keeps_working(runtime, make_bundle, tmp_path):
     result = runtime("run", "--bundle", str(make_bundle(["sh", "-c", "echo fg; exit 7"])), "fg")
     assert result.returncode == 7 and result.stdout == b"fg\n", result.stderr
+    # In the foreground `run` forks the shim itself (it waits on it): the shim
+    # is still PID 1 of a new PID namespace, and `run` is back in its own.
+    with open(tmp_path / "out", "wb") as out:
+        run = subprocess.Popen([*runtime_cmd(runtime), "run", "--bundle",
+                                str(make_bundle(["sleep", "30"])), "fg2"],
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=runtime.env)
+    try:
+        deadline = time.monotonic() + 60
+        shim = 0
+        while not shim and time.monotonic() < deadline:
+            state = runtime("state", "fg2")
+            if state.returncode == 0 and json.loads(state.stdout)["status"] == "running":
+                shim = json.loads(state.stdout)["pid"]
+            time.sleep(0.1)
+        assert shim and int(status_field(shim, "PPid")) == run.pid
+        assert status_field(shim, "NSpid").split() == [str(shim), "1"]
+        assert ns_of(run.pid, "pid_for_children") == ns_of("self", "pid")
+        assert runtime("kill", "fg2", "KILL").returncode == 0
+        assert run.wait(timeout=60) == 137
+    finally:
+        run.kill()
+        run.wait()
     runtime.assert_no_leaks()
 
 

@@ -277,6 +277,12 @@ def test_namespace_paths_are_checked_by_type(tmp_path):
     plain.write_text("")
     with pytest.raises(ParacellError, match="failed to setns into mnt namespace"):
         hostns.plan({"mount": str(plain)})
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ParacellError, match=r"fifo is not a namespace"):
+        hostns.plan({"ipc": str(fifo)})  # refused at once, not blocked on
+    with pytest.raises(ParacellError, match=r"/dev/null is not a namespace"):
+        hostns.plan({"uts": "/dev/null"})
     with pytest.raises(ParacellError, match="failed to open"):
         hostns.plan({"uts": str(tmp_path / "missing")})
     with pytest.raises(ParacellError, match="unknown namespace type"):
