@@ -180,6 +180,8 @@ class HostIsolation:
     writable: list[str] = field(default_factory=list)
     # The trees the jail made read-only (for the log and the tests).
     readonly: list[str] = field(default_factory=list)
+    # QEMU's own root (runtime/qemujail.py), planned once the shim is jailed.
+    qemu_root: Any = None
 
     # -- in the process that forks the shim ---------------------------------
 
@@ -232,8 +234,16 @@ class HostIsolation:
         elif "cgroup" in ns.new:
             _unshare(CLONE_NEWCGROUP, "cgroup namespace")
 
-    def jail(self) -> None:
-        """The mount namespace, once the devices' host resources exist."""
+    def jail(self, qemu_argv: list[str], state_dir: str) -> None:
+        """The mount namespace, once the devices' host resources exist; and
+        the plan of QEMU's own root inside it."""
+        from paracell.runtime import qemujail
+
+        self._jail_shim()
+        if "mount" in self.namespaces.new:
+            self.qemu_root = qemujail.plan_for(qemu_argv, state_dir)
+
+    def _jail_shim(self) -> None:
         ns = self.namespaces
         if "mount" in ns.join:
             _setns(ns.join["mount"], "mount")
@@ -268,6 +278,19 @@ class HostIsolation:
             if not qemu_pid:
                 raise ParacellError("cannot find QEMU's host pid")
         return me, qemu_pid, _start_time(self.host_proc, qemu_pid)
+
+    def qemu_preexec(self) -> None:
+        """QEMU's child before exec: its root, then its privileges. An error
+        goes to QEMU's log (fd 2) before the exception ends the child."""
+        try:
+            if self.qemu_root is not None:
+                from paracell.runtime import qemujail
+
+                qemujail.enter(self.qemu_root)
+            drop_qemu_privileges()
+        except BaseException as err:
+            os.write(2, f"paracell: jailing QEMU: {err}\n".encode(errors="replace"))
+            raise
 
     def close(self) -> None:
         if self.host_proc >= 0:
@@ -365,6 +388,7 @@ def _last_cap() -> int:
 def prepare_qemu_privileges() -> None:
     _last_cap()
     _libc()
+    import paracell.runtime.qemujail  # noqa: F401  (imported before the fork)
 
 
 def describe(plan_: NamespacePlan) -> dict[str, Any]:

@@ -76,9 +76,11 @@ class Shim:
             hostns.prepare_qemu_privileges()
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
-        self.vm = plan.vm.launch(plan.state_dir / "qemu.log",
-                                 before_start=iso.jail if iso else None,
-                                 preexec=hostns.drop_qemu_privileges if iso else None)
+        self.vm = plan.vm.launch(
+            plan.state_dir / "qemu.log",
+            before_start=(lambda: iso.jail(plan.vm.command_line(), str(plan.state_dir)))
+            if iso else None,
+            preexec=iso.qemu_preexec if iso else None)
         self._debug(f"qemu started, pid {self.vm.pid}")
         fd = self._agent_fd()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")

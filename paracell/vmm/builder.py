@@ -212,6 +212,8 @@ def _start_qemu(argv: list[str], fds: tuple[int, ...], log_path: Path,
         )
     except OSError as err:
         raise ParacellError(f"starting {argv[0]}: {err.strerror}") from None
+    except subprocess.SubprocessError as err:  # the preexec failed; it logged why
+        raise ParacellError(f"starting {argv[0]}: {err} (see qemu.log)") from None
     finally:
         os.close(log_fd)
 

@@ -71,7 +71,9 @@ def test_new_namespaces_jail_and_privileges_seen_from_the_host(runtime, make_bun
     qemu = qemu_of(runtime, "nsnew")
     for kind in HOST_NS:
         assert ns_of(shim, kind) != ns_of("self", kind), kind
-        assert ns_of(qemu, kind) == ns_of(shim, kind), kind
+        assert ns_of(qemu, kind) != ns_of("self", kind), kind
+        # QEMU has a mount namespace of its own, nested in the shim's (its root).
+        assert (ns_of(qemu, kind) == ns_of(shim, kind)) == (kind != "mnt"), kind
     # No network namespace in the spec: the host's (the net helper owns that one).
     assert ns_of(shim, "net") == ns_of("self", "net")
     # The shim is PID 1 of its PID namespace, QEMU its child there, and the
@@ -87,12 +89,27 @@ def test_new_namespaces_jail_and_privileges_seen_from_the_host(runtime, make_bun
     jail_mounts = Path(f"/proc/{qemu}/mountinfo").read_text().splitlines()
     assert [ln for ln in jail_mounts if "shared:" in ln] == []
     # Host trees nothing in the jail writes are read-only there, not on the host.
-    mount_opts = {ln.split()[4]: ln.split()[5].split(",") for ln in jail_mounts}
-    for tree in ("/usr", "/etc"):
-        assert "ro" in mount_opts[tree], tree
     host_mounts = {ln.split()[4] for ln in Path("/proc/self/mountinfo").read_text().splitlines()}
     assert "/usr" not in host_mounts and "/etc" not in host_mounts
-    touch = subprocess.run(["nsenter", "-t", str(qemu), "-m", "touch", "/etc/paracell-jail"],
+    shim_mounts = Path(f"/proc/{shim}/mountinfo").read_text().splitlines()
+    shim_opts = {ln.split()[4]: ln.split()[5].split(",") for ln in shim_mounts}
+    for tree in ("/usr", "/etc"):
+        assert "ro" in shim_opts[tree], tree
+    # QEMU's own root: a read-only tmpfs holding what its command line names,
+    # /usr, /sys, a few device nodes and its /proc; not the host's /etc, not
+    # the shim's state, not other containers' RAM files.
+    root = Path(f"/proc/{qemu}/root")
+    dev = {p.name for p in (root / "dev").iterdir()}
+    assert {"null", "urandom"} <= dev and not dev - {
+        "null", "zero", "full", "random", "urandom", "kvm", "net", "vhost-net", "vhost-vsock",
+        "shm"}, dev  # shm: only the directory of this VM's RAM file
+    assert not (root / "etc/passwd").exists() and (root / "etc/ld.so.cache").exists()
+    ram = next(d for d in vm_record(runtime, "nsnew")["devices"] if d["kind"] == "guest-ram")
+    assert [p.name for p in (root / ram["path"].lstrip("/")).parent.iterdir()] == \
+        [Path(ram["path"]).name]
+    assert not (root / str(runtime.root / "nsnew/state.json").lstrip("/")).exists()
+    assert [ln for ln in jail_mounts if ln.split()[4] == "/"][0].split()[5].startswith("ro")
+    touch = subprocess.run(["nsenter", "-t", str(shim), "-m", "touch", "/etc/paracell-jail"],
                            capture_output=True)
     assert touch.returncode != 0 and b"Read-only file system" in touch.stderr
     # QEMU's privileges: no_new_privs and only the 9p server's capabilities.
