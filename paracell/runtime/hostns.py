@@ -10,7 +10,8 @@ applies to them, the way runc applies it to the container's init:
   made after the devices' host resources exist (the guest-RAM tmpfs and the
   host-share binds must be visible to `events` and `delete` on the host),
   slave to the host so nothing mounted inside leaks out, with a /proc of the
-  new PID namespace so QEMU sees no host process;
+  new PID namespace and the host's system trees read-only; QEMU is then
+  pivoted into a root of its own holding only what it needs (qemujail.py);
 - QEMU runs with no_new_privs and a capability bounding set cut down to what
   its 9p server needs.
 
