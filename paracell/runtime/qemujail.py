@@ -53,6 +53,8 @@ def _paths_of(argv: list[str]) -> dict[str, bool]:
         if argv[i - 1] in ("-kernel", "-initrd") and arg.startswith("/"):
             found.setdefault(arg, False)
             continue
+        if argv[i - 1] == "-append":
+            continue  # the guest's command line: its paths are the guest's
         parts = arg.split(",")
         readonly = "readonly=on" in parts
         for part in parts:

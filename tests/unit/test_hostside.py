@@ -288,3 +288,29 @@ def test_namespace_paths_are_checked_by_type(tmp_path):
     with pytest.raises(ParacellError, match="unknown namespace type"):
         hostns.plan({"bogus": ""})
     assert os.path.exists("/proc/self/ns/cgroup")
+
+
+def test_qemu_root_holds_what_the_command_line_names(tmp_path):
+    from paracell.runtime import qemujail
+
+    kernel, ram, rootfs = tmp_path / "bzImage", tmp_path / "ram.mem", tmp_path / "rootfs"
+    kernel.write_text("")
+    ram.write_text("")
+    rootfs.mkdir()
+    console = tmp_path / "state" / "console.log"
+    console.parent.mkdir()
+    argv = ["/usr/bin/qemu-system-x86_64", "-kernel", str(kernel),
+            "-object", f"memory-backend-file,id=mem,mem-path={ram},share=on",
+            "-chardev", f"file,id=console,path={console}",
+            "-fsdev", f"local,id=rootfs,path={rootfs},security_model=passthrough,readonly=on",
+            "-chardev", "socket,id=agent,fd=5", "-append", "init=/usr/bin/env"]
+    plan = qemujail.plan_for(argv, str(tmp_path / "state"))
+    binds = {path: (is_dir, writable) for path, is_dir, writable in plan.binds}
+    assert binds[str(kernel)] == (False, False)
+    assert binds[str(ram)] == (False, True)
+    assert binds[str(console)] == (False, True) and console.exists()  # made to be bound
+    assert binds[str(rootfs)] == (True, False)  # readonly=on
+    assert binds["/usr"] == (True, False)
+    assert all(not path.startswith("/etc/") or path == "/etc/ld.so.cache" for path in binds)
+    assert "/usr/bin/env" not in binds  # a guest path, not a host path QEMU opens
+    assert plan.root == str(tmp_path / "state" / "jail")
