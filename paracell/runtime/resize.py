@@ -171,6 +171,11 @@ def apply(state: ContainerState, raw: dict[str, Any],
           qmp: Callable[[str, dict[str, Any] | None], Any]) -> Iterator[str]:
     """Applies the update; yields warnings for the caller to print."""
     res = resources.parse(raw)
+    if res.devices:
+        # runc's update leaves the device rules alone too; saying so beats
+        # pretending they changed.
+        raise ParacellError("update: linux.resources.devices cannot be changed on a "
+                            "running container")
     entry = _record(state)
     dirs = cgroups.from_record(state.vm.devices)
     guest_mib = int(entry.get("guest_mib", 0))

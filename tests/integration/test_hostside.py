@@ -374,6 +374,14 @@ echo "subtree $(cat /sys/fs/cgroup/$TOP/cgroup.subtree_control)"
 echo "hugetlb $(cat $cg/hugetlb.2MB.max)"
 echo "procs $(cat $cg/cgroup.procs | tr '\\n' ' ')"
 echo "shim $(cat $ROOT.pid)"
+$P start v2c
+cat > $ROOT.probe <<'PROBE'
+echo $$ > "$1/cgroup.procs"
+head -c1 /dev/full >/dev/null 2>&1 && echo "dev full-ok" || echo "dev full-denied"
+echo x > /dev/null && echo "dev null-ok"
+PROBE
+sh $ROOT.probe $cg
+echo "status $($P state v2c | grep -o '"status": "[a-z]*"')"
 $P delete --force v2c
 test -e $cg && echo "left $cg" || true
 test -e /sys/fs/cgroup/$TOP && echo "left top" || true
@@ -385,15 +393,19 @@ echo "refused $(cat $ROOT.bad)"
 def test_pure_cgroup_v2_host_in_a_private_mount(runtime, make_bundle, tmp_path):
     """A v2-only host, as this hybrid host's v2 hierarchy mounted alone at
     /sys/fs/cgroup in a private mount namespace. Only hugetlb is free of v1
-    here, so that is the controller v2 can be seen to apply; a limit whose
-    controller v2 lacks is refused in one line."""
+    here, so that is the controller v2 can be seen to apply, with the device
+    rules (a BPF program, no controller needed); a limit whose controller v2
+    lacks is refused in one line."""
     from tests.conftest import PARACELL
 
     top = f"pc-v2-{os.getpid()}"
 
     def good(config):
-        cgroups_path_and_resources(f"/{top}/v2c",
-                                   hugepageLimits=[{"pageSize": "2MB", "limit": 0}])(config)
+        cgroups_path_and_resources(
+            f"/{top}/v2c", hugepageLimits=[{"pageSize": "2MB", "limit": 0}],
+            devices=[{"allow": False, "access": "rwm"},
+                     {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}],
+        )(config)
 
     bad = make_bundle(["true"], mutate=cgroups_path_and_resources(
         f"/{top}/v2bad", memory={"limit": 300 << 20}))
@@ -402,7 +414,12 @@ def test_pure_cgroup_v2_host_in_a_private_mount(runtime, make_bundle, tmp_path):
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              V2_SCRIPT], env=env, capture_output=True, timeout=180)
     assert result.returncode == 0, result.stderr
-    lines = dict(line.split(" ", 1) for line in result.stdout.decode().splitlines())
+    out = result.stdout.decode().splitlines()
+    # Under v2 the device rules are a BPF program on the cgroup: a process
+    # put in it may open /dev/null, not /dev/full; the VM itself runs on.
+    assert [ln for ln in out if ln.startswith("dev ")] == ["dev full-denied", "dev null-ok"]
+    lines = dict(line.split(" ", 1) for line in out if not line.startswith("dev "))
+    assert lines["status"] == '"status": "running"', out
     assert "hugetlb" in lines["subtree"].split()
     assert lines["hugetlb"] == "0"
     procs = lines["procs"].split()

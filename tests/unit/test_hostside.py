@@ -314,3 +314,22 @@ def test_qemu_root_holds_what_the_command_line_names(tmp_path):
     assert all(not path.startswith("/etc/") or path == "/etc/ld.so.cache" for path in binds)
     assert "/usr/bin/env" not in binds  # a guest path, not a host path QEMU opens
     assert plan.root == str(tmp_path / "state" / "jail")
+
+
+def test_device_rules_reduce_as_v1_applies_them():
+    from paracell.runtime.cgroups import devicebpf
+    from paracell.runtime.resources import Device
+
+    deny_all, allow_all = Device(False, "a", -1, -1, "rwm"), Device(True, "a", -1, -1, "rwm")
+    null, tty = Device(True, "c", 1, 3, "rwm"), Device(True, "c", 5, 0, "rw")
+    assert devicebpf.reduce([deny_all, null, tty]) == (False, [null, tty])
+    assert devicebpf.reduce([deny_all, null, Device(False, "c", 1, 3, "rwm")]) == (False, [])
+    assert devicebpf.reduce([null, deny_all, tty]) == (False, [tty])  # "a" clears the list
+    assert devicebpf.reduce([allow_all]) == (True, [])
+    assert devicebpf.reduce([]) == (True, [])
+    # 6 loads, per rule its checks and a return, and the default's return.
+    code = devicebpf.compile_rules(False, [null, tty])
+    assert len(code) % 8 == 0
+    assert len(code) // 8 == 6 + (3 + 2) + (3 + 3 + 2) + 2
+    assert code[-16:] == devicebpf._insn(devicebpf.MOV64_K, 0, imm=0) + \
+        devicebpf._insn(devicebpf.EXIT)

@@ -164,11 +164,6 @@ def _all_writes(dirs: list[CgroupDir], res: Resources,
         if controller not in available:
             raise ParacellError(f"linux.resources: {name.split('|')[0]} needs the {controller} "
                                 "cgroup controller, which this host does not have")
-    if v2_only and res.devices and log is not None:
-        # v2 filters devices with an eBPF program only; the VM boundary and
-        # the guest's own rules (linux.devices) stand instead.
-        log.warning("linux.resources.devices: not applied on the host under cgroup v2 "
-                    "(it needs an eBPF program); the guest applies the container's rules")
     return out
 
 
@@ -253,6 +248,12 @@ def setup(dirs: list[CgroupDir], res: Resources, log: Any) -> None:
             _enable_v2(d, mount)
     for d, name, value in writes:
         _write(d.path, name, value)
+    if res.devices and all(d.version == 2 for d in dirs):
+        # v2 has no devices files: a BPF program on the cgroup filters instead.
+        from paracell.runtime.cgroups import devicebpf, files
+
+        for d in dirs:
+            devicebpf.attach(d.path, [*res.devices, *files.VMM_DEVICES])
 
 
 def update(dirs: list[CgroupDir], res: Resources) -> None:
