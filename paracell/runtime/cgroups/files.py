@@ -29,6 +29,27 @@ def _num(value: int) -> str:
     return str(value)
 
 
+# Fields written as they are, in this order (the period before the quota).
+# "a|b": the writer takes the first name the cgroup has (blkio.weight on CFQ
+# kernels, blkio.bfq.weight on BFQ ones).
+V1_PLAIN = (
+    ("memory_reservation", "memory", "memory.soft_limit_in_bytes"),
+    ("memory_swappiness", "memory", "memory.swappiness"),
+    ("cpu_shares", "cpu", "cpu.shares"),
+    ("cpu_period", "cpu", "cpu.cfs_period_us"),
+    ("cpu_quota", "cpu", "cpu.cfs_quota_us"),
+    ("cpu_burst", "cpu", "cpu.cfs_burst_us"),
+    ("cpu_rt_period", "cpu", "cpu.rt_period_us"),
+    ("cpu_rt_runtime", "cpu", "cpu.rt_runtime_us"),
+    ("cpu_idle", "cpu", "cpu.idle"),
+    ("cpus", "cpuset", "cpuset.cpus"),
+    ("mems", "cpuset", "cpuset.mems"),
+    ("blkio_weight", "blkio", "blkio.weight|blkio.bfq.weight"),
+    ("blkio_leaf_weight", "blkio", "blkio.leaf_weight"),
+    ("net_classid", "net_cls", "net_cls.classid"),
+)
+
+
 def v1(res: Resources, current_memsw: int | None = None) -> list[Write]:
     """runc's fs driver. `current_memsw` decides the order of the two memory
     limits: the kernel refuses a limit above memsw, or memsw below the limit."""
@@ -43,38 +64,14 @@ def v1(res: Resources, current_memsw: int | None = None) -> list[Write]:
             and (limit == -1 or (limit or 0) > current_memsw):
         mem.reverse()
     w += mem
-    if res.memory_reservation is not None:
-        w.append(("memory", "memory.soft_limit_in_bytes", _num(res.memory_reservation)))
-    if res.memory_swappiness is not None:
-        w.append(("memory", "memory.swappiness", _num(res.memory_swappiness)))
     if res.disable_oom_killer:
         w.append(("memory", "memory.oom_control", "1"))
-    if res.cpu_shares is not None:
-        w.append(("cpu", "cpu.shares", _num(res.cpu_shares)))
-    if res.cpu_period is not None:
-        w.append(("cpu", "cpu.cfs_period_us", _num(res.cpu_period)))
-    if res.cpu_quota is not None:
-        w.append(("cpu", "cpu.cfs_quota_us", _num(res.cpu_quota)))
-    if res.cpu_burst is not None:
-        w.append(("cpu", "cpu.cfs_burst_us", _num(res.cpu_burst)))
-    if res.cpu_rt_period is not None:
-        w.append(("cpu", "cpu.rt_period_us", _num(res.cpu_rt_period)))
-    if res.cpu_rt_runtime is not None:
-        w.append(("cpu", "cpu.rt_runtime_us", _num(res.cpu_rt_runtime)))
-    if res.cpu_idle is not None:
-        w.append(("cpu", "cpu.idle", _num(res.cpu_idle)))
-    if res.cpus:
-        w.append(("cpuset", "cpuset.cpus", res.cpus))
-    if res.mems:
-        w.append(("cpuset", "cpuset.mems", res.mems))
+    for attr, controller, name in V1_PLAIN:
+        value = getattr(res, attr)
+        if value is not None:
+            w.append((controller, name, str(value)))
     if res.pids_limit is not None:
         w.append(("pids", "pids.max", "max" if res.pids_limit < 0 else _num(res.pids_limit)))
-    # blkio.weight on CFQ kernels, blkio.bfq.weight on BFQ ones: the writer
-    # takes the first name the cgroup has.
-    if res.blkio_weight is not None:
-        w.append(("blkio", "blkio.weight|blkio.bfq.weight", _num(res.blkio_weight)))
-    if res.blkio_leaf_weight is not None:
-        w.append(("blkio", "blkio.leaf_weight", _num(res.blkio_leaf_weight)))
     for dev in res.blkio_weight_device:
         w.append(("blkio", "blkio.weight_device|blkio.bfq.weight_device",
                   f"{dev.major}:{dev.minor} {dev.value}"))
@@ -86,8 +83,6 @@ def v1(res: Resources, current_memsw: int | None = None) -> list[Write]:
     if res.devices:
         for dev in (*res.devices, *VMM_DEVICES):
             w.append(("devices", "devices.allow" if dev.allow else "devices.deny", dev.rule()))
-    if res.net_classid is not None:
-        w.append(("net_cls", "net_cls.classid", _num(res.net_classid)))
     for name, prio in res.net_priorities:
         w.append(("net_prio", "net_prio.ifpriomap", f"{name} {prio}"))
     if res.unified:
