@@ -324,6 +324,14 @@ def test_default_and_relative_cgroup_paths_hang_from_our_own(runtime, make_bundl
     ((), {"memory": {"limit": "lots"}}, "linux.resources.memory.limit: 'lots' is not an integer"),
     ((), {"cpu": {"cpus": "0-1;reboot"}}, "linux.resources.cpu.cpus"),
     (("--systemd-cgroup",), {}, "--systemd-cgroup: systemd is not running on this host"),
+    pytest.param((), {"network": {"classID": 1}},
+                 "linux.resources: net_cls.classid needs the net_cls cgroup controller, which "
+                 "this host does not have",
+                 marks=pytest.mark.skipif(os.path.exists("/sys/fs/cgroup/net_cls"),
+                                          reason="this host has a net_cls cgroup")),
+    pytest.param((), {"unified": {"memory.high": "1G"}}, "cannot use unified on cgroup v1",
+                 marks=pytest.mark.skipif(os.path.exists("/sys/fs/cgroup/cgroup.controllers"),
+                                          reason="a cgroup v2 host takes unified")),
 ])
 def test_refusals_are_one_line_and_leave_nothing(runtime, make_bundle, args, resources,
                                                  needle):
