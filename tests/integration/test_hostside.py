@@ -437,3 +437,36 @@ def test_pure_cgroup_v2_host_in_a_private_mount(runtime, make_bundle, tmp_path):
                                 "controller, which this host does not have")
     assert not os.path.exists(f"/sys/fs/cgroup/unified/{top}")
     runtime.assert_no_leaks()
+
+
+def test_events_reports_an_oom_kill_in_the_host_cgroup(runtime, make_bundle, tmp_path):
+    def mutate(config):
+        config["annotations"] = {"io.paracell.memory-manager": "none"}
+        config["linux"]["resources"] = {"memory": {"limit": 256 << 20}}
+        config["mounts"].append({"destination": "/fill", "type": "tmpfs", "source": "tmpfs",
+                                 "options": ["size=200m"]})
+
+    cid = "oom"
+    create(runtime, make_bundle(["sleep", "60"], mutate=mutate), cid, tmp_path)
+    assert runtime("start", cid).returncode == 0
+    mem = cgroup_dirs(runtime, cid)["memory"]
+    from tests.conftest import PARACELL
+
+    events = subprocess.Popen([PARACELL, "--root", str(runtime.root), "events", "--interval",
+                               "1", cid], stdout=subprocess.PIPE, env=runtime.env)
+    try:
+        # Squeeze the host limit (by hand: update would keep the overhead) to
+        # just above what the VM holds, then have the guest touch 150 MiB more.
+        usage = int(read(f"{mem}/memory.usage_in_bytes"))
+        Path(f"{mem}/memory.limit_in_bytes").write_text(str(usage + (16 << 20)))
+        runtime("exec", cid, "sh", "-c", "head -c 150m /dev/zero > /fill/x", timeout=60)
+        out, _ = events.communicate(timeout=60)
+    finally:
+        events.kill()
+    kinds = [json.loads(line)["type"] for line in out.decode().splitlines()]
+    assert "oom" in kinds, kinds
+    assert int(dict(line.split() for line in read(f"{mem}/memory.oom_control")
+                    .splitlines())["oom_kill"]) >= 1
+    assert json.loads(runtime("state", cid).stdout)["status"] == "stopped"
+    assert runtime("delete", cid).returncode == 0
+    runtime.assert_no_leaks()

@@ -163,3 +163,14 @@ def _indices(text: str) -> list[int]:
         if low.isdigit() and (not high or high.isdigit()):
             out.extend(range(int(low), int(high or low) + 1))
     return out[:8192]
+
+
+def oom_kills(dirs: list[CgroupDir]) -> int:
+    """memory.oom_control's oom_kill (v1) or memory.events' oom_kill (v2);
+    -1 without a memory cgroup."""
+    mem = next((d for d in dirs if "memory" in d.controllers), None)
+    if mem is None:
+        return -1
+    name = "memory.oom_control" if mem.version == 1 else "memory.events"
+    text = _read(f"{mem.path}/{name}")
+    return _keyed(text).get("oom_kill", 0) if text else -1
