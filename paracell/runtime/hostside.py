@@ -13,6 +13,12 @@ from paracell.runtime.cgroups import CgroupDir, hierarchy
 from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.resources import GuestSize, Resources
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from paracell.runtime.spec import Bundle
+
 
 @dataclass
 class HostPlan:
@@ -27,9 +33,16 @@ class HostPlan:
         return {**cgroups.record(self.cgroup_dirs), "engine": engine,
                 "guest_mib": self.size.memory_mib, "vcpus": self.size.vcpus}
 
-    def setup(self, engine: str, log: Any, writable: list[str]) -> None:
-        """Makes the cgroup with the host's limits; the shim joins it.
-        `writable`: what the shim and QEMU write once jailed."""
+    def setup(self, engine: str, log: Any, state_dir: Path, memory_file: Path,
+              bundle: Bundle) -> None:
+        """Makes the cgroup with the host's limits; the shim joins it. Notes
+        what the shim and QEMU still write once jailed: their state, guest
+        RAM, a writable rootfs, the log."""
+        writable = [state_dir, memory_file.parent]
+        if not bundle.rootfs_readonly:
+            writable.append(bundle.rootfs)
+        if log.path:
+            writable.append(log.path)
         self.isolation.writable = [os.path.abspath(p) for p in writable]
         for name in self.resources.ignored:
             log.warning(f"linux.resources.{name} is ignored, as runc ignores it "

@@ -127,9 +127,7 @@ def create(
     lock_fd = store.create(state)
     spawned = None
     try:
-        host.setup(engine, ctx.log, [str(state_dir), str(memory_file.parent), *(
-            [] if bundle.rootfs_readonly else [str(bundle.rootfs)]), *(
-            [ctx.log.path] if ctx.log.path else [])])
+        host.setup(engine, ctx.log, state_dir, memory_file, bundle)
         ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
                      f"{host.size.vcpus} vCPU ({host.size.reason}), "
                      f"memory manager {memory_plan.manager}, "
