@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 import click
 
@@ -30,7 +31,8 @@ def _version_text() -> str:
 @click.option("--log", "log_path", default=None, help="log file (default: stderr only)")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
 @click.option("--debug", is_flag=True, help="log debug messages")
-@click.option("--systemd-cgroup", is_flag=True, help="not applicable to a VM runtime")
+@click.option("--systemd-cgroup", is_flag=True,
+              help="cgroupsPath is slice:prefix:name (needs systemd as PID 1)")
 @click.option("--rootless", default="auto", hidden=True)
 @click.option("--criu", default=None, hidden=True)
 @click.option("--engine", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
@@ -48,13 +50,8 @@ def main(
     from paracell import settings
 
     log = RuntimeLog(log_path, log_format, debug)
-    if systemd_cgroup:
-        raise ParacellError(
-            "--systemd-cgroup: the container's cgroups live inside its VM; "
-            "configure the runtime without systemd cgroups"
-        )
     ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto",
-                      memory_manager=memory_manager)
+                      memory_manager=memory_manager, systemd_cgroup=systemd_cgroup)
 
 
 def _ctx() -> Context:
@@ -242,21 +239,33 @@ def spec(bundle: str, rootless: bool) -> None:
     defaultspec.write(bundle)
 
 
+# runc update's flags; values are checked in runtime/resize.py.
+UPDATE_FLAGS = ("blkio-weight", "cpu-period", "cpu-quota", "cpu-burst", "cpu-share",
+                "cpu-rt-period", "cpu-rt-runtime", "cpuset-cpus", "cpuset-mems", "cpu-idle",
+                "memory", "memory-reservation", "memory-swap", "kernel-memory",
+                "kernel-memory-tcp", "pids-limit", "l3-cache-schema", "mem-bw-schema")
+
+
+def _update_options(func: Callable[..., None]) -> Callable[..., None]:
+    for flag in reversed(UPDATE_FLAGS):
+        func = click.option(f"--{flag}", flag.replace("-", "_"), default=None)(func)
+    # An older spelling this CLI accepted; runc's is --cpu-share.
+    return click.option("--cpu-shares", "cpu_shares", default=None, hidden=True)(func)
+
+
 @main.command()
 @click.option("--resources", "-r", default=None, help="JSON file, or - for stdin")
-@click.option("--memory", default=None)
-@click.option("--cpu-shares", default=None)
-@click.option("--cpu-quota", default=None)
-@click.option("--pids-limit", default=None)
+@_update_options
 @click.argument("container_id")
-def update(resources: str | None, memory: str | None, cpu_shares: str | None,
-           cpu_quota: str | None, pids_limit: str | None, container_id: str) -> None:
-    """Update resource limits (those a VM can apply)."""
+def update(resources: str | None, container_id: str, cpu_shares: str | None,
+           **flags: str | None) -> None:
+    """Update resource limits: the host cgroup, and guest memory by the balloon."""
     from paracell.runtime import inspect
 
-    inspect.update(_ctx(), container_id, resources,
-                   {"memory": memory, "cpu-shares": cpu_shares, "cpu-quota": cpu_quota,
-                    "pids-limit": pids_limit})
+    values = {flag: flags[flag.replace("-", "_")] for flag in UPDATE_FLAGS}
+    if cpu_shares is not None and values["cpu-share"] is None:
+        values["cpu-share"] = cpu_shares
+    inspect.update(_ctx(), container_id, resources, values)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

@@ -11,7 +11,8 @@ import sys
 # none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
 FLAG_GLOBALS = ("--debug", "--systemd-cgroup")
 VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
-FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug"}
+# --systemd-cgroup only matters to create: podman passes it to every verb.
+FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup"}
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:

@@ -21,11 +21,24 @@ sys.path.insert(0, str(REPO))
 from paracell.runtime import defaultspec  # noqa: E402
 
 
+def own_memory_cgroups() -> list[str]:
+    """Sub-cgroups of this process's memory cgroup, where a container whose
+    spec has no cgroupsPath gets its own (runtime/cgroups/)."""
+    try:
+        own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text()
+                   .splitlines() if line.split(":")[1] == "memory")
+        base = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+        return [p.name for p in base.iterdir() if p.is_dir()]
+    except (OSError, StopIteration):
+        return []
+
+
 @dataclass
 class Runtime:
     root: Path
     memory_dir: Path
     env: dict[str, str] = field(default_factory=dict)
+    cgroups_before: set[str] = field(default_factory=lambda: set(own_memory_cgroups()))
 
     def __call__(self, *args: str, input: bytes | None = None, timeout: float = 120,
                  check: bool = False) -> subprocess.CompletedProcess[bytes]:
@@ -64,6 +77,8 @@ class Runtime:
         assert mounted == [], f"guest memory mount left behind: {mounted}"
         states = [p for p in self.root.iterdir()] if self.root.exists() else []
         assert states == [], f"state left behind: {states}"
+        cgroups = sorted(set(own_memory_cgroups()) - self.cgroups_before)
+        assert cgroups == [], f"host cgroups left behind: {cgroups}"
 
 
 @pytest.fixture

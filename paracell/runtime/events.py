@@ -81,23 +81,45 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
             "guest": guest,
         }
     total_ns = qemu.get("user_ns", 0) + qemu.get("kernel_ns", 0)
-    return {
-        "type": "stats",
-        "id": container_id,
-        "data": {
-            "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
-                              "kernel": qemu.get("kernel_ns", 0)}},
-            "memory": {"usage": {"usage": resident, "limit": limit}},
-            "paracell": paracell,
-        },
+    data: dict[str, Any] = {
+        "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
+                          "kernel": qemu.get("kernel_ns", 0)}},
+        "memory": {"usage": {"usage": resident, "limit": limit}},
     }
+    # The host cgroup holds the shim and QEMU: runc's figures, read as runc reads them.
+    from paracell.runtime import cgroups
+    from paracell.runtime.cgroups import stats as cgroup_stats
+
+    data |= cgroup_stats.read(cgroups.from_record(state.vm.devices))
+    data["paracell"] = paracell
+    return {"type": "stats", "id": container_id, "data": data}
+
+
+def _oom_kills(ctx: Context, container_id: str) -> int:
+    """OOM kills in the container's host cgroup so far (-1: none to read)."""
+    from paracell.runtime import cgroups
+    from paracell.runtime.cgroups import stats as cgroup_stats
+
+    try:
+        state = ctx.store.load(container_id)
+    except ParacellError:
+        return -1
+    return cgroup_stats.oom_kills(cgroups.from_record(state.vm.devices if state.vm else []))
 
 
 def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:
-    """One stats event per interval while the container runs, as `runc events` does."""
+    """One stats event per interval while the container runs, as `runc events`
+    does, and an `oom` event when the kernel's OOM killer struck in the
+    container's host cgroup (QEMU or the shim: the VM ran out of its limit)."""
+    kills = _oom_kills(ctx, container_id)
     while True:
+        now = _oom_kills(ctx, container_id)
+        if kills >= 0 and now > kills:
+            yield json.dumps({"type": "oom", "id": container_id})
+        kills = max(kills, now)
         try:
-            yield json.dumps(stats(ctx, container_id))
+            event = json.dumps(stats(ctx, container_id))
         except ParacellError:
             return
+        yield event
         time.sleep(interval_s)

@@ -66,7 +66,7 @@ def list_containers(ctx: Context, fmt: str, quiet: bool) -> str:
     return "\n".join(rows)
 
 
-def _qmp(state: ContainerState, command: str) -> None:
+def _qmp(state: ContainerState, command: str, arguments: dict[str, Any] | None = None) -> Any:
     import asyncio
 
     from qemu.qmp import QMPClient
@@ -79,16 +79,16 @@ def _qmp(state: ContainerState, command: str) -> None:
     except OSError as err:
         raise ParacellError(f"QMP {command}: {err.strerror}") from None
 
-    async def talk() -> None:
+    async def talk() -> Any:
         client = QMPClient("paracell")
         await client.connect(sock)
         try:
-            await client.execute(command)
+            return await client.execute(command, arguments)
         finally:
             await client.disconnect()
 
     try:
-        asyncio.run(talk())
+        return asyncio.run(talk())
     except Exception as err:  # qemu.qmp raises several unrelated types
         raise ParacellError(f"QMP {command}: {err}") from None
 
@@ -113,23 +113,17 @@ def resume(ctx: Context, container_id: str) -> None:
 
 def update(ctx: Context, container_id: str, resources: str | None,
            flags: dict[str, str | None]) -> None:
-    state = ctx.store.load(container_id)
-    status.transition("update", state.status, container_id)
-    asked: dict[str, Any] = {}
-    if resources:
-        raw = sys.stdin.read() if resources == "-" else Path(resources).read_text()
-        try:
-            asked = json.loads(raw) if raw.strip() else {}
-        except ValueError as err:
-            raise ParacellError(f"update: resources are not valid JSON: {err}") from None
-    asked.update({k: v for k, v in flags.items() if v is not None})
-    if asked:
-        # The VM's size is fixed at boot and its cgroups are the guest's own;
-        # saying so beats pretending a limit took effect.
-        raise ParacellError(
-            f"update of {', '.join(sorted(asked))} is not supported: the micro-VM's "
-            "resources are fixed when it boots"
-        )
+    """runc's update: the host cgroup, and guest memory through the balloon
+    (runtime/resize.py)."""
+    from paracell.runtime import resize
+
+    with ctx.store.locked(container_id):
+        state = ctx.store.load(container_id)
+        status.transition("update", state.status, container_id)
+        raw = resize.read_resources(resources) if resources else {}
+        asked = resize.merge_flags(raw, flags)
+        for line in resize.apply(state, asked, lambda cmd, args: _qmp(state, cmd, args)):
+            print(f"paracell: {line}", file=sys.stderr)
 
 
 def features() -> dict[str, Any]:
@@ -139,9 +133,11 @@ def features() -> dict[str, Any]:
         "hooks": ["prestart", "createRuntime", "poststart", "poststop"],
         "mountOptions": mountopts.option_names(),
         "linux": {
-            "namespaces": ["mount", "pid", "uts", "ipc", "user"],
+            "namespaces": ["mount", "pid", "uts", "ipc", "user", "cgroup", "network"],
             "capabilities": [f"CAP_{name}" for name in spec.CAPABILITIES],
-            "cgroup": {"v1": False, "v2": False, "systemd": False},
+            # The host cgroup of the shim and QEMU (runtime/cgroups/); systemd
+            # paths only where systemd is PID 1.
+            "cgroup": {"v1": True, "v2": True, "systemd": False},
             "seccomp": seccomp.features(),
             "apparmor": {"enabled": False},
             "selinux": {"enabled": False},

@@ -43,6 +43,7 @@ class Context:
     log: RuntimeLog
     engine: str = "auto"
     memory_manager: str | None = None  # the global flag; see runtime/memorymanager.py
+    systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/cgroups/
 
     @property
     def store(self) -> StateStore:
@@ -78,7 +79,17 @@ def create(
     from paracell import settings
     from paracell.guest import artifacts
     from paracell.net import netns
-    from paracell.runtime import hooks, memorymanager, pod, shim, spawn, spec, vmplan, xgates
+    from paracell.runtime import (
+        hooks,
+        hostside,
+        memorymanager,
+        pod,
+        shim,
+        spawn,
+        spec,
+        vmplan,
+        xgates,
+    )
     from paracell.runtime.shim import ShimPlan
     from paracell.vmm import memory
 
@@ -96,8 +107,12 @@ def create(
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    memory_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
-                  if pod_role.kind == "sandbox" else settings.guest_memory_mib())
+    # Host side: VM size from linux.resources, cgroup, namespaces (docs/host-isolation.md).
+    # A pod's VM holds every container of the pod: its default size is the pod's.
+    default_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
+                   if pod_role.kind == "sandbox" else settings.guest_memory_mib())
+    host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup, default_mib)
+    memory_mib = host.size.memory_mib
     memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
                                        bundle.annotations, memory_mib)
     choice, facts, qemu = _choose_engine(ctx)
@@ -119,15 +134,17 @@ def create(
     )
     state_dir = store.dir(container_id)
     vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=1, network=network,
-                                    pod_share=pod_role.kind == "sandbox")
-    state.vm = VmRecord(devices=vm.record())
+                                    memory_mib, memory_plan, vcpus=host.size.vcpus,
+                                    network=network, pod_share=pod_role.kind == "sandbox")
+    state.vm = VmRecord(devices=[*vm.record(), host.record(engine)])
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
     spawned = None
     try:
+        host.setup(engine, ctx.log, state_dir, memory_file, bundle)
         ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
+                     f"{host.size.vcpus} vCPU ({host.size.reason}), "
                      f"memory manager {memory_plan.manager}, "
                      f"xgates {'on' if xgates_plan.enabled else 'off'}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
@@ -136,10 +153,10 @@ def create(
             ctx.log.warning(warning)
         plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
                         console_socket=console_socket, terminal=terminal, log=ctx.log,
-                        seccomp=bundle.seccomp, network=network)
+                        seccomp=bundle.seccomp, network=network, isolation=host.isolation)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
-            detach, ctx.log.background_error,
+            detach, ctx.log.background_error, pid_namespace=host.isolation.pid_namespace_for_child,
         )
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)
@@ -236,6 +253,9 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     _wait_shim_gone(state)
     kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
     builder.reclaim(state.vm.devices)
+    from paracell.runtime import cgroups
+
+    cgroups.reclaim(state.vm.devices)
     was_started = state.status != status.CREATING
     state.status = status.STOPPED
     ctx.store.remove(state.id)

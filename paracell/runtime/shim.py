@@ -22,6 +22,7 @@ from paracell.net import device as net_device
 from paracell.net import netns
 from paracell.procfs import process_start_time
 from paracell.runtime import channel, console, signals
+from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.signals import exit_status_for_signal
 from paracell.runtime.spawn import Handshake, Ready
@@ -46,6 +47,8 @@ class ShimPlan:
     log: RuntimeLog
     seccomp: bytes | None = None  # PC_SECCOMP payload, sent just before the SPEC
     network: netns.NetworkPlan = netns.NetworkPlan(netns.HOST)
+    # Namespaces, cgroup and jail on the host (runtime/hostns.py).
+    isolation: HostIsolation | None = None
 
 
 class Shim:
@@ -68,13 +71,22 @@ class Shim:
     def boot(self) -> Ready:
         """Everything up to a created (not yet started) process."""
         from paracell._native import lib
+        from paracell.runtime import hostns
 
         plan = self.plan
+        iso = plan.isolation
+        if iso is not None:
+            iso.enter()
+            hostns.prepare_qemu_privileges()
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         # Before QEMU exists and while we have one thread: both inherit it.
         netns.enter(plan.network)
         self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
-        self.vm = plan.vm.launch(plan.state_dir / "qemu.log")
+        self.vm = plan.vm.launch(
+            plan.state_dir / "qemu.log",
+            before_start=(lambda: iso.jail(plan.vm.command_line(), str(plan.state_dir)))
+            if iso else None,
+            preexec=iso.qemu_preexec if iso else None)
         self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
         fd = self._agent_fd()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
@@ -99,6 +111,8 @@ class Shim:
         # From the moment the pid is published, `kill` may signal us: hold
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        if iso is not None:
+            return Ready(*iso.host_pids(self.vm.pid))
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0)
 
     def _pager(self) -> PagerChannel | None:

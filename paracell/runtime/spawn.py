@@ -12,9 +12,11 @@ VM ever runs that no state records.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 
 READY_MAX = 4096
@@ -96,10 +98,16 @@ class Spawned:
 
 
 def spawn(body: Callable[[Handshake], int], detach: bool,
-          on_crash: Callable[[str], None]) -> Spawned:
+          on_crash: Callable[[str], None],
+          pid_namespace: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+          ) -> Spawned:
+    """`pid_namespace` wraps the fork that makes the body's process, which is
+    born in that PID namespace (runtime/hostns.py): the second fork when
+    detached, else the first, since the caller waits on that child itself."""
     ready_r, ready_w = os.pipe()
     commit_r, commit_w = os.pipe()
-    pid = os.fork()
+    with (contextlib.nullcontext() if detach else pid_namespace()):
+        pid = os.fork()
     if pid == 0:
         status = 255
         try:
@@ -113,8 +121,9 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
             os.closerange(keep[1] + 1, 65536)
             os.chdir("/")
             if detach:
-                if os.fork() != 0:
-                    os._exit(0)
+                with pid_namespace():
+                    if os.fork() != 0:
+                        os._exit(0)
                 # setsid in the grandchild: a session leader can take a pty
                 # as its controlling terminal and so hear SIGWINCH.
                 os.setsid()

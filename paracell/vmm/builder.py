@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -165,14 +166,20 @@ class VmBuilder:
             argv += device.qemu_args()
         return argv
 
-    def launch(self, log_path: Path) -> Vm:
+    def launch(self, log_path: Path, before_start: Callable[[], None] | None = None,
+               preexec: Callable[[], None] | None = None) -> Vm:
+        """`before_start` runs once the devices' host resources exist (the
+        shim's jail); `preexec` in QEMU's child before exec (its privileges)."""
         prepared: list[Device] = []
         try:
             for device in self.devices:
                 device.prepare()
                 prepared.append(device)
+            if before_start is not None:
+                before_start()
             proc = _start_qemu(self.command_line(),
-                               tuple(fd for d in self.devices for fd in d.pass_fds()), log_path)
+                               tuple(fd for d in self.devices for fd in d.pass_fds()), log_path,
+                               preexec)
         except BaseException:
             for device in reversed(prepared):
                 device.release()
@@ -189,16 +196,24 @@ def _die_with_parent() -> None:
     lib.pc_set_pdeathsig(signal.SIGKILL)
 
 
-def _start_qemu(argv: list[str], fds: tuple[int, ...], log_path: Path) -> subprocess.Popen[bytes]:
+def _start_qemu(argv: list[str], fds: tuple[int, ...], log_path: Path,
+                preexec: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
+    def child() -> None:
+        _die_with_parent()
+        if preexec is not None:
+            preexec()
+
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         return subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, pass_fds=fds,
             # Its own session: a ^C meant for the container must not kill the VM.
-            start_new_session=True, preexec_fn=_die_with_parent,
+            start_new_session=True, preexec_fn=child,
         )
     except OSError as err:
         raise ParacellError(f"starting {argv[0]}: {err.strerror}") from None
+    except subprocess.SubprocessError as err:  # the preexec failed; it logged why
+        raise ParacellError(f"starting {argv[0]}: {err} (see qemu.log)") from None
     finally:
         os.close(log_fd)
 

@@ -170,6 +170,9 @@ class PodShare(Share):
 
     def prepare(self) -> None:
         self.path.mkdir(mode=0o700, exist_ok=True)
+        # Members are bound in after QEMU sits in its jail, whose mounts are
+        # slaves of the host's: a shared mount here carries them there.
+        hostshare.make_shared(self.path)
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:

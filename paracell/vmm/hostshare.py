@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.linux import MNT_DETACH, MS_BIND, MS_REC
+from paracell.linux import MNT_DETACH, MS_BIND, MS_REC, MS_SHARED
 
 
 def _libc() -> ctypes.CDLL:
@@ -63,6 +63,23 @@ def unmount_binds(share: Path) -> None:
     share.rmdir()
 
 
+def make_shared(directory: Path) -> None:
+    """directory becomes a mount point of its own, in a shared peer group, so
+    that mounts made below it later reach the namespaces that copied it."""
+    libc = _libc()
+    path = str(directory).encode()
+    if libc.mount(path, path, None, MS_BIND, None) != 0 or \
+            libc.mount(None, path, None, MS_SHARED, None) != 0:
+        err = ctypes.get_errno()
+        remove_tree(directory)
+        raise ParacellError(f"making {directory} a shared mount: {os.strerror(err)}")
+
+
+def _is_mount_point(directory: Path) -> bool:
+    with open("/proc/self/mountinfo") as f:
+        return any(_unescape(line.split()[4]) == str(directory) for line in f)
+
+
 def remove_tree(directory: Path) -> None:
     """Unmounts everything under directory, then removes what is left with
     rmdir and unlink only: a mount that would not go leaves its directory
@@ -72,7 +89,10 @@ def remove_tree(directory: Path) -> None:
     libc = _libc()
     for point in sorted(_mounts_under(directory), reverse=True):
         libc.umount2(point.encode(), MNT_DETACH)
-    left = _mounts_under(directory)
+    while _is_mount_point(directory):  # a bind of itself, perhaps stacked
+        if libc.umount2(str(directory).encode(), MNT_DETACH) != 0:
+            break
+    left = _mounts_under(directory) + ([str(directory)] if _is_mount_point(directory) else [])
     if left:
         # What is below a mount is somebody's data: never walk into it.
         raise ParacellError(f"cannot unmount {left[0]}: {directory} is left in place")

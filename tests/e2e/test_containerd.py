@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import time
 
 import pytest
@@ -56,3 +57,16 @@ def test_tty(containerd):
                             "sh", "-c", "tty; stty size", tty=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert b"/dev/pts/" in result.stdout
+
+
+def test_memory_limit_sizes_the_vm_and_cgroup_goes_with_delete(containerd):
+    # containerd's cgroupsPath is /default/ID; ctr's --memory-limit and --cpus
+    # go to linux.resources.
+    result = containerd.ctr("run", *containerd.run_args(), "--rm", "--memory-limit",
+                            str(300 << 20), "--cpus", "2", IMAGE, "ctr-size", "sh", "-c",
+                            "grep MemTotal /proc/meminfo; nproc")
+    assert result.returncode == 0, result.stderr
+    meminfo, nproc = result.stdout.decode().splitlines()
+    assert 250 << 10 < int(meminfo.split()[1]) <= 300 << 10
+    assert nproc == "2"
+    assert glob.glob("/sys/fs/cgroup/*/default/ctr-size") == []

@@ -39,3 +39,14 @@ def test_interactive_tty(podman):
     result = podman("run", "-it", "--rm", IMAGE, "sh", "-c", "tty", tty=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert b"/dev/pts/" in result.stdout
+
+
+def test_memory_and_cpus_size_the_vm(podman):
+    # podman writes linux.resources and its own cgroupsPath (cgroupfs):
+    # guest RAM follows --memory, vCPUs follow --cpus.
+    result = podman("run", "--rm", "--memory", "300m", "--cpus", "2", IMAGE, "sh", "-c",
+                    "grep MemTotal /proc/meminfo; nproc")
+    assert result.returncode == 0, result.stderr
+    meminfo, nproc = result.stdout.decode().splitlines()
+    assert 250 << 10 < int(meminfo.split()[1]) <= 300 << 10
+    assert nproc == "2"

@@ -157,7 +157,10 @@ def test_fast_path_defers_unusual_calls():
     assert fastpath.split_globals(["--nope", "state", "x"]) is None
     assert fastpath.split_globals(["--log=/l", "--debug", "kill", "x"]) == (
         {"--log": "/l", "--debug": ""}, ["kill", "x"])
-    assert fastpath.run(["--systemd-cgroup", "state", "x"]) is None  # left to click
+    assert fastpath.run(["--engine", "tcg", "state", "x"]) is None  # left to click
+    # podman passes --systemd-cgroup to every verb; only create cares.
+    assert fastpath.split_globals(["--systemd-cgroup", "state", "x"]) == (
+        {"--systemd-cgroup": ""}, ["state", "x"])
 
 
 def test_config_file_and_environment_precedence(tmp_path, monkeypatch):

@@ -119,3 +119,21 @@ def test_remove_tree_unbinds_and_never_deletes_what_was_bound(tmp_path: Path):
     assert not (tmp_path / "pod").exists()
     assert (source / "precious").read_text() == "keep me"
     hostshare.remove_tree(tmp_path / "pod")  # idempotent
+
+
+def test_a_shared_pod_share_goes_with_everything_bound_below_it(tmp_path: Path):
+    source = tmp_path / "data"
+    source.mkdir()
+    (source / "precious").write_text("keep me")
+    share = tmp_path / "pod"
+    share.mkdir()
+    hostshare.make_shared(share)
+    member_root = share / "slot" / "rootfs"
+    member_root.mkdir(parents=True)
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mount(str(source).encode(), str(member_root).encode(), None, MS_BIND, None) == 0
+    hostshare.remove_tree(share)
+    assert not share.exists()
+    assert (source / "precious").read_text() == "keep me"
+    with open("/proc/self/mountinfo") as f:
+        assert str(share) not in f.read()

@@ -1,0 +1,67 @@
+"""What `create` decides for the host side of a container, in one place:
+the VM's size from linux.resources, the host cgroup at cgroupsPath, and the
+namespaces the shim and QEMU get (runtime/hostns.py, runtime/cgroups/)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from paracell.runtime import cgroups, hostns, resources
+from paracell.runtime.cgroups import CgroupDir, hierarchy
+from paracell.runtime.hostns import HostIsolation
+from paracell.runtime.resources import GuestSize, Resources
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from paracell.runtime.spec import Bundle
+
+
+@dataclass
+class HostPlan:
+    resources: Resources
+    size: GuestSize
+    cgroup_dirs: list[CgroupDir]
+    isolation: HostIsolation
+
+    def record(self, engine: str) -> dict[str, Any]:
+        """The VM-record entry `delete` reclaims the cgroup from, with the
+        sizes `update` starts from."""
+        return {**cgroups.record(self.cgroup_dirs), "engine": engine,
+                "guest_mib": self.size.memory_mib, "vcpus": self.size.vcpus}
+
+    def setup(self, engine: str, log: Any, state_dir: Path, memory_file: Path,
+              bundle: Bundle) -> None:
+        """Makes the cgroup with the host's limits; the shim joins it. Notes
+        what the shim and QEMU still write once jailed: their state, guest
+        RAM, a writable rootfs, the log."""
+        writable = [state_dir, memory_file.parent]
+        if not bundle.rootfs_readonly:
+            writable.append(bundle.rootfs)
+        if log.path:
+            writable.append(log.path)
+        self.isolation.writable = [os.path.abspath(p) for p in writable]
+        for name in self.resources.ignored:
+            log.warning(f"linux.resources.{name} is ignored, as runc ignores it "
+                        "(kernel memory accounting is obsolete)")
+        host = cgroups.host_resources(self.resources, self.size.memory_mib, engine)
+        cgroups.setup(self.cgroup_dirs, host, log)
+        self.isolation.cgroup_dirs = [d.path for d in self.cgroup_dirs]
+
+
+def plan(config: dict[str, Any], container_id: str, systemd: bool,
+         default_memory_mib: int) -> HostPlan:
+    from paracell.runtime import spec
+
+    linux = config.get("linux") or {}
+    res = resources.parse(linux.get("resources"))
+    size = resources.guest_size(res, default_memory_mib, os.cpu_count() or 1)
+    cgroups_path = hierarchy.check_cgroups_path(linux.get("cgroupsPath"))
+    if systemd and not cgroups_path:
+        cgroups_path = f"system.slice:paracell:{container_id}"
+    dirs = cgroups.place(cgroups_path, container_id, systemd)
+    namespaces = hostns.plan(spec._namespaces(linux))
+    return HostPlan(res, size, dirs, HostIsolation(namespaces))

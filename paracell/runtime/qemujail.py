@@ -1,0 +1,142 @@
+"""QEMU's own root, in the spirit of Firecracker's jailer: a tmpfs that holds
+only what this VM's QEMU needs, bound at the same paths, read-only wherever
+QEMU only reads, and QEMU pivoted into it.
+
+What QEMU needs is read off its command line, where every device names its
+host paths (the kernel, the initramfs, the guest-RAM file, the console log,
+the 9p shares); sockets and the TAP come as inherited fds and need no path.
+To that come /usr (QEMU, its libraries and firmware), the loader's cache,
+/sys read-only, a few device nodes and a /proc of its own. Everything else of
+the host, other containers' RAM files and state included, is simply not there.
+
+Built in QEMU's child between fork and exec (preexec), in a mount namespace
+nested in the shim's jail, so the shim keeps its view: the plan is computed
+before the fork, the child only makes directories and mounts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass, field
+
+from paracell.runtime import hostns
+
+SYS_PIVOT_ROOT = 155  # x86_64
+MS_RDONLY, MS_REMOUNT = 0x1, 0x20
+MNT_DETACH = 2
+JAIL_DIR = "jail"
+# Read-only, whole: QEMU's binary, libraries and firmware; what it may probe.
+SYSTEM_DIRS = ("/usr", "/sys")
+SYSTEM_FILES = ("/etc/ld.so.cache",)
+# Read-write device nodes QEMU may open: /dev/kvm, the rest for glib and TAP.
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/kvm",
+           "/dev/net/tun", "/dev/vhost-net", "/dev/vhost-vsock")
+# Merged-/usr hosts make these symlinks into /usr; others have directories.
+ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Option keys whose path QEMU writes: guest RAM, chardev files, 9p shares.
+WRITTEN_KEYS = ("mem-path", "path")
+
+
+@dataclass
+class JailPlan:
+    root: str
+    # (host path, is a directory, writable)
+    binds: list[tuple[str, bool, bool]] = field(default_factory=list)
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _paths_of(argv: list[str]) -> dict[str, bool]:
+    """Absolute paths on the command line -> whether QEMU writes them."""
+    found: dict[str, bool] = {}
+    for i, arg in enumerate(argv[1:], start=1):
+        if argv[i - 1] in ("-kernel", "-initrd") and arg.startswith("/"):
+            found.setdefault(arg, False)
+            continue
+        if argv[i - 1] == "-append":
+            continue  # the guest's command line: its paths are the guest's
+        parts = arg.split(",")
+        readonly = "readonly=on" in parts
+        for part in parts:
+            key, eq, value = part.partition("=")
+            if eq and value.startswith("/"):
+                writes = key in WRITTEN_KEYS and not readonly
+                found[value] = found.get(value, False) or writes
+    return found
+
+
+def plan_for(argv: list[str], state_dir: str) -> JailPlan:
+    """Before the fork: what QEMU's root holds."""
+    root = os.path.join(state_dir, JAIL_DIR)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    plan = JailPlan(root)
+    for name in ROOT_LINKS:
+        if os.path.islink(name):
+            plan.links.append((name, os.readlink(name)))
+        elif os.path.isdir(name):
+            plan.binds.append((name, True, False))
+    plan.binds += [(d, True, False) for d in SYSTEM_DIRS if os.path.isdir(d)]
+    plan.binds += [(f, False, False) for f in SYSTEM_FILES if os.path.isfile(f)]
+    plan.binds += [(d, False, True) for d in DEVICES if os.path.exists(d)]
+    if not argv[0].startswith("/usr/"):
+        plan.binds.append((argv[0], False, False))
+    for path, writes in _paths_of(argv).items():
+        if path.startswith(("/usr/", "/sys/", "/dev/")) and not writes:
+            continue  # in a tree bound already
+        if not os.path.exists(path):
+            if not writes:
+                continue  # QEMU will say it is missing, as it would unjailed
+            # A chardev file QEMU would create: made now, so it can be bound.
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        plan.binds.append((path, os.path.isdir(path), writes))
+    return plan
+
+
+def _mount(src: bytes | None, target: str, fstype: bytes | None, flags: int,
+           data: bytes | None, what: str) -> None:
+    libc = hostns._libc()
+    if libc.mount(src, target.encode(), fstype, flags, data) != 0:
+        raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+def enter(plan: JailPlan) -> None:
+    """In QEMU's child before exec: a mount namespace of its own whose root is
+    the plan's tmpfs. Raises OSError; the caller reports it."""
+    libc = hostns._libc()
+    if libc.unshare(hostns.CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare mount namespace")
+    _mount(None, "/", None, hostns.MS_REC | hostns.MS_SLAVE, None, "making / a slave")
+    root = plan.root
+    _mount(b"paracell-qemu-root", root, b"tmpfs", hostns.MS_NOSUID | hostns.MS_NODEV,
+           b"size=1m,mode=0755", "mounting QEMU's root")
+    for path, is_dir, writable in plan.binds:
+        target = root + path
+        if is_dir:
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        _mount(path.encode(), target, None, hostns.MS_BIND | hostns.MS_REC, None,
+               f"binding {path}")
+        if not writable:
+            attr = hostns._MountAttr(hostns.MOUNT_ATTR_RDONLY, 0, 0, 0)
+            if libc.syscall(hostns.SYS_MOUNT_SETATTR, hostns.AT_FDCWD, target.encode(),
+                            hostns.AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
+                raise OSError(ctypes.get_errno(), f"making {path} read-only")
+    for name, target in plan.links:
+        os.symlink(target, root + name)
+    os.makedirs(root + "/proc", exist_ok=True)
+    _mount(b"proc", root + "/proc", b"proc",
+           hostns.MS_NOSUID | hostns.MS_NODEV | hostns.MS_NOEXEC, None, "mounting /proc")
+    os.makedirs(root + "/.old", exist_ok=True)
+    os.chdir(root)
+    if libc.syscall(SYS_PIVOT_ROOT, b".", b".old") != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    os.chdir("/")
+    if libc.umount2(b"/.old", MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "detaching the old root")
+    os.rmdir("/.old")
+    # Nothing is ever created in QEMU's root itself.
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | hostns.MS_NOSUID | hostns.MS_NODEV, None,
+           "making QEMU's root read-only")
+
