@@ -7,6 +7,7 @@ often, and they must not pay for QEMU, cffi or the bench code.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 
@@ -50,7 +51,10 @@ def main(
     from paracell import settings
 
     log = RuntimeLog(log_path, log_format, debug)
-    ctx.obj = Context(root=root, log=log, engine=engine or settings.engine_override() or "auto",
+    # The shim leaves the caller's directory (chdir "/"): a relative root
+    # would name another place there.
+    ctx.obj = Context(root=os.path.abspath(root), log=log,
+                      engine=engine or settings.engine_override() or "auto",
                       memory_manager=memory_manager, systemd_cgroup=systemd_cgroup)
 
 

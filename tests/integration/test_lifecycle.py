@@ -257,3 +257,19 @@ def test_poststop_runs_even_when_the_bundle_is_gone(runtime, make_bundle, tmp_pa
     runtime("delete", "--force", "ps1", check=True)
     assert json.loads(marker.read_text())["id"] == "ps1"
     runtime.assert_no_leaks()
+
+
+def test_a_relative_root_works(runtime, make_bundle, tmp_path):
+    """--root relative to the caller's directory, which the shim leaves."""
+    import subprocess
+
+    from tests.conftest import PARACELL
+
+    bundle = make_bundle(["sh", "-c", "exit 4"])
+    work = tmp_path / "work"
+    work.mkdir()
+    done = subprocess.run([PARACELL, "--root", "state", "run", "--bundle", str(bundle), "rel"],
+                          cwd=work, env=runtime.env, capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 4, done.stderr
+    assert list((work / "state").iterdir()) == []
