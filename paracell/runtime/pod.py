@@ -26,7 +26,11 @@ from paracell.linux import MS_BIND, MS_REC
 from paracell.runtime import channel, spawn
 from paracell.runtime.ids import check_id
 from paracell.runtime.spec import Bundle
-from paracell.runtime.state import CONTROL_SOCKET, ContainerState
+from paracell.runtime.state import CONTROL_SOCKET, ContainerState, StateStore
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.lifecycle import Context
 
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
@@ -93,10 +97,10 @@ def _mount(source: Path, target: Path, flags: int) -> None:
         raise ParacellError(f"bind mount of {source}: {os.strerror(err)}")
 
 
-def _sandbox(store: object, sandbox_id: str) -> tuple[ContainerState, Path]:
+def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
     from paracell.runtime import status
 
-    state = store.load(sandbox_id)  # type: ignore[attr-defined]
+    state = store.load(sandbox_id)
     if state.status not in (status.CREATED, status.RUNNING):
         raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
     try:
@@ -192,17 +196,22 @@ def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
 
 
 def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, terminal: bool,
-               console_socket: str | None) -> Callable[[spawn.Handshake], int]:
-    """The member's host process: see the module's docstring."""
+               console_socket: str | None, cgroup: list[str]
+               ) -> Callable[[spawn.Handshake], int]:
+    """The member's host process, in its cgroup: see the module's docstring."""
 
     def body(handshake: spawn.Handshake) -> int:
         import signal
 
         from paracell._native import lib
-        from paracell.runtime import execproc, signals
+        from paracell.runtime import cgroups, execproc, signals
 
         try:
+            cgroups.join(cgroup)
             listener = unixsock.listen(control_socket)
+        except ParacellError as err:
+            handshake.report(spawn.Ready(error=str(err)))
+            return 255
         except OSError as err:
             handshake.report(spawn.Ready(error=f"listen on {control_socket}: {err.strerror}"))
             return 255
@@ -226,13 +235,13 @@ def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, termin
     return body
 
 
-def member_pids(store: object, sandbox_id: str) -> dict[int, str]:
+def member_pids(store: StateStore, sandbox_id: str) -> dict[int, str]:
     """The proxy pids of the pod's live members, whose namespaces a later
     member may name (CRI's TARGET mode)."""
     found = {}
-    for other in store.list_ids():  # type: ignore[attr-defined]
+    for other in store.list_ids():
         try:
-            state = store.load(other)  # type: ignore[attr-defined]
+            state = store.load(other)
         except ParacellError:
             continue
         if state.annotations.get(SANDBOX_ID) == sandbox_id and other != sandbox_id:
@@ -240,16 +249,16 @@ def member_pids(store: object, sandbox_id: str) -> dict[int, str]:
     return found
 
 
-def sandbox_socket(store: object, state: ContainerState) -> Path | None:
+def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
     """Where exec requests for this container go: its pod's shim for a member."""
     if state.annotations.get(CONTAINER_TYPE) != "container":
         return None
     sandbox_id = state.annotations.get(SANDBOX_ID, "")
     check_id(sandbox_id)
-    return store.dir(sandbox_id) / CONTROL_SOCKET  # type: ignore[attr-defined]
+    return store.dir(sandbox_id) / CONTROL_SOCKET
 
 
-def create_member(ctx: object, container_id: str, bundle: Bundle, sandbox_id: str,
+def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
                   pid_file: str | None, console_socket: str | None, detach: bool
                   ) -> ContainerState:
     """`create` of a pod member: the same steps and the same all-or-nothing
@@ -260,14 +269,21 @@ def create_member(ctx: object, container_id: str, bundle: Bundle, sandbox_id: st
     from paracell.runtime.log import rfc3339_now
     from paracell.runtime.state import VmRecord, oci_state
 
-    store = ctx.store  # type: ignore[attr-defined]
-    log = ctx.log  # type: ignore[attr-defined]
+    store = ctx.store
+    log = ctx.log
     sandbox, share = _sandbox(store, sandbox_id)
     terminal = bool(bundle.config["process"].get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
     xgates_plan = xgates.plan(bundle.annotations)
     xgates.vet_rootfs(xgates_plan, bundle.rootfs, log)
+    # The member's own host cgroup holds its proxy, so containerd finds one
+    # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
+    from paracell import settings
+    from paracell.runtime import cgroups, hostside, resources
+
+    host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
+                         settings.guest_memory_mib())
     member_dir = share / member_slot(container_id)
     bundle.bind_prefix = f"{GUEST_POD_DIR}/{member_slot(container_id)}/binds"
     extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
@@ -279,18 +295,19 @@ def create_member(ctx: object, container_id: str, bundle: Bundle, sandbox_id: st
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
         hooks=bundle.config.get("hooks") or {},
-        vm=VmRecord(devices=member_devices(member_dir)),
+        vm=VmRecord(devices=[*member_devices(member_dir), cgroups.record(host.cgroup_dirs)]),
     )
     lock_fd = store.create(state)
     spawned = None
     try:
         log.info(f"create {container_id}: member of pod {sandbox_id}")
         mount_member(bundle, member_dir)
+        cgroups.setup(host.cgroup_dirs, resources.parse(None), log)
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         body = proxy_body(store.dir(sandbox_id) / CONTROL_SOCKET,
                           store.dir(container_id) / CONTROL_SOCKET, launch, terminal,
-                          console_socket)
+                          console_socket, [d.path for d in host.cgroup_dirs])
         spawned = spawn.spawn(body, detach, log.background_error)
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)
@@ -304,7 +321,7 @@ def create_member(ctx: object, container_id: str, bundle: Bundle, sandbox_id: st
     except BaseException:
         if spawned is not None:
             spawned.abandon()
-        lifecycle._destroy(ctx, state)  # type: ignore[arg-type]
+        lifecycle._destroy(ctx, state)
         raise
     finally:
         os.close(lock_fd)

@@ -5,6 +5,7 @@ does). The CRI client in paracell.cri plays kubelet."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -45,10 +46,19 @@ class Cri:
     def pod_config(self, name: str, **extra: object) -> dict[str, object]:
         logs = self.logs / name
         logs.mkdir(parents=True, exist_ok=True)
+        # kubelet always gives a pod a cgroup parent; this one is the fixture's own.
         return {"metadata": {"name": name, "uid": f"uid-{name}", "namespace": "paracell-test"},
                 "hostname": name, "log_directory": str(logs),
-                "linux": {"security_context": {"namespace_options": {"pid": "CONTAINER"}}},
+                "linux": {"cgroup_parent": self.cgroup_parent,
+                          "security_context": {"namespace_options": {"pid": "CONTAINER"}}},
                 **extra}
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"/paracell-cri-{os.getpid()}"
+
+    def host_cgroups_left(self) -> list[str]:
+        return [str(p) for p in Path("/sys/fs/cgroup").glob(f"*{self.cgroup_parent}")]
 
     def container_config(self, name: str, command: list[str], **extra: object) -> dict[str, object]:
         return {"metadata": {"name": name}, "image": {"image": IMAGE}, "command": command,

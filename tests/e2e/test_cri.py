@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.conftest import PARACELL
@@ -41,6 +42,7 @@ def test_pod_lifecycle_exit_code_logs_and_nothing_left(cri: Cri):
         ("stdout", "out-line"), ("stderr", "err-line")], log
     client.remove(ctr)
     cri.remove_pod_and_wait(pod)
+    assert cri.host_cgroups_left() == []
     listed = cri.paracell("list", "--format", "json")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.strip() in ("null", "[]"), listed.stdout
@@ -64,6 +66,13 @@ def test_exec_sync_stats_and_stop_with_grace(cri: Cri):
     assert (reply.stdout, reply.stderr, reply.exit_code) == (b"from-exec\n", b"oops\n", 4)
     stats = client.container_stats(polite)
     assert stats.memory.working_set_bytes.value > 0
+    # The pod's figures are its cgroup's, which holds the VM: at least what
+    # QEMU has resident now (the pod's shims and proxies come on top).
+    [qemu] = cri.qemu_pids()
+    resident = psutil.Process(qemu).memory_info().rss
+    pod_stats = client.pod_stats(pod)
+    assert pod_stats.linux.memory.working_set_bytes.value >= 0.8 * resident
+    assert pod_stats.linux.memory.working_set_bytes.value > 32 << 20
     client.stop(polite, 10)
     assert cri.wait_state(polite, "CONTAINER_EXITED").exit_code == 7
     began = time.monotonic()
@@ -109,6 +118,7 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
     assert len(cri.qemu_pids()) == 1
     assert client.exec_sync(server, ["echo", "alive"]).stdout == b"alive\n"
     cri.remove_pod_and_wait(pod)
+    assert cri.host_cgroups_left() == []
 
 
 def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
