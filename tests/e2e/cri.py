@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ class Cri:
     socket: Path
     paracell_root: Path
     logs: Path
+    ram_files_before: set[str] = field(default_factory=lambda: set(Cri.ram_files()))
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
@@ -80,13 +81,28 @@ class Cri:
         return found
 
     def remove_pod_and_wait(self, pod_id: str) -> None:
-        """Stops and removes the pod, then waits (bounded) for its VM to go."""
+        """Stops and removes the pod, waits (bounded) for its VM to go, and
+        checks that nothing of it is left: process, mount, RAM file, network
+        device or host cgroup."""
         self.client.stop_pod(pod_id)
         self.client.remove_pod(pod_id)
         deadline = time.monotonic() + 20
         while self.qemu_pids() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert self.qemu_pids() == []
+        with open("/proc/self/mountinfo") as f:
+            assert [ln for ln in f if str(self.paracell_root) in ln] == []
+        assert set(self.ram_files()) <= self.ram_files_before, "a guest RAM file was left"
+        ports = subprocess.run(["ip", "-o", "link", "show", "master", BRIDGE],
+                               capture_output=True, text=True).stdout
+        assert ports.strip() == "", f"a veth was left on {BRIDGE}: {ports}"
+        assert self.host_cgroups_left() == []
+
+    @staticmethod
+    def ram_files() -> list[str]:
+        """containerd strips the runtime's environment: its RAM files are in
+        the default memory directory."""
+        return [p.name for p in settings.memory_dir().glob("*.mem")]
 
     def wait_state(self, container_id: str, state: str, timeout_s: float = 60) -> object:
         deadline = time.monotonic() + timeout_s

@@ -250,19 +250,18 @@ def test_interface_added_between_create_and_start(runtime, make_bundle, tmp_path
         runtime.assert_no_leaks()
 
 
-@pytest.mark.parametrize("annotation", ["io.kubernetes.cri.container-type",
-                                        "io.kubernetes.cri-o.ContainerType"],
-                         ids=["containerd-cri", "cri-o-and-podman-pods"])
-def test_pod_app_container_joins_the_sandboxs_namespace_without_interfaces(
-        runtime, make_bundle, wired, tmp_path, annotation):
-    """A pod: the sandbox's VM takes the pod's interfaces; an app container
-    joining its namespace runs, with lo only, and the log says why."""
+def test_podman_pod_app_container_joins_the_infra_namespace_without_interfaces(
+        runtime, make_bundle, wired, tmp_path):
+    """A podman pod (CRI-O's annotation): a VM per container, the infra
+    container's VM takes the pod's interfaces; an app container joining its
+    namespace runs, with lo only, and the log says why. (containerd's CRI pods
+    run in one VM: test_containerd_pod_member_shares_the_pod_vms_interfaces.)"""
     ns, _ = wired
 
     def member(kind):
         def mutate(config):
             in_netns(ns.path)(config)
-            config["annotations"] = {annotation: kind}
+            config["annotations"] = {"io.kubernetes.cri-o.ContainerType": kind}
         return mutate
     sandbox = make_bundle(["sleep", "300"], mutate=member("sandbox"))
     assert runtime("create", "--bundle", str(sandbox), "netsandbox").returncode == 0
@@ -272,5 +271,32 @@ def test_pod_app_container_joins_the_sandboxs_namespace_without_interfaces(
         assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", "pctap0"])
     finally:
         runtime("delete", "--force", "netsandbox")
+    runtime.assert_no_leaks()
+    assert_nothing_left(ns)
+
+
+def test_containerd_pod_member_shares_the_pod_vms_interfaces(runtime, make_bundle, wired):
+    """containerd's CRI pods run in one VM (docs/pods.md): a member in the
+    sandbox's network namespace sees the pod's interface, and no second TAP
+    is made."""
+    ns, _ = wired
+
+    def annotate(kind):
+        def mutate(config):
+            in_netns(ns.path)(config)
+            config["annotations"] = {"io.kubernetes.cri.container-type": kind,
+                                     "io.kubernetes.cri.sandbox-id": "netpod"}
+        return mutate
+    sandbox = make_bundle(["sleep", "300"], mutate=annotate("sandbox"))
+    assert runtime("create", "--bundle", str(sandbox), "netpod").returncode == 0
+    try:
+        runtime("start", "netpod", check=True)
+        app = make_bundle(["ls", "/sys/class/net"], mutate=annotate("container"))
+        result = runtime("run", "--bundle", str(app), "netmember")
+        assert (result.returncode, result.stdout) == (0, b"eth0\nlo\n"), result.stderr
+        assert sorted(ns.ingress_qdiscs()) == sorted(["eth0", "pctap0"])
+        assert len(runtime.qemu_processes()) == 1
+    finally:
+        runtime("delete", "--force", "netpod")
     runtime.assert_no_leaks()
     assert_nothing_left(ns)
