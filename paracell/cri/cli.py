@@ -165,37 +165,23 @@ def ps(ctx: click.Context) -> None:
             click.echo(f"{ctr.id[:13]}  {state:<18}  {ctr.metadata.name}  {pod}")
 
 
-@cri.command("inspect")
-@click.argument("container_id")
-@click.pass_context
-def inspect(ctx: click.Context, container_id: str) -> None:
-    """A container's status, as JSON."""
-    with _client(ctx) as client:
-        _show(client.status(container_id))
+# Commands that print one CRI message as JSON: name, client method, help.
+_SHOW = (
+    ("inspect", "status", "A container's status, as JSON."),
+    ("inspectp", "pod_status", "A pod's status, as JSON."),
+    ("stats", "container_stats", "A container's CPU and memory figures, as JSON."),
+    ("statsp", "pod_stats", "A pod's CPU, memory and process figures, as JSON."),
+)
 
 
-@cri.command("inspectp")
-@click.argument("pod_id")
-@click.pass_context
-def inspectp(ctx: click.Context, pod_id: str) -> None:
-    """A pod's status, as JSON."""
-    with _client(ctx) as client:
-        _show(client.pod_status(pod_id))
+def _show_command(name: str, method: str, help_text: str) -> None:
+    @cri.command(name, help=help_text)
+    @click.argument("object_id", metavar="ID")
+    @click.pass_context
+    def show(ctx: click.Context, object_id: str) -> None:
+        with _client(ctx) as client:
+            _show(getattr(client, method)(object_id))
 
 
-@cri.command("stats")
-@click.argument("container_id")
-@click.pass_context
-def stats(ctx: click.Context, container_id: str) -> None:
-    """A container's CPU and memory figures, as JSON."""
-    with _client(ctx) as client:
-        _show(client.container_stats(container_id))
-
-
-@cri.command("statsp")
-@click.argument("pod_id")
-@click.pass_context
-def statsp(ctx: click.Context, pod_id: str) -> None:
-    """A pod's CPU, memory and process figures, as JSON."""
-    with _client(ctx) as client:
-        _show(client.pod_stats(pod_id))
+for _name, _method, _help in _SHOW:
+    _show_command(_name, _method, _help)

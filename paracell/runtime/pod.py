@@ -284,6 +284,7 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
 
     host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
                          settings.guest_memory_mib())
+    member_cgroup = cgroups.adopt_parents(host.cgroup_dirs, cgroups.from_record(sandbox.vm.devices))
     member_dir = share / member_slot(container_id)
     bundle.bind_prefix = f"{GUEST_POD_DIR}/{member_slot(container_id)}/binds"
     extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
@@ -295,19 +296,19 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
         hooks=bundle.config.get("hooks") or {},
-        vm=VmRecord(devices=[*member_devices(member_dir), cgroups.record(host.cgroup_dirs)]),
+        vm=VmRecord(devices=[*member_devices(member_dir), cgroups.record(member_cgroup)]),
     )
     lock_fd = store.create(state)
     spawned = None
     try:
         log.info(f"create {container_id}: member of pod {sandbox_id}")
         mount_member(bundle, member_dir)
-        cgroups.setup(host.cgroup_dirs, resources.parse(None), log)
+        cgroups.setup(member_cgroup, resources.parse(None), log)
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         body = proxy_body(store.dir(sandbox_id) / CONTROL_SOCKET,
                           store.dir(container_id) / CONTROL_SOCKET, launch, terminal,
-                          console_socket, [d.path for d in host.cgroup_dirs])
+                          console_socket, [d.path for d in member_cgroup])
         spawned = spawn.spawn(body, detach, log.background_error)
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)

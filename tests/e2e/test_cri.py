@@ -134,6 +134,10 @@ def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
     done = cli("exec", container, "sh", "-c", "echo in-the-pod; exit 5")
     assert (done.returncode, done.stdout) == (5, "in-the-pod\n")
     [pod] = [c.pod_sandbox_id for c in cri.client.containers() if c.id == container]
+    shown = cli("inspect", container)
+    assert json.loads(shown.stdout)["state"] == "CONTAINER_RUNNING", shown.stderr
+    figures = json.loads(cli("statsp", pod).stdout)
+    assert int(figures["linux"]["memory"]["workingSetBytes"]["value"]) > 0
     removed = cli("rmp", pod)
     assert removed.returncode == 0, removed.stderr
     assert cri.client.pods() == []
@@ -180,4 +184,26 @@ def test_the_host_reaches_a_pod_member_by_the_pod_ip(cri: Cri):
     assert pod_ip.startswith("10.217.0.")
     wait_route_via(pod_ip, BRIDGE)
     assert http_get(None, pod_ip, 8080).endswith(b"from-the-pod\n")
+    cri.remove_pod_and_wait(pod)
+
+
+def test_share_process_namespace_shows_the_pods_processes(cri: Cri):
+    """shareProcessNamespace: CRI gives members the sandbox's pid namespace;
+    in the pod's VM they join the pause container's, which reaps for them."""
+    client = cri.client
+    pod_config = cri.pod_config("sharedpid", linux={
+        "cgroup_parent": cri.cgroup_parent,
+        "security_context": {"namespace_options": {"pid": "POD"}}})
+    pod = client.run_pod(pod_config, HANDLER)
+    shared = {"linux": {"security_context": {"namespace_options": {"pid": "POD"}}}}
+    first = client.create(pod, cri.container_config("first", ["sleep", "1000"], **shared),
+                          pod_config)
+    second = client.create(pod, cri.container_config("second", ["sleep", "1001"], **shared),
+                           pod_config)
+    for ctr in (first, second):
+        client.start(ctr)
+        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    seen = client.exec_sync(second, ["ps", "-o", "pid,args"]).stdout.decode()
+    assert "/pause" in seen and "sleep 1000" in seen and "sleep 1001" in seen, seen
+    assert "1 /pause" in " ".join(seen.split()), seen
     cri.remove_pod_and_wait(pod)

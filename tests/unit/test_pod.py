@@ -137,3 +137,18 @@ def test_a_shared_pod_share_goes_with_everything_bound_below_it(tmp_path: Path):
     assert (source / "precious").read_text() == "keep me"
     with open("/proc/self/mountinfo") as f:
         assert str(share) not in f.read()
+
+
+def test_members_adopt_the_pod_parent_their_sandbox_made():
+    from paracell.runtime.cgroups import CgroupDir, adopt_parents
+
+    mem, v2, pids = "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"
+    sandbox = [CgroupDir(f"{mem}/pod/sb", 1, ("memory",), f"{mem}/pod"),
+               CgroupDir(f"{v2}/pod/sb", 2, (), f"{v2}/pod")]
+    member = [CgroupDir(f"{mem}/pod/c", 1, ("memory",), f"{mem}/pod/c"),
+              CgroupDir(f"{v2}/pod/c", 2, (), f"{v2}/pod/c"),
+              CgroupDir(f"{pids}/other/c", 1, ("pids",), f"{pids}/other/c")]
+    adopted = adopt_parents(member, sandbox)
+    assert [d.made_from for d in adopted] == [f"{mem}/pod", f"{v2}/pod", f"{pids}/other/c"]
+    # A parent the sandbox did not make (it was there) is never taken.
+    assert adopt_parents(member, [CgroupDir(sandbox[0].path, 1, ("memory",), "")]) == member

@@ -73,6 +73,23 @@ def _place(cgroups_path: str, container_id: str, systemd: bool) -> list[CgroupDi
     return dirs
 
 
+def adopt_parents(dirs: list[CgroupDir], others: list[CgroupDir]) -> list[CgroupDir]:
+    """dirs, taking on the levels `others` made above them: a pod's members
+    sit under the parent its sandbox's create made, and whichever of them is
+    deleted last must remove it (containerd may delete the sandbox first)."""
+    from dataclasses import replace
+
+    adopted = []
+    for d in dirs:
+        for o in others:
+            if (o.version == d.version and o.made_from and d.made_from
+                    and d.made_from.startswith(o.made_from + "/")):
+                d = replace(d, made_from=o.made_from)
+                break
+        adopted.append(d)
+    return adopted
+
+
 def _first_missing(path: str) -> str:
     """The top level of `path` that does not exist yet: decided before the
     record is written, so that delete removes the parents this create makes."""
