@@ -59,7 +59,8 @@ struct inbuf {
 
 struct client {
     int fd;
-    int chan;  /* 0 until the client binds a process with SPEC */
+    int chan;  /* 0 until the client binds a process with SECCOMP or SPEC */
+    int spec_sent; /* a pod member's init sends SECCOMP, then its SPEC, on one channel */
     int closing;
     struct inbuf in;
     struct sink out;
@@ -317,11 +318,11 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
     struct client *c = r->clients[idx];
     (void)chan;
     if (c->chan == 0) {
-        if (type == PC_SPEC && !r->shim) {
+        if ((type == PC_SPEC || type == PC_SECCOMP) && !r->shim) {
             c->closing = 1; /* a member proxy runs one process: its own */
             return 0;
         }
-        if (type == PC_SPEC) {
+        if (type == PC_SPEC || type == PC_SECCOMP) {
             int ch = r->init_exited ? -1 : free_chan(r);
             if (ch < 0) {
                 const char *msg = r->init_exited ? "container not running"
@@ -331,8 +332,9 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
                 return 0;
             }
             c->chan = ch;
+            c->spec_sent = type == PC_SPEC;
             r->chan_owner[ch] = idx;
-            return sink_frame(&r->to_chan, PC_SPEC, (unsigned)ch, p, n);
+            return sink_frame(&r->to_chan, type, (unsigned)ch, p, n);
         }
         if (type == PC_START || type == PC_SIGNAL) {
             if (sink_frame(&r->to_chan, type, 0, p, n) < 0) return -1;
@@ -343,7 +345,12 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
         c->closing = 1; /* not a request we serve: hang up on that client */
         return 0;
     }
-    if (type == PC_START || type == PC_STDIN || type == PC_SIGNAL || type == PC_RESIZE)
+    if (type == PC_SPEC && !c->spec_sent) {  /* the one SPEC after a SECCOMP */
+        c->spec_sent = 1;
+        return sink_frame(&r->to_chan, type, (unsigned)c->chan, p, n);
+    }
+    if (c->spec_sent &&
+        (type == PC_START || type == PC_STDIN || type == PC_SIGNAL || type == PC_RESIZE))
         return sink_frame(&r->to_chan, type, (unsigned)c->chan, p, n);
     c->closing = 1;
     return 0;

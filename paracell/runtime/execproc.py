@@ -86,15 +86,19 @@ EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
 
 
 def open_process(handshake: spawn.Handshake, shim_socket: Path, launch: bytes, terminal: bool,
-                 console_socket: str | None) -> tuple[socket.socket, int] | None:
+                 console_socket: str | None, seccomp: bytes | None = None
+                 ) -> tuple[socket.socket, int] | None:
     """A proxy's first step: the shim makes the process in the guest from
-    `launch`. The connection and the terminal's fd (-1 without one), or None
-    once the failure went to create through the handshake."""
+    `launch` (a pod member's init sends its seccomp program just before). The
+    connection and the terminal's fd (-1 without one), or None once the
+    failure went to create through the handshake."""
     from paracell._native import lib
     from paracell.runtime import console
 
     try:
         conn = unixsock.connect(shim_socket)
+        if seccomp:
+            channel.send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
         channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
         channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
         tty_fd = console.open_for_container(console_socket) if terminal else -1

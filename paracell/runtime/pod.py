@@ -196,7 +196,7 @@ def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
 
 
 def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, terminal: bool,
-               console_socket: str | None, cgroup: list[str]
+               console_socket: str | None, cgroup: list[str], seccomp: bytes | None
                ) -> Callable[[spawn.Handshake], int]:
     """The member's host process, in its cgroup: see the module's docstring."""
 
@@ -215,7 +215,8 @@ def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, termin
         except OSError as err:
             handshake.report(spawn.Ready(error=f"listen on {control_socket}: {err.strerror}"))
             return 255
-        opened = execproc.open_process(handshake, sandbox_socket, launch, terminal, console_socket)
+        opened = execproc.open_process(handshake, sandbox_socket, launch, terminal,
+                                       console_socket, seccomp)
         if opened is None:
             return 255
         conn, tty_fd = opened
@@ -272,7 +273,11 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
     store = ctx.store
     log = ctx.log
     sandbox, share = _sandbox(store, sandbox_id)
-    terminal = bool(bundle.config["process"].get("terminal"))
+    process = bundle.config.get("process")
+    if process is None:
+        # Nothing could start it later: its VM is already running.
+        raise ParacellError(f"container {container_id}: a pod member needs a process")
+    terminal = bool(process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
     xgates_plan = xgates.plan(bundle.annotations)
@@ -302,13 +307,15 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
     spawned = None
     try:
         log.info(f"create {container_id}: member of pod {sandbox_id}")
+        for warning in bundle.warnings:
+            log.warning(warning)
         mount_member(bundle, member_dir)
         cgroups.setup(member_cgroup, resources.parse(None), log)
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         body = proxy_body(store.dir(sandbox_id) / CONTROL_SOCKET,
                           store.dir(container_id) / CONTROL_SOCKET, launch, terminal,
-                          console_socket, [d.path for d in member_cgroup])
+                          console_socket, [d.path for d in member_cgroup], bundle.seccomp)
         spawned = spawn.spawn(body, detach, log.background_error)
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)

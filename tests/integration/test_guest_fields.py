@@ -298,3 +298,30 @@ def test_device_never_lands_on_the_host(runtime, make_bundle, busybox_rootfs):
     assert line.endswith("create device /dev/sub/evil: /dev/sub is not the container's /dev "
                          "filesystem"), line
     assert not (busybox_rootfs / "etc" / "evil").exists()
+
+
+def test_seccomp_filters_a_pod_member(runtime, make_bundle):
+    """A pod member's init reaches the pod's VM through a proxy, which sends
+    its seccomp program just before its SPEC (docs/pods.md)."""
+    def pod(kind):
+        return {"io.kubernetes.cri.container-type": kind, "io.kubernetes.cri.sandbox-id": "scpod"}
+    sandbox = make_bundle(["sleep", "60"], mutate=lambda c: c.update(annotations=pod("sandbox")))
+    runtime("create", "--bundle", str(sandbox), "scpod", check=True)
+    try:
+        runtime("start", "scpod", check=True)
+
+        def member(config):
+            linux(seccomp=SECCOMP)(config)
+            config["annotations"] = pod("container")
+        bundle = make_bundle(["sh", "-c", f"({SECCOMP_SCRIPT}) 2>&1"], mutate=member)
+        result = runtime("run", "--bundle", str(bundle), "scmember")
+        assert result.stdout.decode().splitlines() == [
+            "Seccomp: 2", "Seccomp_filters: 1",
+            f"mkdir: can't create directory '/tmp/d': {ENOMSG}",
+            "chmod: /tmp/f: Operation not permitted", "chmod-ok"], result.stderr
+        # The sandbox itself runs unfiltered: the program was the member's alone.
+        seen = runtime("exec", "scpod", "grep", "^Seccomp:", "/proc/self/status")
+        assert seen.stdout.split() == [b"Seccomp:", b"0"], seen.stderr
+    finally:
+        runtime("delete", "--force", "scpod")
+    runtime.assert_no_leaks()
