@@ -24,9 +24,10 @@ import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from paracell.errors import ParacellError
+from paracell.linux import libc
 
 CLONE_NEWNET = 0x40000000
 HOST, NEW, JOIN, POD = "host", "new", "join", "pod"
@@ -70,10 +71,6 @@ def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan
     return NetworkPlan(JOIN, path)
 
 
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def join(path: str) -> None:
     """setns(2) into the network namespace at path. The calling thread moves;
     the shim calls it while it is the only thread, before QEMU exists, so
@@ -83,7 +80,7 @@ def join(path: str) -> None:
     except OSError as err:
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
     try:
-        if _libc().setns(fd, CLONE_NEWNET) != 0:
+        if libc().setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise ParacellError(f"joining network namespace {path}: {os.strerror(err)}"
                                 + (" (not a network namespace)" if err == 22 else ""))
@@ -93,7 +90,7 @@ def join(path: str) -> None:
 
 def unshare() -> None:
     """A new network namespace holding only a down `lo`, for the calling thread."""
-    if _libc().unshare(CLONE_NEWNET) != 0:
+    if libc().unshare(CLONE_NEWNET) != 0:
         raise ParacellError(
             f"new network namespace: {os.strerror(ctypes.get_errno())}")
 
@@ -119,7 +116,7 @@ def run_inside(path: str, body: Callable[[], T]) -> T | None:
 
     def worker() -> None:
         try:
-            if _libc().setns(fd, CLONE_NEWNET) != 0:
+            if libc().setns(fd, CLONE_NEWNET) != 0:
                 raise ParacellError(f"joining network namespace {path}: "
                                     f"{os.strerror(ctypes.get_errno())}")
             result.append(body())

@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paracell.errors import ParacellError
+from paracell.linux import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC, MS_SLAVE, libc
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
@@ -43,8 +43,6 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWTIME = 0x00000080
 NS_GET_NSTYPE = 0xB703
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x2, 0x4, 0x8
-MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 0x80000
 SYS_MOUNT_SETATTR = 442  # x86_64
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 MOUNT_ATTR_RDONLY = 0x1
@@ -76,12 +74,6 @@ HOST_TYPES = ("pid", "mount", "ipc", "uts", "cgroup")
 # (dac_override, dac_read_search). Everything else goes from its bounding set.
 QEMU_CAPS = frozenset({0, 1, 2, 3, 4, 27, 31})
 CAP_LAST_CAP_FILE = "/proc/sys/kernel/cap_last_cap"
-
-
-@functools.lru_cache(maxsize=1)
-def _libc() -> ctypes.CDLL:
-    # Loaded once, before any fork: QEMU's preexec uses it in the child.
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
@@ -158,14 +150,14 @@ def _setns(path: str, kind: str) -> None:
     """Checked again here: the path may have changed since create looked."""
     fd = _open_ns(path, kind)
     try:
-        _check(_libc().setns(fd, TYPES[kind][0]), f"failed to setns into {TYPES[kind][1]} "
+        _check(libc().setns(fd, TYPES[kind][0]), f"failed to setns into {TYPES[kind][1]} "
                "namespace")
     finally:
         os.close(fd)
 
 
 def _unshare(flags: int, what: str) -> None:
-    _check(_libc().unshare(flags), f"unshare {what}")
+    _check(libc().unshare(flags), f"unshare {what}")
 
 
 @dataclass
@@ -208,7 +200,7 @@ class HostIsolation:
                 # Only the forking process goes back: the child, born in the
                 # new namespace, could not enter its ancestor's anyway.
                 if os.getpid() == forker:
-                    _check(_libc().setns(own, CLONE_NEWPID), "restoring the pid namespace")
+                    _check(libc().setns(own, CLONE_NEWPID), "restoring the pid namespace")
         finally:
             os.close(own)
 
@@ -251,13 +243,13 @@ class HostIsolation:
             return
         if "mount" not in ns.new:
             return
-        libc = _libc()
+        lib = libc()
         _unshare(CLONE_NEWNS, "mount namespace")
         # Slave, not private: the host's unmounts still reach us, so the jail
         # never pins a mount (an overlay rootfs) the host wants to remove.
-        _check(libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making / a slave mount")
+        _check(lib.mount(None, b"/", None, MS_REC | MS_SLAVE, None), "making / a slave mount")
         if "pid" in ns.new:
-            _check(libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
+            _check(lib.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
                    "mounting /proc of the pid namespace")
         self.readonly = _readonly_trees(self.writable)
 
@@ -312,7 +304,7 @@ def _readonly_trees(writable: list[str]) -> list[str]:
     """Binds each of READONLY_TREES onto itself and makes it read-only,
     submounts included (mount_setattr), unless the VM writes below it."""
     keep = [os.path.realpath(p) for p in writable]
-    libc = _libc()
+    lib = libc()
     done = []
     for tree in READONLY_TREES:
         # A symlink (/bin -> usr/bin) is covered by its target; a tree that
@@ -321,9 +313,9 @@ def _readonly_trees(writable: list[str]) -> list[str]:
                 or any(_inside(p, tree) or _inside(tree, p) for p in keep):
             continue
         path = tree.encode()
-        _check(libc.mount(path, path, None, MS_BIND | MS_REC, None), f"binding {tree}")
+        _check(lib.mount(path, path, None, MS_BIND | MS_REC, None), f"binding {tree}")
         attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        _check(libc.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE,
+        _check(lib.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE,
                             ctypes.byref(attr), ctypes.sizeof(attr)),
                f"making {tree} read-only")
         done.append(tree)
@@ -363,11 +355,11 @@ def drop_qemu_privileges() -> None:
     """QEMU's preexec: no_new_privs, no ambient capabilities, and a bounding
     set of QEMU_CAPS only, so the QEMU binary runs with no more than those.
     Runs in the forked child before exec: no allocation-heavy work here."""
-    libc = _libc()
-    _check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
-    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    lib = libc()
+    _check(lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    lib.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     for cap in range(_last_cap() + 1):
-        if cap not in QEMU_CAPS and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 \
+        if cap not in QEMU_CAPS and lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 \
                 and ctypes.get_errno() != errno.EINVAL:  # EINVAL: a cap this kernel lacks
             _check(-1, f"dropping capability {cap}")
 
@@ -388,7 +380,7 @@ def _last_cap() -> int:
 
 def prepare_qemu_privileges() -> None:
     _last_cap()
-    _libc()
+    libc()
     import paracell.runtime.qemujail  # noqa: F401  (imported before the fork)
 
 

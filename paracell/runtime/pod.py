@@ -12,7 +12,6 @@ status, and serves its `start` and `kill` on the member's own control socket.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
-from paracell.linux import MS_BIND, MS_REC
+from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
 from paracell.runtime import channel, spawn
 from paracell.runtime.ids import check_id
 from paracell.runtime.spec import Bundle
@@ -36,9 +35,7 @@ CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
 # Set by containerd releases that pass the pod's limits down (1.7 on).
 SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
-MEMBER_DEVICE = "pod-member"
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
-MS_RDONLY, MS_REMOUNT = 0x1, 0x20
 # The guest namespaces a member may share with its pod, by OCI type, and the
 # launch-spec key that asks the agent to join them.
 JOINABLE = {"ipc": "ns.ipc", "uts": "ns.uts", "pid": "ns.pid"}
@@ -87,66 +84,40 @@ def member_slot(container_id: str) -> str:
     return hashlib.sha256(container_id.encode()).hexdigest()[:16]
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _mount(source: Path, target: Path, flags: int) -> None:
-    if _libc().mount(str(source).encode(), str(target).encode(), None, flags, None) != 0:
-        err = ctypes.get_errno()
-        raise ParacellError(f"bind mount of {source}: {os.strerror(err)}")
-
-
 def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
     from paracell.runtime import status
+    from paracell.vmm.devices import PodShare
 
     state = store.load(sandbox_id)
     if state.status not in (status.CREATED, status.RUNNING):
         raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
     try:
-        share = Path(state.vm.device("pod-share")["dir"])
+        share = Path(state.vm.device(PodShare.kind)["dir"])
     except (ParacellError, KeyError):
         raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
                             "it was created without the sandbox annotation") from None
     return state, share
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
 def _same_netns(path: str, sandbox: ContainerState) -> bool:
-    """The sandbox's network namespace: the path its own spec named, or the
-    one its shim sits in."""
-    import json
-
-    given = _inode(path)
-    if given is None:
-        return False
-    candidates = [f"/proc/{sandbox.shim_pid}/ns/net"]
+    """Whether path names the network namespace the sandbox's shim sits in:
+    the pod's, which its VM holds."""
     try:
-        config = json.loads((Path(sandbox.bundle) / "config.json").read_text())
-        for entry in config["linux"]["namespaces"]:
-            if entry.get("type") == "network" and entry.get("path"):
-                candidates.append(entry["path"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        pass
-    return any(_inode(c) == given for c in candidates)
+        given, pods = os.stat(path), os.stat(f"/proc/{sandbox.shim_pid}/ns/net")
+    except OSError:
+        return False
+    return (given.st_dev, given.st_ino) == (pods.st_dev, pods.st_ino)
 
 
 def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
            ) -> list[tuple[str, str]]:
     """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
     sandbox's pid), mapped to the guest namespaces of that container."""
+    from paracell.runtime import spec
+
     owners = {sandbox.shim_pid: sandbox.id, **members}
-    linux = bundle.config.get("linux") or {}
     records = []
-    for entry in linux.get("namespaces") or []:
-        kind, path = entry.get("type"), entry.get("path") or ""
+    for kind, path in spec.namespaces(bundle.config).items():
         if not path or kind in ("mount", "cgroup", "user"):
             continue
         if kind == "network":
@@ -164,10 +135,6 @@ def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
     return records
 
 
-def member_devices(member_dir: Path) -> list[dict[str, str]]:
-    return [{"kind": MEMBER_DEVICE, "dir": str(member_dir)}]
-
-
 def mount_member(bundle: Bundle, member_dir: Path) -> None:
     """The member's rootfs and bind sources, bound into its directory of the
     pod share, where the running VM's 9p server finds them. All or nothing."""
@@ -177,10 +144,10 @@ def mount_member(bundle: Bundle, member_dir: Path) -> None:
     try:
         root = member_dir / "rootfs"
         root.mkdir()
-        _mount(bundle.rootfs, root, MS_BIND | MS_REC)
+        hostshare.mount(bundle.rootfs, root, MS_BIND | MS_REC)
         if bundle.rootfs_readonly:
             # Read-only for QEMU too, as the rootfs share of a VM of its own is.
-            _mount(root, root, MS_BIND | MS_REMOUNT | MS_RDONLY)
+            hostshare.mount(root, root, MS_BIND | MS_REMOUNT | MS_RDONLY)
         if bundle.host_binds:
             hostshare.mount_binds(member_dir / "binds",
                                   [(b.source, b.slot) for b in bundle.host_binds])
@@ -264,11 +231,22 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
                   ) -> ContainerState:
     """`create` of a pod member: the same steps and the same all-or-nothing
     rule as a container with a VM of its own (lifecycle.create)."""
+    from paracell import settings
     from paracell.procfs import process_start_time
-    from paracell.runtime import hooks, lifecycle, spec, status, xgates
+    from paracell.runtime import (
+        cgroups,
+        hooks,
+        hostside,
+        lifecycle,
+        resources,
+        spec,
+        status,
+        xgates,
+    )
     from paracell.runtime.console import NEED_CONSOLE_SOCKET
     from paracell.runtime.log import rfc3339_now
     from paracell.runtime.state import VmRecord, oci_state
+    from paracell.vmm.devices import PodMemberDir
 
     store = ctx.store
     log = ctx.log
@@ -284,9 +262,6 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
     xgates.vet_rootfs(xgates_plan, bundle.rootfs, log)
     # The member's own host cgroup holds its proxy, so containerd finds one
     # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
-    from paracell import settings
-    from paracell.runtime import cgroups, hostside, resources
-
     host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
                          settings.guest_memory_mib())
     member_cgroup = cgroups.adopt_parents(host.cgroup_dirs, cgroups.from_record(sandbox.vm.devices))
@@ -301,7 +276,7 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
         hooks=bundle.config.get("hooks") or {},
-        vm=VmRecord(devices=[*member_devices(member_dir), cgroups.record(member_cgroup)]),
+        vm=VmRecord(devices=[PodMemberDir.record(member_dir), cgroups.record(member_cgroup)]),
     )
     lock_fd = store.create(state)
     spawned = None

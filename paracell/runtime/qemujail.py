@@ -20,11 +20,21 @@ import ctypes
 import os
 from dataclasses import dataclass, field
 
+from paracell.linux import (
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    MS_SLAVE,
+    libc,
+)
 from paracell.runtime import hostns
 
 SYS_PIVOT_ROOT = 155  # x86_64
-MS_RDONLY, MS_REMOUNT = 0x1, 0x20
-MNT_DETACH = 2
 JAIL_DIR = "jail"
 # Read-only, whole: QEMU's binary, libraries and firmware; what it may probe.
 SYSTEM_DIRS = ("/usr", "/sys")
@@ -94,20 +104,20 @@ def plan_for(argv: list[str], state_dir: str) -> JailPlan:
 
 def _mount(src: bytes | None, target: str, fstype: bytes | None, flags: int,
            data: bytes | None, what: str) -> None:
-    libc = hostns._libc()
-    if libc.mount(src, target.encode(), fstype, flags, data) != 0:
+    lib = libc()
+    if lib.mount(src, target.encode(), fstype, flags, data) != 0:
         raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
 
 
 def enter(plan: JailPlan) -> None:
     """In QEMU's child before exec: a mount namespace of its own whose root is
     the plan's tmpfs. Raises OSError; the caller reports it."""
-    libc = hostns._libc()
-    if libc.unshare(hostns.CLONE_NEWNS) != 0:
+    lib = libc()
+    if lib.unshare(hostns.CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare mount namespace")
-    _mount(None, "/", None, hostns.MS_REC | hostns.MS_SLAVE, None, "making / a slave")
+    _mount(None, "/", None, MS_REC | MS_SLAVE, None, "making / a slave")
     root = plan.root
-    _mount(b"paracell-qemu-root", root, b"tmpfs", hostns.MS_NOSUID | hostns.MS_NODEV,
+    _mount(b"paracell-qemu-root", root, b"tmpfs", MS_NOSUID | MS_NODEV,
            b"size=1m,mode=0755", "mounting QEMU's root")
     for path, is_dir, writable in plan.binds:
         target = root + path
@@ -116,27 +126,27 @@ def enter(plan: JailPlan) -> None:
         else:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        _mount(path.encode(), target, None, hostns.MS_BIND | hostns.MS_REC, None,
+        _mount(path.encode(), target, None, MS_BIND | MS_REC, None,
                f"binding {path}")
         if not writable:
             attr = hostns._MountAttr(hostns.MOUNT_ATTR_RDONLY, 0, 0, 0)
-            if libc.syscall(hostns.SYS_MOUNT_SETATTR, hostns.AT_FDCWD, target.encode(),
+            if lib.syscall(hostns.SYS_MOUNT_SETATTR, hostns.AT_FDCWD, target.encode(),
                             hostns.AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
                 raise OSError(ctypes.get_errno(), f"making {path} read-only")
     for name, target in plan.links:
         os.symlink(target, root + name)
     os.makedirs(root + "/proc", exist_ok=True)
     _mount(b"proc", root + "/proc", b"proc",
-           hostns.MS_NOSUID | hostns.MS_NODEV | hostns.MS_NOEXEC, None, "mounting /proc")
+           MS_NOSUID | MS_NODEV | MS_NOEXEC, None, "mounting /proc")
     os.makedirs(root + "/.old", exist_ok=True)
     os.chdir(root)
-    if libc.syscall(SYS_PIVOT_ROOT, b".", b".old") != 0:
+    if lib.syscall(SYS_PIVOT_ROOT, b".", b".old") != 0:
         raise OSError(ctypes.get_errno(), "pivot_root")
     os.chdir("/")
-    if libc.umount2(b"/.old", MNT_DETACH) != 0:
+    if lib.umount2(b"/.old", MNT_DETACH) != 0:
         raise OSError(ctypes.get_errno(), "detaching the old root")
     os.rmdir("/.old")
     # Nothing is ever created in QEMU's root itself.
-    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | hostns.MS_NOSUID | hostns.MS_NODEV, None,
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None,
            "making QEMU's root read-only")
 

@@ -133,8 +133,20 @@ def rootfs_share(path: Path, readonly: bool) -> Share:
     return Share(wire.text("PC_ROOTFS_TAG"), path, readonly)
 
 
+class BoundShare(Share):
+    """A share whose directory holds bind mounts made on the host: `reclaim`
+    unbinds them and removes the directory, never what was bound."""
+
+    def facts(self) -> dict[str, Any]:
+        return {"dir": str(self.path)}
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        hostshare.remove_tree(Path(facts["dir"]))
+
+
 @device_kind
-class HostShare(Share):
+class HostShare(BoundShare):
     """Bind sources from outside the rootfs, each bind-mounted into a slot of one
     share directory on the host (see paracell/vmm/hostshare.py)."""
 
@@ -144,19 +156,12 @@ class HostShare(Share):
         super().__init__(wire.text("PC_HOSTSHARE_TAG"), directory, readonly=False)
         self.binds = binds
 
-    def facts(self) -> dict[str, Any]:
-        return {"dir": str(self.path)}
-
     def prepare(self) -> None:
         hostshare.mount_binds(self.path, self.binds)
 
-    @classmethod
-    def reclaim(cls, facts: dict[str, Any]) -> None:
-        hostshare.unmount_binds(Path(facts["dir"]))
-
 
 @device_kind
-class PodShare(Share):
+class PodShare(BoundShare):
     """A pod VM's share: each member container's rootfs and bind sources are
     bound into a directory of it while the VM runs (paracell/runtime/pod.py)."""
 
@@ -165,18 +170,11 @@ class PodShare(Share):
     def __init__(self, directory: Path) -> None:
         super().__init__(wire.text("PC_PODSHARE_TAG"), directory, readonly=False, multidevs=True)
 
-    def facts(self) -> dict[str, Any]:
-        return {"dir": str(self.path)}
-
     def prepare(self) -> None:
         self.path.mkdir(mode=0o700, exist_ok=True)
         # Members are bound in after QEMU sits in its jail, whose mounts are
         # slaves of the host's: a shared mount here carries them there.
         hostshare.make_shared(self.path)
-
-    @classmethod
-    def reclaim(cls, facts: dict[str, Any]) -> None:
-        hostshare.remove_tree(Path(facts["dir"]))
 
 
 @device_kind
@@ -185,6 +183,10 @@ class PodMemberDir(Device):
     in the member's state so that `delete` unbinds it even after a crash."""
 
     kind = "pod-member"
+
+    @classmethod
+    def record(cls, directory: Path) -> dict[str, str]:
+        return {"kind": cls.kind, "dir": str(directory)}
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:

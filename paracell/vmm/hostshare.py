@@ -10,28 +10,32 @@ import re
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.linux import MNT_DETACH, MS_BIND, MS_REC, MS_SHARED
+from paracell.linux import MNT_DETACH, MS_BIND, MS_REC, MS_SHARED, libc
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+def mount(source: Path | None, target: Path, flags: int) -> None:
+    """mount(2) without a filesystem type: a bind, a remount or a propagation
+    change; one line on failure."""
+    src = str(source).encode() if source is not None else None
+    if libc().mount(src, str(target).encode(), None, flags, None) != 0:
+        err = ctypes.get_errno()
+        raise ParacellError(f"mount of {source or target}: {os.strerror(err)}")
 
 
 def mount_binds(share: Path, binds: list[tuple[Path, str]]) -> None:
     """Bind-mounts each (source, slot) at share/slot; all or nothing."""
     share.mkdir(mode=0o700, exist_ok=True)
-    libc = _libc()
-    for source, slot in binds:
-        target = share / slot
-        if source.is_dir():
-            target.mkdir(exist_ok=True)
-        else:
-            target.touch(exist_ok=True)
-        if libc.mount(str(source).encode(), str(target).encode(), None,
-                      MS_BIND | MS_REC, None) != 0:
-            err = ctypes.get_errno()
-            unmount_binds(share)
-            raise ParacellError(f"bind mount of {source}: {os.strerror(err)}")
+    try:
+        for source, slot in binds:
+            target = share / slot
+            if source.is_dir():
+                target.mkdir(exist_ok=True)
+            else:
+                target.touch(exist_ok=True)
+            mount(source, target, MS_BIND | MS_REC)
+    except BaseException:
+        remove_tree(share)
+        raise
 
 
 def _mounts_under(directory: Path) -> list[str]:
@@ -48,31 +52,15 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def unmount_binds(share: Path) -> None:
-    """Idempotent: delete calls it again after a shim that died mid-way."""
-    if not share.is_dir():
-        return
-    libc = _libc()
-    for point in sorted(_mounts_under(share), reverse=True):
-        libc.umount2(point.encode(), MNT_DETACH)
-    for slot in share.iterdir():
-        if slot.is_dir() and not slot.is_symlink():
-            slot.rmdir()
-        else:
-            slot.unlink()
-    share.rmdir()
-
-
 def make_shared(directory: Path) -> None:
     """directory becomes a mount point of its own, in a shared peer group, so
     that mounts made below it later reach the namespaces that copied it."""
-    libc = _libc()
-    path = str(directory).encode()
-    if libc.mount(path, path, None, MS_BIND, None) != 0 or \
-            libc.mount(None, path, None, MS_SHARED, None) != 0:
-        err = ctypes.get_errno()
+    try:
+        mount(directory, directory, MS_BIND)
+        mount(None, directory, MS_SHARED)
+    except ParacellError:
         remove_tree(directory)
-        raise ParacellError(f"making {directory} a shared mount: {os.strerror(err)}")
+        raise
 
 
 def _is_mount_point(directory: Path) -> bool:
@@ -86,11 +74,11 @@ def remove_tree(directory: Path) -> None:
     non-empty, and nothing behind it is ever deleted. Idempotent."""
     if not directory.is_dir() or directory.is_symlink():
         return
-    libc = _libc()
+    lib = libc()
     for point in sorted(_mounts_under(directory), reverse=True):
-        libc.umount2(point.encode(), MNT_DETACH)
+        lib.umount2(point.encode(), MNT_DETACH)
     while _is_mount_point(directory):  # a bind of itself, perhaps stacked
-        if libc.umount2(str(directory).encode(), MNT_DETACH) != 0:
+        if lib.umount2(str(directory).encode(), MNT_DETACH) != 0:
             break
     left = _mounts_under(directory) + ([str(directory)] if _is_mount_point(directory) else [])
     if left:

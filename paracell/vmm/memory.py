@@ -13,14 +13,13 @@ cannot be mounted (no CAP_SYS_ADMIN), plain tmpfs works the same, with
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import hashlib
 import os
 from pathlib import Path
 
 from paracell import settings
-from paracell.linux import MNT_DETACH
+from paracell.linux import MNT_DETACH, libc
 
 TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
 
@@ -52,17 +51,13 @@ def _is_mount_point(directory: Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def _mount_huge_tmpfs(directory: Path) -> None:
     if directory != settings.memory_dir():
         return  # only the runtime's own directory holds nothing but RAM files
     if _is_mount_point(directory) or any(directory.iterdir()):
         return  # mounted already, or files a mount would hide from their owners
     # Failure only costs 2 MiB mappings: plain tmpfs below works the same.
-    _libc().mount(b"paracell-ram", str(directory).encode(), b"tmpfs", 0, TMPFS_OPTIONS)
+    libc().mount(b"paracell-ram", str(directory).encode(), b"tmpfs", 0, TMPFS_OPTIONS)
 
 
 def create_at(path: Path, size_mib: int) -> None:
@@ -94,4 +89,4 @@ def remove(path: Path) -> None:
         except FileNotFoundError:
             pass
         if _is_mount_point(directory) and not any(directory.iterdir()):
-            _libc().umount2(str(directory).encode(), MNT_DETACH)
+            libc().umount2(str(directory).encode(), MNT_DETACH)

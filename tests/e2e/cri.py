@@ -104,6 +104,18 @@ class Cri:
         the default memory directory."""
         return [p.name for p in settings.memory_dir().glob("*.mem")]
 
+    def running(self, pod_id: str, pod_config: dict[str, object],
+                *configs: dict[str, object]) -> list[str]:
+        """Creates and starts each container in the pod, in order, and waits
+        until every one runs; their IDs."""
+        ids = []
+        for config in configs:
+            ids.append(self.client.create(pod_id, config, pod_config))
+            self.client.start(ids[-1])
+        for container_id in ids:
+            self.wait_state(container_id, "CONTAINER_RUNNING")
+        return ids
+
     def wait_state(self, container_id: str, state: str, timeout_s: float = 60) -> object:
         deadline = time.monotonic() + timeout_s
         while True:

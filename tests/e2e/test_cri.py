@@ -52,15 +52,13 @@ def test_exec_sync_stats_and_stop_with_grace(cri: Cri):
     pod_config = cri.pod_config("grace")
     pod = client.run_pod(pod_config, HANDLER)
     # A shell that traps TERM exits 7 on it: the grace period was honoured.
-    polite = client.create(pod, cri.container_config(
-        "polite", ["/bin/sh", "-c", "trap 'exit 7' TERM; while :; do sleep 0.1; done"]),
-        pod_config)
     # One that ignores TERM is killed once the grace period is over.
-    stubborn = client.create(pod, cri.container_config(
-        "stubborn", ["/bin/sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"]), pod_config)
-    for ctr in (polite, stubborn):
-        client.start(ctr)
-        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    polite, stubborn = cri.running(
+        pod, pod_config,
+        cri.container_config("polite", ["/bin/sh", "-c",
+                                        "trap 'exit 7' TERM; while :; do sleep 0.1; done"]),
+        cri.container_config("stubborn", ["/bin/sh", "-c",
+                                          "trap '' TERM; while :; do sleep 0.1; done"]))
     reply = client.exec_sync(polite, ["/bin/sh", "-c", "echo from-exec; echo oops >&2; exit 4"])
     assert (reply.stdout, reply.stderr, reply.exit_code) == (b"from-exec\n", b"oops\n", 4)
     stats = client.container_stats(polite)
@@ -87,15 +85,10 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
     client = cri.client
     pod_config = cri.pod_config("shared")
     pod = client.run_pod(pod_config, HANDLER)
-    server = client.create(pod, cri.container_config(
+    server, writer = cri.running(pod, pod_config, cri.container_config(
         "server", ["/bin/sh", "-c", "echo pod-local > /tmp/index.html; "
-                   "exec httpd -f -p 127.0.0.1:8080 -h /tmp"]), pod_config)
-    writer = client.create(pod, cri.container_config(
-        "writer", ["/bin/sh", "-c", "echo shared-bytes > /dev/shm/note; exec sleep 1000"]),
-        pod_config)
-    for ctr in (server, writer):
-        client.start(ctr)
-        cri.wait_state(ctr, "CONTAINER_RUNNING")
+                   "exec httpd -f -p 127.0.0.1:8080 -h /tmp"]), cri.container_config(
+        "writer", ["/bin/sh", "-c", "echo shared-bytes > /dev/shm/note; exec sleep 1000"]))
     # The sandbox and both members: one VM.
     assert len(cri.qemu_pids()) == 1
     fetched = b""
@@ -149,9 +142,7 @@ def test_a_pod_whose_vm_is_killed_ends_cleanly(cri: Cri):
     client = cri.client
     pod_config = cri.pod_config("killed")
     pod = client.run_pod(pod_config, HANDLER)
-    ctr = client.create(pod, cri.container_config("victim", ["sleep", "1000"]), pod_config)
-    client.start(ctr)
-    cri.wait_state(ctr, "CONTAINER_RUNNING")
+    [ctr] = cri.running(pod, pod_config, cri.container_config("victim", ["sleep", "1000"]))
     [qemu] = cri.qemu_pids()
     os.kill(qemu, signal.SIGKILL)
     # The member loses its VM: it ends as a process killed by SIGKILL would.
@@ -175,11 +166,9 @@ def test_the_host_reaches_a_pod_member_by_the_pod_ip(cri: Cri):
     client = cri.client
     pod_config = cri.pod_config("reach")
     pod = client.run_pod(pod_config, HANDLER)
-    web = client.create(pod, cri.container_config(
+    cri.running(pod, pod_config, cri.container_config(
         "web", ["/bin/sh", "-c", "echo from-the-pod > /tmp/index.html; "
-                "exec httpd -f -p 8080 -h /tmp"]), pod_config)
-    client.start(web)
-    cri.wait_state(web, "CONTAINER_RUNNING")
+                "exec httpd -f -p 8080 -h /tmp"]))
     pod_ip = client.pod_status(pod).network.ip
     assert pod_ip.startswith("10.217.0.")
     wait_route_via(pod_ip, BRIDGE)
@@ -196,13 +185,9 @@ def test_share_process_namespace_shows_the_pods_processes(cri: Cri):
         "security_context": {"namespace_options": {"pid": "POD"}}})
     pod = client.run_pod(pod_config, HANDLER)
     shared = {"linux": {"security_context": {"namespace_options": {"pid": "POD"}}}}
-    first = client.create(pod, cri.container_config("first", ["sleep", "1000"], **shared),
-                          pod_config)
-    second = client.create(pod, cri.container_config("second", ["sleep", "1001"], **shared),
-                           pod_config)
-    for ctr in (first, second):
-        client.start(ctr)
-        cri.wait_state(ctr, "CONTAINER_RUNNING")
+    _, second = cri.running(pod, pod_config,
+                            cri.container_config("first", ["sleep", "1000"], **shared),
+                            cri.container_config("second", ["sleep", "1001"], **shared))
     seen = client.exec_sync(second, ["ps", "-o", "pid,args"]).stdout.decode()
     assert "/pause" in seen and "sleep 1000" in seen and "sleep 1001" in seen, seen
     assert "1 /pause" in " ".join(seen.split()), seen

@@ -17,6 +17,7 @@ import os
 import struct
 
 from paracell.errors import ParacellError
+from paracell.linux import libc
 from paracell.runtime.resources import Device
 
 SYS_BPF = 321  # x86_64
@@ -87,9 +88,9 @@ def compile_rules(default: bool, exceptions: list[Device]) -> bytes:
 
 
 def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return int(libc.syscall(SYS_BPF, cmd, attr, len(attr)))
+    syscall = libc().syscall
+    syscall.restype = ctypes.c_long
+    return int(syscall(SYS_BPF, cmd, attr, len(attr)))
 
 
 def attach(cgroup_dir: str, rules: list[Device]) -> None:
