@@ -17,7 +17,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
-from paracell.runtime import channel, spawn, spec, status
+from paracell.runtime import channel, pod, spawn, spec, status
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
 from paracell.runtime.signals import SIGKILL, exit_status_for_signal
@@ -149,8 +149,6 @@ def exec_process(
         state = store.load(container_id)
         status.transition("exec", state.status, container_id)
     state_dir = store.dir(container_id)
-    from paracell.runtime import pod
-
     # A pod member's processes run in its pod's VM: its pod's shim starts them.
     shim_socket = pod.sandbox_socket(store, state) or state_dir / CONTROL_SOCKET
     body = _proxy_body(shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)
