@@ -48,13 +48,10 @@ def main(
     memory_manager: str | None,
 ) -> None:
     """ParaCell: an OCI runtime that runs every container in its own micro-VM."""
-    from paracell import settings
-
     log = RuntimeLog(log_path, log_format, debug)
     # The shim leaves the caller's directory (chdir "/"): a relative root
     # would name another place there.
-    ctx.obj = Context(root=os.path.abspath(root), log=log,
-                      engine=engine or settings.engine_override() or "auto",
+    ctx.obj = Context(root=os.path.abspath(root), log=log, engine_flag=engine,
                       memory_manager=memory_manager, systemd_cgroup=systemd_cgroup)
 
 

@@ -10,7 +10,8 @@ import sys
 # Every global option of the CLI; the fast path serves only calls that use
 # none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
 FLAG_GLOBALS = ("--debug", "--systemd-cgroup")
-VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--criu", "--rootless")
+VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--memory-manager", "--criu",
+                  "--rootless")
 # --systemd-cgroup only matters to create: podman passes it to every verb.
 FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup"}
 

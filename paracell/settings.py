@@ -40,8 +40,13 @@ def memory_dir() -> Path:
 
 
 CONFIG_FILE = "/etc/paracell/config.json"
-_CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
-                                 "xgates": bool}
+# Every key the file takes, with its type. docs/runtime.md lists them
+# (tests/unit/test_settings.py holds the two to each other).
+CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
+                                "pod_memory_mib": int, "xgates": bool}
+MAX_CONFIG_FILE = 65536
+# Parsed once per process, unless the file changes: every getter asks.
+_loaded: tuple[tuple[object, ...], dict[str, object]] | None = None
 
 
 def config_path() -> str:
@@ -51,27 +56,42 @@ def config_path() -> str:
 def file_config() -> dict[str, object]:
     """Operator settings for callers that cannot pass flags (containerd, podman):
     a JSON object in $PARACELL_CONFIG or /etc/paracell/config.json. The
-    environment wins over the file, and flags over both."""
-    import json
-
-    from paracell.errors import ParacellError
-
+    environment wins over the file, and flags over both. Only the verbs that
+    use a setting read the file, so a bad one fails `create` in one line and
+    never `state`, `kill`, `list` or `delete`."""
+    global _loaded
     path = config_path()
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(65536))
+        st = os.stat(path)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as err:
-        raise ParacellError(f"{path}: {err}") from None
+    except OSError:
+        st = None  # _read_config names the error
+    key = (path, st and (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size))
+    if _loaded is None or _loaded[0] != key:
+        _loaded = (key, _read_config(path))
+    return _loaded[1]
+
+
+def _read_config(path: str) -> dict[str, object]:
+    from paracell.errors import ParacellError
+    from paracell.jsonfile import parse_json, read_regular
+
+    try:
+        raw = read_regular(path, MAX_CONFIG_FILE)
+    except FileNotFoundError:
+        return {}
+    if len(raw) > MAX_CONFIG_FILE:
+        raise ParacellError(f"{path}: larger than {MAX_CONFIG_FILE} bytes")
+    data = parse_json(raw, path)
     if not isinstance(data, dict):
         raise ParacellError(f"{path}: expected a JSON object")
     for key, value in data.items():
-        kind = _CONFIG_KEYS.get(key)
+        kind = CONFIG_KEYS.get(key)
         # bool is an int in Python: only a bool key takes true/false.
         if kind is None or not isinstance(value, kind) or (isinstance(value, bool)
                                                            and kind is not bool):
-            raise ParacellError(f"{path}: unknown or mistyped setting {key!r}")
+            raise ParacellError(f"{path}: unknown or mistyped setting {key[:64]!r}")
     return data
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
+from paracell.procfs import process_start_time, same_process
 from paracell.runtime import channel, pod, spawn, spec, status
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
@@ -76,7 +77,8 @@ def process_from_args(
             merged = process.setdefault("capabilities", {})
             for kind in ("bounding", "effective", "permitted", "ambient"):
                 merged[kind] = sorted(set(merged.get(kind, [])) | set(caps))
-    spec.check_process(process)
+    for warning in spec.check_process(process):
+        ctx.log.warning(warning)
     return process
 
 
@@ -109,6 +111,23 @@ def open_process(handshake: spawn.Handshake, shim_socket: Path, launch: bytes, t
     return conn, tty_fd
 
 
+def write_exec_marker(marker: Path, pid: int) -> None:
+    tmp = marker.with_name(f".{marker.name}.tmp")
+    tmp.write_text(str(process_start_time(pid) or 0))
+    os.replace(tmp, marker)
+
+
+def exec_marker_alive(marker: Path) -> bool:
+    """Whether the marker's pid is still the proxy that wrote it."""
+    if not marker.name.isdigit() or len(marker.name) > 10:
+        return False
+    try:
+        start = marker.read_bytes()[:24]
+    except OSError:
+        return False
+    return start.isdigit() and same_process(int(marker.name), int(start))
+
+
 def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
                 execs_dir: Path) -> Callable[[spawn.Handshake], int]:
     def body(handshake: spawn.Handshake) -> int:
@@ -119,10 +138,12 @@ def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket
         if opened is None:
             return 255
         conn, tty_fd = opened
-        # `ps` lists the live exec proxies from these markers.
+        # `ps` lists the live exec proxies from these markers. Each holds its
+        # proxy's start time: a marker left by a killed proxy must not vouch
+        # for whatever process reuses its pid.
         marker = execs_dir / str(os.getpid())
         execs_dir.mkdir(exist_ok=True)
-        marker.touch()
+        write_exec_marker(marker, os.getpid())
         handshake.report(spawn.Ready(pid=os.getpid()))
         try:
             channel.send(conn.fileno(), lib.PC_START)

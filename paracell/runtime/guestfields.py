@@ -87,6 +87,11 @@ def _id_map(value: Any, where: str) -> list[str]:
     return lines
 
 
+# Every id the kernel has (0 .. 2^32-2) onto itself: a user namespace that
+# changes no id, only what "root" may do outside it.
+IDENTITY_ID_MAP = "0 0 4294967295"
+
+
 def userns_records(linux: dict[str, Any], namespaces: dict[str, str]) -> tuple[Records, list[str]]:
     """A new user namespace in the guest with the spec's maps; warnings for
     what runc ignores.  A path cannot name a namespace of the guest's kernel."""
@@ -101,6 +106,12 @@ def userns_records(linux: dict[str, Any], namespaces: dict[str, str]) -> tuple[R
     if namespaces["user"]:
         raise ParacellError(f"cannot join user namespace {namespaces['user'][:200]}: the "
                             "container runs in its own VM, whose kernel has no such namespace")
+    if not uid_map and not gid_map:
+        # The OCI spec: an entry without a path is a new namespace. runc 1.1
+        # refuses it without maps; here the VM's whole id range maps onto
+        # itself, so ids stay as they are while privilege is the namespace's
+        # (docs/runtime.md).
+        uid_map = gid_map = [IDENTITY_ID_MAP]
     if not uid_map:
         raise ParacellError("User namespaces enabled, but no uid mappings found.")
     if not gid_map:

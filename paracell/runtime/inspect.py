@@ -10,7 +10,6 @@ from typing import Any
 
 from paracell import OCI_VERSION
 from paracell.errors import ParacellError
-from paracell.procfs import process_start_time
 from paracell.runtime import mountopts, seccomp, spec, status
 from paracell.runtime.lifecycle import Context, oci_state
 from paracell.runtime.state import ContainerState
@@ -21,12 +20,12 @@ def host_pids(ctx: Context, state: ContainerState) -> list[int]:
     pids a client can wait on and signal; guest pids are not host processes."""
     if not status.stands_for_a_process(state.status):
         return []
+    from paracell.runtime.execproc import EXECS_DIR, exec_marker_alive
+
     pids = [state.shim_pid]
-    execs = ctx.store.dir(state.id) / "execs"
+    execs = ctx.store.dir(state.id) / EXECS_DIR
     if execs.is_dir():
-        for entry in execs.iterdir():
-            if entry.name.isdigit() and process_start_time(int(entry.name)) is not None:
-                pids.append(int(entry.name))
+        pids += sorted(int(entry.name) for entry in execs.iterdir() if exec_marker_alive(entry))
     return pids
 
 

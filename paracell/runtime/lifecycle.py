@@ -41,9 +41,17 @@ if TYPE_CHECKING:
 class Context:
     root: str
     log: RuntimeLog
-    engine: str = "auto"
+    engine_flag: str | None = None  # --engine
     memory_manager: str | None = None  # the global flag; see runtime/memorymanager.py
     systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/cgroups/
+
+    @property
+    def engine(self) -> str:
+        """Resolved when a verb needs it: a bad settings file must not stop
+        the verbs that never use it (state, kill, list, delete)."""
+        from paracell import settings
+
+        return self.engine_flag or settings.engine_override() or "auto"
 
     @property
     def store(self) -> StateStore:
@@ -101,6 +109,8 @@ def create(
     if pod_role.kind == "member":
         return pod.create_member(ctx, container_id, bundle, pod_role.sandbox_id, pid_file,
                                  console_socket, detach)
+    if pod_role.kind == "sandbox":
+        pod.refuse_host_namespaces(spec.namespaces(bundle.config))
     xgates_plan = xgates.plan(bundle.annotations)
     launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled)
     process = bundle.config.get("process")
@@ -191,14 +201,23 @@ def start(ctx: Context, container_id: str) -> None:
     with store.locked(container_id):
         state = store.load(container_id)
         target = status.transition("start", state.status, container_id)
-        if not state.has_process:
-            raise ParacellError(NO_PROCESS.format(container_id))
-        # Interfaces added to the shim's namespace since create (ctr run --cni).
-        network = late.start_payload(state.vm.devices, state.shim_pid) \
-            if shim_alive(state) else b""
-        channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START, network)
-        state.status = target
-        store.save(state)
+        try:
+            if not state.has_process:
+                raise ParacellError(NO_PROCESS.format(container_id))
+            # Interfaces added to the shim's namespace since create (ctr run --cni).
+            network = late.start_payload(state.vm.devices, state.shim_pid) \
+                if shim_alive(state) else b""
+            # Recorded before the process may run: a state that cannot be
+            # written (a full filesystem) fails the start with nothing run.
+            state.status = target
+            store.save(state)
+            channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START,
+                                    network)
+        except BaseException:
+            # As runc: a start that failed leaves a stopped container, and
+            # here no VM. The record, settled by its dead shim, reads stopped.
+            _stop_vm(state)
+            raise
     hooks.run_hooks(state.hooks, "poststart", oci_state(state))
 
 
@@ -244,17 +263,22 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
         store.remove_stale(container_id)
 
 
-def _destroy(ctx: Context, state: ContainerState) -> None:
-    """Kills whatever still runs and removes every file and mount the container had."""
-    from paracell.runtime import hooks
+def _stop_vm(state: ContainerState) -> None:
+    """Ends the shim and its VM and frees the VM's devices (RAM file, shares);
+    the state and the host cgroups stay for delete."""
     from paracell.vmm import builder
 
     _kill_shim(state)
     _wait_shim_gone(state)
     kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
     builder.reclaim(state.vm.devices)
-    from paracell.runtime import cgroups
 
+
+def _destroy(ctx: Context, state: ContainerState) -> None:
+    """Kills whatever still runs and removes every file and mount the container had."""
+    from paracell.runtime import cgroups, hooks
+
+    _stop_vm(state)
     cgroups.reclaim(state.vm.devices)
     was_started = state.status != status.CREATING
     state.status = status.STOPPED

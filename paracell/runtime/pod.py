@@ -66,6 +66,22 @@ def role(annotations: dict[str, str], container_id: str) -> PodRole:
     return PodRole("member", sandbox)
 
 
+# What kubelet's hostNetwork, hostIPC and hostPID look like in the sandbox's
+# spec: the namespace's entry is left out, so the pause container would share
+# the host's. A pod's VM has its own kernel; it cannot share any of them.
+HOST_NAMESPACES = {"network": "host network", "ipc": "host IPC", "pid": "host PID"}
+
+
+def refuse_host_namespaces(namespaces: dict[str, str]) -> None:
+    """A pod that asks for the host's network, IPC or PID namespace fails at
+    RunPodSandbox instead of running cut off (docs/runtime.md)."""
+    wanted = [name for kind, name in HOST_NAMESPACES.items() if kind not in namespaces]
+    if wanted:
+        raise ParacellError(f"{', '.join(wanted)} is not supported by a VM runtime: "
+                            "the pod's VM has its own kernel (remove hostNetwork, hostIPC "
+                            "and hostPID, or use another RuntimeClass)")
+
+
 def pod_memory_mib(annotations: dict[str, str], default_mib: int) -> int:
     """The pod's memory limit when containerd passes it, else the default."""
     raw = annotations.get(SANDBOX_MEMORY, "")

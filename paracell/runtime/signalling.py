@@ -29,6 +29,10 @@ def deliver(store: StateStore, container_id: str, sig: int, all_processes: bool,
     nothing, when the signal needs the shim's socket and through_shim is None."""
     with store.locked(container_id):
         state = store.load(container_id)
+        # runc signals whatever is left in a stopped container's cgroup, which
+        # for a VM is nothing: containerd's shim sends this on every stop.
+        if all_processes and state.status == status.STOPPED:
+            return True
         status.transition("kill", state.status, container_id)
         if sig in FORWARDED and not all_processes:
             os.kill(state.shim_pid, sig)

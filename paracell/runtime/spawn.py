@@ -58,10 +58,18 @@ class Handshake:
         self.ready_fd, self.commit_fd = ready_fd, commit_fd
 
     def report(self, ready: Ready) -> None:
+        fd, self.ready_fd = self.ready_fd, -1
         try:
-            os.write(self.ready_fd, ready.encode())
+            os.write(fd, ready.encode())
         finally:
-            os.close(self.ready_fd)
+            os.close(fd)
+
+    def report_crash(self, why: str) -> None:
+        """A body that failed before its report: the creator hears the cause
+        (a full state filesystem, say), not that the process died."""
+        if self.ready_fd >= 0:
+            with contextlib.suppress(OSError):
+                self.report(Ready(error=why[:READY_MAX // 2]))
 
     def no_commit(self) -> None:
         """For children that need no commit (exec proxies)."""
@@ -97,6 +105,13 @@ class Spawned:
             self.commit_fd = -1
 
 
+def describe_failure(err: BaseException) -> str:
+    """One line for an unexpected failure: an OSError names its file."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return f"{type(err).__name__}: {err}"
+
+
 def spawn(body: Callable[[Handshake], int], detach: bool,
           on_crash: Callable[[str], None],
           pid_namespace: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
@@ -110,6 +125,7 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
         pid = os.fork()
     if pid == 0:
         status = 255
+        handshake = None
         try:
             os.close(ready_r)
             os.close(commit_w)
@@ -129,9 +145,12 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
                 os.setsid()
             else:
                 os.setpgid(0, 0)
-            status = body(Handshake(ready_w, commit_r))
+            handshake = Handshake(ready_w, commit_r)
+            status = body(handshake)
         except BaseException as err:  # never a traceback, never a return into the CLI
             on_crash(f"{type(err).__name__}: {err}")
+            if handshake is not None:
+                handshake.report_crash(describe_failure(err))
         finally:
             os._exit(status)
     os.close(ready_w)

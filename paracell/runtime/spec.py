@@ -7,7 +7,6 @@ reads (docs/agent-protocol.md). Errors are one line, naming the field.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -18,6 +17,7 @@ from typing import Any
 from paracell import wire
 from paracell._native import lib
 from paracell.errors import ParacellError
+from paracell.jsonfile import parse_json, read_regular
 from paracell.runtime import guestfields, mountopts, seccomp
 from paracell.runtime.configcheck import expect as _expect
 from paracell.runtime.configcheck import fail as _fail
@@ -104,18 +104,12 @@ def _id_value(value: Any, where: str) -> int:
 def read_json_file(path: str | os.PathLike[str], limit: int) -> Any:
     """Reads at most `limit` bytes of untrusted JSON, with runc-style errors."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(limit + 1)
+        raw = read_regular(os.fspath(path), limit)
     except FileNotFoundError:
         raise ParacellError(f"open {path}: no such file or directory") from None
-    except OSError as err:
-        raise ParacellError(f"open {path}: {err.strerror}") from None
     if len(raw) > limit:
         raise ParacellError(f"{path} is larger than {limit} bytes")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ParacellError(f"{path} is not valid JSON: {err}") from None
+    return parse_json(raw, str(path))
 
 
 def load_bundle(bundle_dir: str | os.PathLike[str]) -> Bundle:
@@ -143,7 +137,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     bundle = Bundle(path, config, rootfs, readonly, annotations)
     if process is not None:
         _expect(process, dict, "process")
-        check_process(process)
+        _process_records(process, bundle.warnings)
     hostname = _expect(config.get("hostname", ""), str, "hostname")
     if len(hostname) > 64:
         raise _fail("hostname is longer than 64 characters")
@@ -173,10 +167,12 @@ def check_rootfs(bundle: Path, root_path: str) -> Path:
     return rootfs
 
 
-def check_process(process: dict[str, Any]) -> None:
-    """Validates an OCI process object (init's, or an exec's --process file)."""
-    _process_records(process)
-    guestfields.lsm_warnings(process, {})
+def check_process(process: dict[str, Any]) -> list[str]:
+    """Validates an OCI process object (init's, or an exec's --process file);
+    returns what runc would warn about."""
+    warnings: list[str] = []
+    _process_records(process, warnings)
+    return warnings + guestfields.lsm_warnings(process, {})
 
 
 def _user_records(user: Any) -> list[tuple[str, str]]:
@@ -218,19 +214,32 @@ def _rlimit_records(rlimits: Any) -> list[tuple[str, str]]:
     return records
 
 
-def _cap_records(caps: Any) -> list[tuple[str, str]]:
+CAP_SETS = ("bounding", "effective", "permitted", "inheritable", "ambient")
+MAX_CAPS_PER_SET = 64
+
+
+def _cap_records(caps: Any, warnings: list[str]) -> list[tuple[str, str]]:
+    """Every set, always: runc takes a set that is absent (or null) as empty,
+    and containerd writes `"capabilities": {}` for a pod that drops ALL, so
+    skipping absent sets would leave the process every capability. Unknown
+    names are ignored with a warning, as runc 1.1 does."""
     _expect(caps, dict, "process.capabilities")
-    records = []
-    for kind in ("bounding", "effective", "permitted", "inheritable", "ambient"):
-        if kind not in caps:
-            continue
+    records, unknown = [], []
+    for kind in CAP_SETS:
         mask = 0
-        for name in _str_list(caps[kind], f"process.capabilities.{kind}", 64):
-            number = CAPABILITIES.get(name.removeprefix("CAP_"))
-            if number is None or not name.startswith("CAP_"):
-                raise _fail(f"unknown capability {name!r}")
+        names = caps.get(kind)
+        for name in _str_list([] if names is None else names, f"process.capabilities.{kind}",
+                              MAX_CAPS_PER_SET):
+            number = CAPABILITIES.get(name[4:]) if name.startswith("CAP_") else None
+            if number is None:
+                if name not in unknown:
+                    unknown.append(name)
+                continue
             mask |= 1 << number
         records.append((f"cap.{kind}", f"{mask:x}"))
+    if unknown:
+        shown = " ".join(repr(n[:64]) for n in unknown[:8])
+        warnings.append(f"ignoring unknown or unavailable capabilities: [{shown}]")
     return records
 
 
@@ -242,7 +251,8 @@ def _oom_score_adj(value: Any) -> str:
     return str(value)
 
 
-def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
+def _process_records(process: dict[str, Any],
+                     warnings: list[str] | None = None) -> list[tuple[str, str]]:
     args = _str_list(process.get("args"), "process.args", lib.PC_SPEC_MAX_ARGS)
     if not args or not args[0]:
         raise _fail("process.args must not be empty")
@@ -261,7 +271,7 @@ def _process_records(process: dict[str, Any]) -> list[tuple[str, str]]:
     if _expect(process.get("noNewPrivileges", False), bool, "process.noNewPrivileges"):
         records.append(("nnp", "1"))
     if "capabilities" in process:
-        records += _cap_records(process["capabilities"])
+        records += _cap_records(process["capabilities"], [] if warnings is None else warnings)
     if process.get("oomScoreAdj") is not None:
         records.append(("oom_score_adj", _oom_score_adj(process["oomScoreAdj"])))
     records += guestfields.ioprio_record(process)
@@ -284,6 +294,9 @@ def _namespaces(linux: dict[str, Any]) -> dict[str, str]:
     for i, ns in enumerate(entries):
         _expect(ns, dict, f"linux.namespaces[{i}]")
         kind = _expect(ns.get("type"), str, f"linux.namespaces[{i}].type")
+        if kind in found:
+            # runc's wording; a later entry silently winning hides a bad spec.
+            raise ParacellError(f"malformed spec file: duplicated ns {kind[:32]!r}")
         found[kind] = _expect(ns.get("path") or "", str, f"linux.namespaces[{i}].path")
     return found
 

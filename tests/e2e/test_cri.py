@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.caps import NO_CAPS, SHOW_CAPS, cap_masks
 from tests.conftest import PARACELL
 from tests.e2e.cri import HANDLER, Cri, running_cri
 
@@ -192,3 +193,42 @@ def test_share_process_namespace_shows_the_pods_processes(cri: Cri):
     assert "/pause" in seen and "sleep 1000" in seen and "sleep 1001" in seen, seen
     assert "1 /pause" in " ".join(seen.split()), seen
     cri.remove_pod_and_wait(pod)
+
+
+def test_dropping_all_capabilities_leaves_none(cri: Cri):
+    """securityContext.capabilities.drop: [ALL]. containerd then writes
+    `"capabilities": {}`, every set absent, which must mean every set empty:
+    in the init and in an exec."""
+    client = cri.client
+    pod_config = cri.pod_config("nocaps")
+    pod = client.run_pod(pod_config, HANDLER)
+    drop = {"linux": {"security_context": {"capabilities": {"drop_capabilities": ["ALL"]}}}}
+    [ctr] = cri.running(pod, pod_config, cri.container_config(
+        "nocaps", ["/bin/sh", "-c", f"{SHOW_CAPS}; exec sleep 1000"], **drop))
+    reply = client.exec_sync(ctr, ["/bin/sh", "-c", SHOW_CAPS])
+    assert cap_masks(reply.stdout.decode()) == NO_CAPS, reply.stdout
+    log = cri.logs / "nocaps" / "nocaps.log"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and log.read_text().count("Cap") < 5:
+        time.sleep(0.1)
+    init = "\n".join(line.split(" ", 3)[3] for line in log.read_text().splitlines())
+    assert cap_masks(init) == NO_CAPS, init
+    cri.remove_pod_and_wait(pod)
+
+
+@pytest.mark.parametrize("namespace, named", [
+    ("network", "host network"), ("ipc", "host IPC"), ("pid", "host PID")])
+def test_a_pod_on_a_host_namespace_fails_to_start(cri: Cri, namespace: str, named: str):
+    """A hostNetwork, hostIPC or hostPID pod given the VM runtime's handler
+    must fail at RunPodSandbox, not run cut off from the node."""
+    import grpc
+
+    options = {"pid": "CONTAINER", namespace: "NODE"}
+    pod_config = cri.pod_config(f"host-{namespace}", linux={
+        "cgroup_parent": cri.cgroup_parent,
+        "security_context": {"namespace_options": options}})
+    with pytest.raises(grpc.RpcError) as refused:
+        cri.client.run_pod(pod_config, HANDLER)
+    assert f"{named} is not supported by a VM runtime" in refused.value.details()
+    assert cri.qemu_pids() == []
+    assert [p for p in cri.client.pods() if p.metadata.name == f"host-{namespace}"] == []

@@ -230,11 +230,27 @@ def test_user_namespace_maps_ids(runtime, make_bundle, writable_rootfs, tmp_path
     runtime.assert_no_leaks()
 
 
-def test_user_namespace_without_mappings_is_refused(runtime, make_bundle):
-    bundle = make_bundle(["true"],
-                         mutate=lambda c: c["linux"]["namespaces"].append({"type": "user"}))
-    assert one_line_failure(runtime, bundle, "unsno") == \
-        "paracell: User namespaces enabled, but no uid mappings found."
+def test_a_user_namespace_entry_without_maps_is_a_new_namespace(runtime, make_bundle):
+    """{"type": "user"} alone: ids unchanged, but root's privilege is the new
+    namespace's, so a device node (CAP_MKNOD in the VM's initial namespace)
+    cannot be made, while without the entry it can."""
+    script = "cat /proc/self/uid_map; id -u; mknod /dev/pc-null c 1 3 && echo made-node"
+    caps = {k: ["CAP_MKNOD", "CAP_SETUID", "CAP_SETGID"] for k in
+            ("bounding", "effective", "permitted")}
+
+    def userns(config):
+        config["linux"]["namespaces"].append({"type": "user"})
+
+    outputs = {}
+    for name, mutate in (("own", userns), ("initial", None)):
+        ran = runtime("run", "--bundle", str(make_bundle(["sh", "-c", f"({script}) 2>&1"],
+                                                         mutate=mutate, capabilities=caps)),
+                      f"uns-{name}")
+        outputs[name] = [" ".join(ln.split()) for ln in ran.stdout.decode().splitlines()]
+    assert outputs["own"][:2] == ["0 0 4294967295", "0"], outputs
+    assert "made-node" not in outputs["own"] and "Operation not permitted" in outputs["own"][2]
+    assert outputs["initial"] == ["0 0 4294967295", "0", "made-node"], outputs
+    runtime.assert_no_leaks()
 
 
 # ---- ioPriority and personality ----

@@ -9,6 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tests.caps import NO_CAPS, SHOW_CAPS, cap_masks
+
 pytestmark = pytest.mark.integration
 
 
@@ -123,6 +125,36 @@ def test_bounding_capabilities_are_dropped(runtime, make_bundle):
     result = runtime("run", "--bundle", str(bundle), "ccap")
     mask = int(result.stdout.split()[-1], 16)
     assert mask == (1 << 5) | (1 << 0)
+
+
+def test_an_empty_capabilities_object_leaves_no_capability(runtime, make_bundle):
+    """containerd's spec for a container that drops ALL: every set absent.
+    runc takes each absent set as empty, in the init and in every exec."""
+    init = runtime("run", "--bundle", str(make_bundle(["sh", "-c", SHOW_CAPS],
+                                                      capabilities={})), "cnone-init")
+    assert cap_masks(init.stdout.decode()) == NO_CAPS, init.stdout
+    bundle = make_bundle(["sleep", "1000"], capabilities={})
+    runtime("create", "--bundle", str(bundle), "cnone", check=True)
+    runtime("start", "cnone", check=True)
+    try:
+        shown = runtime("exec", "cnone", "sh", "-c", SHOW_CAPS, check=True).stdout.decode()
+        assert cap_masks(shown) == NO_CAPS, shown
+    finally:
+        runtime("delete", "--force", "cnone")
+
+
+def test_an_unknown_capability_is_ignored_with_a_warning(runtime, make_bundle, tmp_path):
+    bundle = make_bundle(["sh", "-c", SHOW_CAPS],
+                         capabilities={"bounding": ["CAP_KILL", "CAP_NOT_A_CAP"]})
+    log = tmp_path / "log.json"
+    ran = runtime("--log", str(log), "--log-format", "json", "run", "--bundle", str(bundle),
+                  "cunknown")
+    assert ran.returncode == 0, ran.stderr
+    assert cap_masks(ran.stdout.decode())["CapBnd"] == 1 << 5
+    warned = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {"level": "warning", "msg": "ignoring unknown or unavailable capabilities: "
+            "['CAP_NOT_A_CAP']"}.items() <= next(
+        w for w in warned if "capabilities" in w["msg"]).items()
 
 
 @pytest.mark.parametrize(

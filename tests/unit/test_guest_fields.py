@@ -159,8 +159,15 @@ def test_id_maps_bounded_as_the_kernel(tmp_path):
     assert "longer than the kernel takes in one write" in refused(tmp_path, userns(big))
 
 
+def test_a_user_namespace_without_maps_maps_every_id_onto_itself(tmp_path):
+    """The OCI spec: a namespace entry without a path is a new namespace."""
+    recs = launch(tmp_path, userns([]))
+    assert [r for r in recs if r[0] in ("userns", "uidmap", "gidmap")] == [
+        ("userns", "1"), ("uidmap", "0 0 4294967295"), ("gidmap", "0 0 4294967295")]
+
+
 def test_userns_rules_with_runcs_wording(tmp_path):
-    assert refused(tmp_path, userns([])) == \
+    assert refused(tmp_path, userns([], [{"containerID": 0, "hostID": 1, "size": 1}])) == \
         "User namespaces enabled, but no uid mappings found."
     assert refused(tmp_path, userns([{"containerID": 0, "hostID": 1, "size": 1}], [])) == \
         "User namespaces enabled, but no gid mappings found."

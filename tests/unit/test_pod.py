@@ -150,3 +150,13 @@ def test_members_adopt_the_pod_parent_their_sandbox_made():
     assert [d.made_from for d in adopted] == [f"{mem}/pod", f"{v2}/pod", f"{pids}/other/c"]
     # A parent the sandbox did not make (it was there) is never taken.
     assert adopt_parents(member, [CgroupDir(sandbox[0].path, 1, ("memory",), "")]) == member
+
+
+@pytest.mark.parametrize("missing, named", [
+    ("network", "host network"), ("ipc", "host IPC"), ("pid", "host PID")])
+def test_a_sandbox_that_asks_for_a_host_namespace_is_refused(missing: str, named: str):
+    namespaces = {"network": "/run/netns/x", "ipc": "", "pid": "", "uts": "", "mount": ""}
+    pod.refuse_host_namespaces(namespaces)  # every one of its own: fine
+    del namespaces[missing]
+    with pytest.raises(ParacellError, match=f"^{named} is not supported by a VM runtime"):
+        pod.refuse_host_namespaces(namespaces)

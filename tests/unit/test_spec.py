@@ -36,6 +36,39 @@ def test_default_config_round_trips(tmp_path):
     assert int(sysfs[3]) & 0x1  # ro became MS_RDONLY
 
 
+def _cap_masks(tmp_path, capabilities) -> tuple[dict[str, int], list[str]]:
+    config = defaultspec.default_config()
+    config["process"]["capabilities"] = capabilities
+    bundle = spec.load_bundle(write(tmp_path / "b", config))
+    recs = records(spec.init_launch_spec("c1", bundle))
+    return {k: int(v, 16) for k, v in recs if k.startswith("cap.")}, bundle.warnings
+
+
+def test_absent_capability_sets_are_empty(tmp_path):
+    """containerd writes `"capabilities": {}` when a pod drops ALL: every set
+    must then be sent, and empty, or the process keeps every capability."""
+    masks, _ = _cap_masks(tmp_path, {})
+    assert masks == {f"cap.{k}": 0 for k in spec.CAP_SETS}
+    masks, _ = _cap_masks(tmp_path, {"bounding": ["CAP_KILL"], "effective": None})
+    assert masks["cap.bounding"] == 1 << 5
+    assert masks["cap.effective"] == masks["cap.permitted"] == masks["cap.ambient"] == 0
+
+
+def test_no_capabilities_object_sends_no_sets(tmp_path):
+    config = defaultspec.default_config()
+    del config["process"]["capabilities"]
+    recs = records(spec.init_launch_spec("c1", spec.load_bundle(write(tmp_path / "b", config))))
+    assert [k for k, _ in recs if k.startswith("cap.")] == []
+
+
+def test_unknown_capability_is_ignored_with_a_warning(tmp_path):
+    masks, warnings = _cap_masks(tmp_path, {"bounding": ["CAP_NOPE", "CAP_KILL", "KILL"]})
+    assert masks["cap.bounding"] == 1 << 5
+    assert warnings == ["ignoring unknown or unavailable capabilities: ['CAP_NOPE' 'KILL']"]
+    assert spec.check_process({"args": ["sh"], "capabilities": {"ambient": ["CAP_X"]}}) == [
+        "ignoring unknown or unavailable capabilities: ['CAP_X']"]
+
+
 @pytest.mark.parametrize("dest", ["/../etc", "/a/../../b", "/.."])
 def test_escaping_mount_destinations(tmp_path, dest):
     config = defaultspec.default_config()
@@ -64,8 +97,8 @@ def test_inner_dotdot_that_stays_inside_is_fine(tmp_path):
          "not a known rlimit"),
         (lambda c: c["process"].update(rlimits=[{"type": "RLIMIT_NOFILE", "soft": 9, "hard": 1}]),
          "soft <= hard"),
-        (lambda c: c["process"].update(capabilities={"bounding": ["CAP_NOPE"]}),
-         "unknown capability"),
+        (lambda c: c["process"].update(capabilities={"bounding": "CAP_KILL"}),
+         "process.capabilities.bounding must be of type list"),
         (lambda c: c.update(hostname="h" * 65), "longer than 64"),
         (lambda c: c["mounts"].append({"destination": "/x", "type": "nfs"}), "not supported"),
         (lambda c: c["mounts"].append({"destination": "x", "type": "tmpfs"}), "absolute path"),
@@ -201,3 +234,11 @@ def test_mount_points_follow_the_spec_in_order(tmp_path):
     assert [(p.dest, p.directory) for p in bundle.mount_points] == [
         ("/proc", True), ("/dev", True), ("/dev/pts", True), ("/dev/shm", True),
         ("/sys", True), ("/tmp", True), ("/etc/hosts", False)]
+
+
+def test_duplicate_namespaces_are_refused_as_runc_does(tmp_path):
+    config = defaultspec.default_config()
+    config["linux"]["namespaces"] += [{"type": "network", "path": "/run/netns/a"},
+                                      {"type": "network"}]
+    with pytest.raises(ParacellError, match="^malformed spec file: duplicated ns 'network'$"):
+        spec.load_bundle(write(tmp_path / "b", config))
