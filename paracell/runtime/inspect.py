@@ -52,8 +52,10 @@ def list_containers(ctx: Context, fmt: str, quiet: bool) -> str:
     for cid in ctx.store.list_ids():
         try:
             states.append(ctx.store.load(cid))
-        except ParacellError:
-            continue
+        except ParacellError as err:
+            # As runc: one bad container must not hide the others.
+            print(f"paracell: list: skipping {cid}: {err}", file=sys.stderr)
+            ctx.log.warning(f"list: skipping {cid}: {err}")
     if quiet:
         return "\n".join(s.id for s in states)
     if fmt == "json":

@@ -20,6 +20,7 @@ from paracell.runtime.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.state import (
     CONTROL_SOCKET,
     ContainerState,
+    CorruptStateError,
     StateStore,
     VmRecord,
     oci_state,
@@ -253,7 +254,13 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
             status.transition("delete", peek.status, container_id)
     try:
         with store.locked(container_id):
-            state = store.load(container_id)
+            try:
+                state = store.load(container_id)
+            except CorruptStateError:
+                if not force:
+                    raise
+                _salvage(ctx, container_id)
+                return
             status.transition("delete --force" if force else "delete", state.status,
                               container_id)
             _destroy(ctx, state)
@@ -261,6 +268,24 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
         if not force:
             raise
         store.remove_stale(container_id)
+
+
+def _salvage(ctx: Context, container_id: str) -> None:
+    """delete --force of a container whose state is unreadable: its VM and
+    resources are found from what exists (runtime/salvage.py)."""
+    from paracell.runtime import salvage
+    from paracell.vmm import hostshare, memory
+
+    store = ctx.store
+    state_dir = store.dir(container_id)
+    found = salvage.reclaim(state_dir, memory.path_for(ctx.root, container_id),
+                            state_dir / CONTROL_SOCKET)
+    # The host shares' binds live in the state directory: unmounted before
+    # anything there is removed, so nothing behind them is ever deleted.
+    hostshare.remove_tree(state_dir)
+    store.remove(container_id)
+    ctx.log.warning(f"delete --force {container_id}: its state was unreadable; removed "
+                    f"{', '.join(found) or 'no running process'} and its state directory")
 
 
 def _stop_vm(state: ContainerState) -> None:

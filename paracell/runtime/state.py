@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 STATE_FILE = "state.json"
+# Far above a real state (a few KiB): a bound on what a hostile file can cost.
+MAX_STATE_BYTES = 1 << 20
 LOCK_FILE = "lock"
 # The shim's socket for exec proxies and control requests (start, kill --all).
 CONTROL_SOCKET = "shim.sock"
@@ -125,6 +127,29 @@ def oci_state(state: ContainerState) -> dict[str, object]:
 
 def shim_alive(state: ContainerState) -> bool:
     return same_process(state.shim_pid, state.shim_start)
+
+
+class CorruptStateError(ParacellError):
+    """state.json is there but says nothing that can be trusted."""
+
+    def __init__(self, container_id: str, why: object) -> None:
+        text = str(why).splitlines()[0][:200] if str(why) else type(why).__name__
+        super().__init__(f"state of container {container_id} is corrupt: {text} "
+                         "(delete --force removes it)")
+
+
+def _check_loaded(state: ContainerState, container_id: str) -> None:
+    """What a written state always has; `{}` or another container's state does not."""
+    if state.id != container_id:
+        raise ValueError(f"it names container {state.id[:64]!r}")
+    if state.status not in st.ALL:
+        raise ValueError(f"unknown status {state.status[:32]!r}")
+    numbers = (state.shim_pid, state.shim_start, state.creator_pid, state.creator_start,
+               state.vm.qemu_pid, state.vm.qemu_start)
+    if any(n < 0 or n > 1 << 62 for n in numbers):
+        raise ValueError("a pid or start time is out of range")
+    if not all(isinstance(d, dict) for d in state.vm.devices):
+        raise ValueError("a device record is not an object")
 
 
 class ContainerLock:
@@ -254,14 +279,21 @@ class StateStore:
         _rmtree(self.path(container_id))
 
     def load(self, container_id: str) -> ContainerState:
+        from paracell.jsonfile import read_regular
+
         try:
-            with open(self.path(container_id, STATE_FILE), "rb") as f:
-                data = json.loads(f.read())
+            raw = read_regular(self.path(container_id, STATE_FILE), MAX_STATE_BYTES)
+            if len(raw) > MAX_STATE_BYTES:
+                raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise TypeError("not a JSON object")
             state = ContainerState(**data)
+            _check_loaded(state, container_id)
         except FileNotFoundError:
             raise NotExistError(container_id) from None
-        except (ValueError, TypeError) as err:
-            raise ParacellError(f"state of container {container_id} is corrupt: {err}") from None
+        except (ValueError, TypeError, RecursionError, ParacellError) as err:
+            raise CorruptStateError(container_id, err) from None
         state.status = st.settle(state.status, lambda: shim_alive(state),
                                  lambda: same_process(state.creator_pid, state.creator_start))
         return state

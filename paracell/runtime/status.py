@@ -20,6 +20,7 @@ RUNNING = "running"
 PAUSED = "paused"      # vCPUs stopped
 STOPPED = "stopped"    # the process ended, or its shim or creator died
 
+ALL = frozenset({CREATING, CREATED, RUNNING, PAUSED, STOPPED})
 # While in these, the shim is the container: if it is gone, the container stopped.
 SHIM_LIVE = frozenset({CREATED, RUNNING, PAUSED})
 

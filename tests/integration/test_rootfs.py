@@ -100,3 +100,33 @@ def test_config_written_by_paracell_spec_runs_on_a_bare_rootfs(runtime, tmp_path
     assert sorted(p.name for p in (bundle / "rootfs").iterdir()) == [
         "bin", "dev", "proc", "sys", "tmp"]
     runtime.assert_no_leaks()
+
+
+@pytest.mark.parametrize("propagation", ["shared", "rshared", "slave", "rslave", "private",
+                                         "rprivate", "unbindable", "runbindable"])
+def test_a_host_bind_with_a_propagation_option_appears(runtime, make_bundle, tmp_path,
+                                                       propagation):
+    """runc mounts the bind and then sets that propagation on it; the guest's
+    copy of the share can only propagate inside the VM (docs/runtime.md)."""
+    host = tmp_path / "data"
+    host.mkdir()
+    (host / "file").write_text("from the host\n")
+    bundle = make_bundle(
+        ["sh", "-c", "cat /data/file; grep ' /data ' /proc/self/mountinfo"],
+        mutate=lambda c: c["mounts"].append({
+            "destination": "/data", "type": "bind", "source": str(host),
+            "options": ["rbind", propagation]}))
+    ran = runtime("run", "--bundle", str(bundle), f"prop-{propagation}")
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.decode().splitlines()
+    assert lines[0] == "from the host", lines
+    fields = lines[1].split(" - ")[0].split()[6:]  # the optional fields: shared:N, master:N
+    kind = propagation.removeprefix("r")
+    # The guest's share is a private mount, and a slave of a private mount
+    # is private (mount(2)): as under runc with a private host source.
+    shown = {"shared": "shared:", "unbindable": "unbindable"}.get(kind)
+    if shown is None:
+        assert fields == [], lines[1]
+    else:
+        assert [f for f in fields if f.startswith(shown)] != [], lines[1]
+    runtime.assert_no_leaks()
