@@ -42,6 +42,8 @@ class RuntimeLog:
             os.close(fd)
 
     def error(self, msg: str, to_stderr: bool = True) -> None:
+        # One line, whatever a hostile input put into the message.
+        msg = msg.replace("\r", "\\r").replace("\n", "\\n")
         self.write("error", msg)
         if to_stderr:
             try:

@@ -470,3 +470,38 @@ def test_events_reports_an_oom_kill_in_the_host_cgroup(runtime, make_bundle, tmp
     assert json.loads(runtime("state", cid).stdout)["status"] == "stopped"
     assert runtime("delete", cid).returncode == 0
     runtime.assert_no_leaks()
+
+
+def cgroup_hierarchies() -> list[Path]:
+    """Every mounted hierarchy's root (v1 controllers and the unified one)."""
+    return [p for p in Path("/sys/fs/cgroup").iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+@pytest.mark.parametrize("leaf, needle", [
+    ("cgroup.procs", "is not a cgroup (cgroupsPath names a control file)"),
+    ("tasks", "names a control file"),
+    # Within the spec's 4096 bytes, but past PATH_MAX below /sys/fs/cgroup/NAME.
+    ("/".join(["p" * 250] * 16 + ["q" * 60]), "File name too long"),
+], ids=["cgroup.procs", "tasks", "past-PATH_MAX"])
+def test_a_create_that_fails_in_its_cgroup_path_leaves_no_level(runtime, make_bundle, leaf,
+                                                                needle):
+    """Levels that create made are removed, however the leaf failed: a
+    control file's name (ENOTDIR), a path past PATH_MAX (ENAMETOOLONG)."""
+    top = f"pc-leak-{os.getpid()}"
+    bundle = make_bundle(["true"], mutate=cgroups_path_and_resources(f"/{top}/mid/{leaf}"))
+    result = runtime("run", "--bundle", str(bundle), "cgleak")
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and needle in lines[0], lines
+    assert runtime("delete", "--force", "cgleak").returncode == 0
+    left = [str(h / top) for h in cgroup_hierarchies() if (h / top).exists()]
+    assert left == []
+    runtime.assert_no_leaks()
+
+
+def test_a_cgroups_path_with_a_newline_is_one_quoted_line(runtime, make_bundle):
+    bundle = make_bundle(["true"], mutate=cgroups_path_and_resources("/pc-nl\nsecond-line"))
+    result = runtime("run", "--bundle", str(bundle), "cgnl")
+    lines = result.stderr.decode().splitlines()
+    assert result.returncode != 0 and len(lines) == 1, lines
+    assert "'/pc-nl\\nsecond-line' contains a control character" in lines[0], lines
+    runtime.assert_no_leaks()

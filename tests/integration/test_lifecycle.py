@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -53,6 +54,9 @@ def test_create_start_state_delete(runtime, make_bundle, tmp_path):
     assert runtime("kill", "lc", "KILL").returncode == 0
     wait_status(runtime, "lc", "stopped")
     assert runtime("kill", "lc", "TERM").stderr.strip().endswith(b"container not running")
+    # containerd's shim sends this on every stop: runc answers it silently.
+    all_killed = runtime("kill", "--all", "lc", "KILL")
+    assert (all_killed.returncode, all_killed.stderr) == (0, b"")
     assert runtime("delete", "lc").returncode == 0
     runtime.assert_no_leaks()
 
@@ -274,3 +278,28 @@ def test_a_relative_root_works(runtime, make_bundle, tmp_path):
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 4, done.stderr
     assert list((work / "state").iterdir()) == []
+
+
+def test_ps_ignores_an_exec_marker_whose_pid_was_reused(runtime, make_bundle, tmp_path):
+    """An exec proxy killed before it removed its marker leaves it behind;
+    once its pid is another process's, ps must not list that process."""
+    shim = create_detached(runtime, make_bundle(["sleep", "60"]), "reuse", tmp_path)
+    runtime("start", "reuse", check=True)
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        execs = runtime.root / "reuse" / "execs"
+        execs.mkdir(exist_ok=True)
+        # The stranger's pid with another process's start time, as after reuse.
+        (execs / str(stranger.pid)).write_text("1")
+        assert json.loads(runtime("ps", "--format", "json", "reuse", check=True).stdout) == [shim]
+        # A live exec is still listed.
+        pid_file = tmp_path / "exec.pid"
+        runtime("exec", "--detach", "--pid-file", str(pid_file), "reuse", "sleep", "30",
+                check=True)
+        listed = json.loads(runtime("ps", "--format", "json", "reuse", check=True).stdout)
+        assert listed == [shim, int(pid_file.read_text())]
+    finally:
+        stranger.kill()
+        stranger.wait()
+    runtime("delete", "--force", "reuse", check=True)
+    runtime.assert_no_leaks()

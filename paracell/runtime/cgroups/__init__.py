@@ -195,7 +195,10 @@ def _make(path: str, version: int) -> None:
         try:
             os.mkdir(level, 0o755)
         except FileExistsError:
-            continue
+            if os.path.isdir(level):
+                continue  # a concurrent create made it
+            raise ParacellError(f"mkdir {level}: file exists and is not a cgroup "
+                                "(cgroupsPath names a control file)") from None
         except OSError as err:
             raise ParacellError(f"mkdir {level}: {err.strerror}") from None
         if version == 1:
@@ -315,24 +318,35 @@ def reclaim(devices: list[dict[str, Any]]) -> None:
 
 
 def _remove(d: CgroupDir) -> None:
-    deadline = time.monotonic() + RMDIR_WAIT_S
-    while True:
-        try:
-            os.rmdir(d.path)
-            break
-        except FileNotFoundError:
-            break
-        except OSError as err:
-            # EBUSY while the killed processes finish exiting.
-            if err.errno != errno.EBUSY or time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
+    """The leaf, then the levels this create made, up to the first that is
+    not empty: another container's cgroup lives there."""
+    if not _rmdir(d.path, wait_busy=True):
+        return
     if d.made_from:
         cur = os.path.dirname(d.path)
         stop = os.path.dirname(d.made_from)
         while cur != stop and cur.startswith(d.made_from):
-            try:
-                os.rmdir(cur)
-            except OSError:
-                return  # another container's cgroup lives there too
+            if not _rmdir(cur, wait_busy=False):
+                return
             cur = os.path.dirname(cur)
+
+
+# rmdir's answers for a level that is not there to remove: never made (its
+# name ran past NAME_MAX or PATH_MAX), or a control file of the parent.
+_NOT_A_LEVEL = (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
+
+
+def _rmdir(path: str, wait_busy: bool) -> bool:
+    """Whether the level is gone (or never was), so the one above may go too."""
+    deadline = time.monotonic() + RMDIR_WAIT_S
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except OSError as err:
+            if err.errno in _NOT_A_LEVEL:
+                return True
+            # EBUSY while the killed processes finish exiting.
+            if not wait_busy or err.errno != errno.EBUSY or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)

@@ -122,6 +122,10 @@ def check_cgroups_path(value: object) -> str:
         raise ParacellError("invalid config.json: linux.cgroupsPath must be of type str")
     if len(value) > MAX_PATH or "\0" in value:
         raise ParacellError("invalid config.json: linux.cgroupsPath is not a usable path")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in value):
+        # Quoted, so that the error stays one line.
+        raise ParacellError(f"invalid config.json: linux.cgroupsPath {value[:128]!r} contains "
+                            "a control character")
     return value
 
 
