@@ -397,13 +397,8 @@ def bench_net(rounds: int, seconds: float, output: str) -> None:
 @click.option("--output", "-o", default="bench-results/xgate.json")
 def bench_xgate(output: str) -> None:
     """Gate calls against syscalls, vDSO and a pipe round trip, in a guest."""
-    try:
-        import paracell.bench.xgate as bench_xgate_mod
-    except ModuleNotFoundError as err:
-        if err.name != "paracell.bench.xgate":
-            raise
-        raise ParacellError("paracell bench xgate: paracell/bench/xgate.py is not there yet "
-                            "(the guest half of XGates)") from None
+    import paracell.bench.xgate as bench_xgate_mod
+
     click.echo(bench_xgate_mod.run(_ctx(), output))
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench import common, programs
+from paracell.bench.plot import save_figure
 from paracell.errors import ParacellError
 from paracell.procfs import page_faults
 from paracell.runtime import defaultspec
@@ -190,10 +191,7 @@ def _plot(runs: dict[str, Run], output: Path) -> Path:
     ax.set_ylabel("MiB")
     ax.set_title("Guest RAM the host holds vs what the guest uses (bursty trace)")
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    return output
+    return save_figure(fig, output)
 
 
 def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:

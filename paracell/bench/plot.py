@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+
+def save_figure(fig: Any, output: Path) -> Path:
+    """Every benchmark's PNG: its directory is made first, since a fresh
+    checkout has no bench-results/ yet."""
+    import matplotlib.pyplot as plt
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(output, dpi=100)
+    plt.close(fig)
+    return output
 
 
 def bar_chart(stats: dict[str, dict[str, float]], title: str, unit_scale: float, unit: str,
@@ -23,7 +36,4 @@ def bar_chart(stats: dict[str, dict[str, float]], title: str, unit_scale: float,
                     textcoords="offset points")
     ax.set_ylabel(unit)
     ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    return output
+    return save_figure(fig, output)

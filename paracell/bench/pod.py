@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench import common
+from paracell.bench.plot import save_figure
 from paracell.runtime import pod
 from paracell.runtime.lifecycle import Context
 
@@ -164,7 +165,4 @@ def _plot(results: dict[str, Any], output: Path) -> Path:
         ax.set_ylabel(unit)
     axes[0].legend()
     fig.suptitle("idle pod: one VM per pod vs a VM per container")
-    fig.tight_layout()
-    fig.savefig(output, dpi=100)
-    plt.close(fig)
-    return output
+    return save_figure(fig, output)

@@ -15,9 +15,12 @@ applies to them, the way runc applies it to the container's init:
 - QEMU runs with no_new_privs and a capability bounding set cut down to what
   its 9p server needs.
 
-Order in the shim (shim.boot): cgroup join, then IPC, UTS, [network: the
-slot for paracell/net/netns.join], cgroup namespace; devices prepared; then
-the mount namespace (jail); then QEMU with its privileges dropped.
+Order in the shim (shim.boot): cgroup join, then IPC, UTS and the cgroup
+namespace (enter); the control socket; the network namespace
+(paracell/net/netns.enter, once the cgroup namespace is set, so its root is
+the container's cgroup either way); devices prepared, their TAPs in that
+network namespace; then the mount namespace (jail); then QEMU with its
+privileges dropped.
 """
 
 from __future__ import annotations
@@ -219,9 +222,8 @@ class HostIsolation:
         flags = sum(TYPES[k][0] for k in ("ipc", "uts") if k in ns.new)
         if flags:
             _unshare(flags, "ipc/uts namespaces")
-        # Network: paracell/net/netns.join(path) goes here, after the cgroup
-        # join and before the TAP device is prepared with the VM's devices.
-        # After the cgroup join, so the namespace's root is the container's cgroup.
+        # After the cgroup join, so the namespace's root is the container's
+        # cgroup. The network namespace comes after this, in shim.boot.
         if "cgroup" in ns.join:
             _setns(ns.join["cgroup"], "cgroup")
         elif "cgroup" in ns.new:

@@ -18,6 +18,8 @@ from tests.caps import NO_CAPS, SHOW_CAPS, cap_masks
 from tests.conftest import PARACELL
 from tests.e2e.cri import HANDLER, Cri, running_cri
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def cri(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path) -> Iterator[Cri]:

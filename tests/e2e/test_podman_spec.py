@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.e2e.conftest import IMAGE
+
+pytestmark = pytest.mark.e2e
 
 ENOMSG = "No message of desired type"
 

@@ -7,10 +7,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from tests.conftest import PARACELL, REPO
 
 pytestmark = pytest.mark.integration
 
@@ -62,11 +65,24 @@ def test_create_start_state_delete(runtime, make_bundle, tmp_path):
 
 
 def test_sigterm_to_the_shim_reaches_the_container(runtime, make_bundle, tmp_path):
-    script = "trap 'echo got-term > /dev/null; exit 42' TERM; while true; do sleep 0.1; done"
-    pid = create_detached(runtime, make_bundle(["sh", "-c", script]), "sig", tmp_path)
-    runtime("start", "sig", check=True)
-    time.sleep(1.0)
-    os.kill(pid, signal.SIGTERM)
+    """containerd's view: it is the subreaper the detached shim is reparented
+    to, it signals the pid from --pid-file, and it reaps the container's status."""
+    script = "trap 'exit 42' TERM; while true; do sleep 0.1; done"
+    pid_file = tmp_path / "sig.pid"
+    reaper = subprocess.Popen(
+        [sys.executable, "-m", "tests.subreaper", str(pid_file), PARACELL, "--root",
+         str(runtime.root), "create", "--bundle", str(make_bundle(["sh", "-c", script])),
+         "--pid-file", str(pid_file), "sig"],
+        stdout=subprocess.PIPE, env=runtime.env, cwd=REPO)
+    try:
+        assert reaper.stdout.readline() == b"0\n"
+        runtime("start", "sig", check=True)
+        time.sleep(1.0)  # the trap is set once the shell runs
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        out, _ = reaper.communicate(timeout=60)
+    finally:
+        reaper.kill()
+    assert out == b"42\n"
     wait_status(runtime, "sig", "stopped")
     runtime("delete", "sig", check=True)
     runtime.assert_no_leaks()

@@ -10,15 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
 from tests.xgate_elf import PF_R, PF_X, WRPKRU, make_elf
 
 pytestmark = pytest.mark.integration
 
 XGATES_ON = {"io.paracell.xgates": "on"}
-# The agent refuses launch-spec keys it does not know, so a guest can boot with
-# XGates only once guest/agent takes the xgates= record (the guest half of issue 8).
-AGENT_TAKES_XGATES = b'"xgates"' in (REPO / "guest" / "agent" / "spec.c").read_bytes()
 
 
 def _evil_rootfs(rootfs: Path) -> Path:
@@ -81,9 +77,6 @@ def test_a_bad_annotation_is_refused_in_one_line(runtime, make_bundle):
     runtime.assert_no_leaks()
 
 
-@pytest.mark.skipif(not AGENT_TAKES_XGATES,
-                    reason="guest/agent does not take the xgates= launch-spec record yet "
-                           "(guest half of issue 8)")
 def test_warn_mode_logs_the_offence_and_boots(runtime, make_bundle, writable_rootfs, tmp_path):
     rootfs = _evil_rootfs(writable_rootfs)
     log = tmp_path / "runtime.log"

@@ -81,15 +81,19 @@ def test_member_joins_map_the_sandboxes_pid_to_its_guest_namespaces(tmp_path: Pa
                        ("ns.ipc", "sb"), ("ns.uts", "sb"), ("ns.pid", "other")]
 
 
-@pytest.mark.parametrize("entry", [
-    {"type": "ipc", "path": "/proc/1/ns/ipc"},           # not a pod member's pid
-    {"type": "ipc", "path": "/proc/{me}/ns/uts"},        # type mismatch
-    {"type": "uts", "path": "/var/run/netns/x"},         # not a /proc path
-    {"type": "ipc", "path": "/proc/{me}/ns/ipc/../net"},
-    {"type": "network", "path": "/proc/{other}/ns/net"},  # a network of its own
-    {"type": "network", "path": "/nonexistent"},
+NOT_THE_PODS = "is not one of pod sb's: a pod member can only share its pod's namespaces"
+NOT_THE_PODS_NETWORK = "is not pod sb's: the containers of a pod VM share one network"
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"type": "ipc", "path": "/proc/1/ns/ipc"}, NOT_THE_PODS),       # not a pod member's pid
+    ({"type": "ipc", "path": "/proc/{me}/ns/uts"}, NOT_THE_PODS),    # type mismatch
+    ({"type": "uts", "path": "/var/run/netns/x"}, NOT_THE_PODS),     # not a /proc path
+    ({"type": "ipc", "path": "/proc/{me}/ns/ipc/../net"}, NOT_THE_PODS),
+    ({"type": "network", "path": "/proc/{other}/ns/net"}, NOT_THE_PODS_NETWORK),  # its own
+    ({"type": "network", "path": "/nonexistent"}, NOT_THE_PODS_NETWORK),
 ])
-def test_member_namespaces_outside_the_pod_are_refused(tmp_path: Path, entry):
+def test_member_namespaces_outside_the_pod_are_refused(tmp_path: Path, entry, message):
     other = subprocess.Popen(["unshare", "--net", "sleep", "30"])
     try:
         own = os.stat("/proc/self/ns/net").st_ino
@@ -98,8 +102,12 @@ def test_member_namespaces_outside_the_pod_are_refused(tmp_path: Path, entry):
                 break
             time.sleep(0.05)
         entry = {k: v.format(me=os.getpid(), other=other.pid) for k, v in entry.items()}
-        with pytest.raises(ParacellError, match="pod sb|namespace"):
+        with pytest.raises(ParacellError) as refused:
             pod.member_records("c", _bundle(tmp_path, [entry]), _sandbox(tmp_path), {})
+        path = entry["path"]
+        expected = (f"network namespace {path} {message}" if entry["type"] == "network"
+                    else f"namespace path {path} ({entry['type']}) {message}")
+        assert str(refused.value) == expected
     finally:
         other.kill()
         other.wait()

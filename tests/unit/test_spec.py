@@ -80,7 +80,10 @@ def test_escaping_mount_destinations(tmp_path, dest):
 def test_inner_dotdot_that_stays_inside_is_fine(tmp_path):
     config = defaultspec.default_config()
     config["mounts"].append({"destination": "/a/../tmp2", "type": "tmpfs", "source": "x"})
-    spec.load_bundle(write(tmp_path / "b", config))
+    bundle = spec.load_bundle(write(tmp_path / "b", config))
+    mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec("c1", bundle))
+              if r[0] == "mount"]
+    assert mounts[-1][:3] == ["/tmp2", "tmpfs", "x"]
 
 
 @pytest.mark.parametrize(

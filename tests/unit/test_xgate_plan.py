@@ -26,7 +26,7 @@ def config_file(tmp_path, monkeypatch):
 def test_annotation_wins_over_the_config_file(config_file):
     assert xgates.plan({}).enabled is False
     config_file.write_text(json.dumps({"xgates": True}))
-    assert xgates.plan({}) == xgates.XgatesPlan(True, "refuse", xgates.plan({}).source)
+    assert xgates.plan({}) == xgates.XgatesPlan(True, "refuse", f'"xgates" in {config_file}')
     assert xgates.plan({"io.paracell.xgates": "off"}).enabled is False
     config_file.write_text(json.dumps({"xgates": False}))
     plan = xgates.plan({"io.paracell.xgates": "on", "io.paracell.xgates.vet": "warn"})
