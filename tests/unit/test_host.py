@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from paracell.runtime.ids import check_id
 from paracell.runtime.signals import FORWARDED, forward_mask, parse_signal
 from paracell.vmm import devices, probe
 from paracell.vmm.builder import Machine, VmBuilder, reclaim
+from tests.conftest import PARACELL
 
 
 def facts(kind: str) -> probe.HostFacts:
@@ -181,3 +184,19 @@ def test_config_file_and_environment_precedence(tmp_path, monkeypatch):
     monkeypatch.setenv("PARACELL_GUEST_MEMORY_MIB", "8")
     with pytest.raises(ParacellError, match="outside"):
         settings.guest_memory_mib()
+
+
+def test_every_global_option_of_the_cli_is_known_to_the_fast_path(tmp_path):
+    """A global the fast path does not know makes entry.py lose --log and
+    --log-format for the failing call (it was so for --memory-manager)."""
+    from paracell.cli import main as group
+
+    known = set(fastpath.VALUED_GLOBALS) | set(fastpath.FLAG_GLOBALS)
+    cli_globals = {opt for p in group.params for opt in p.opts if opt.startswith("--")}
+    assert cli_globals - {"--version", "--help"} <= known, cli_globals - known
+    log = tmp_path / "log.json"
+    failed = subprocess.run(
+        [PARACELL, "--memory-manager", "none", "--log", str(log), "--log-format", "json",
+         "--root", str(tmp_path / "root"), "state", "ghost"], capture_output=True)
+    assert failed.returncode != 0
+    assert json.loads(log.read_text())["msg"] == "container ghost does not exist"
