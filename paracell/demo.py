@@ -11,7 +11,6 @@ from pathlib import Path
 from paracell.guest.artifacts import REPO_ROOT
 from paracell.runtime import defaultspec, lifecycle
 from paracell.runtime.lifecycle import Context
-from paracell.vmm.devices import GuestRam
 
 EXAMPLE = REPO_ROOT / "oci" / "examples" / "hello"
 
@@ -57,8 +56,8 @@ def _run_once(ctx: Context, manager: str) -> dict[str, float | int | None]:
     container_id = f"paracell-demo-{os.getpid()}-{manager}"
     began = time.monotonic()
     state = lifecycle.create(run_ctx, container_id, str(EXAMPLE), None, None, detach=False)
-    ram = state.vm.device(GuestRam.kind)
-    sampler = MemorySampler(state.vm.qemu_pid, Path(ram["path"]), ctx.store.dir(container_id))
+    sampler = MemorySampler(state.vm.qemu_pid, Path(state.vm.config.ram_file),
+                            ctx.store.dir(container_id))
     sampler.start()
     try:
         lifecycle.start(run_ctx, container_id)

@@ -125,3 +125,15 @@ def writable_rootfs(tmp_path: Path, busybox_rootfs: Path) -> Path:
     target = tmp_path / "rwrootfs"
     shutil.copytree(busybox_rootfs, target, symlinks=True)
     return target
+
+
+def cri_pod(kind: str, sandbox_id: str):
+    """A config mutation: containerd CRI's pod annotations; a sandbox also
+    gets the network namespace of its own that CRI always gives one (a VM
+    runtime refuses a pod on the host's)."""
+    def mutate(config: dict) -> None:
+        config["annotations"] = {"io.kubernetes.cri.container-type": kind,
+                                 "io.kubernetes.cri.sandbox-id": sandbox_id}
+        if kind == "sandbox":
+            config["linux"]["namespaces"].append({"type": "network"})
+    return mutate

@@ -35,6 +35,10 @@ def _bundle(name: str, annotations: dict[str, str]) -> Path:
     directory = common.example_bundle(name, ["sleep", "1000000"])
     config = json.loads((directory / "config.json").read_text())
     config["annotations"] = annotations
+    if annotations.get(pod.CONTAINER_TYPE) == "sandbox":
+        # As CRI makes a sandbox: a network namespace of its own (a VM runtime
+        # refuses a pod on the host's).
+        config["linux"]["namespaces"].append({"type": "network"})
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return directory
 

@@ -12,10 +12,13 @@ runs only once its interface is up (docs/networking.md).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.net import device, discover, guestconfig, mirror, netns
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.state import VmConfig
 
 
 def _take_spares(record_path: Path) -> list[tuple[str, str]]:
@@ -58,15 +61,14 @@ def _only_ours(shim_pid: int) -> bool:
     return all(n == "lo" or n.startswith(discover.TAP_PREFIX) for n in names)
 
 
-def start_payload(devices: list[dict[str, Any]], shim_pid: int) -> bytes:
+def start_payload(config: VmConfig, shim_pid: int) -> bytes:
     """The START frame's payload: network records, or nothing. The caller
-    holds the container's lock and has checked that shim_pid is our shim."""
+    holds the container's lock and has checked that shim_pid is our shim.
+    Only a namespace of the VM's own can gain interfaces after create."""
     from paracell.runtime.spec import encode_records
 
-    entry = next((d for d in devices if d.get("kind") == device.NetworkInterfaces.kind
-                  and d.get("netns") == ""), None)
-    if entry is None or _only_ours(shim_pid):
+    if config.network != netns.NEW or not config.net_record or _only_ours(shim_pid):
         return b""
-    record = Path(str(entry.get("record", "")))
+    record = Path(config.net_record)
     records = netns.run_inside(f"/proc/{shim_pid}/ns/net", lambda: _take_spares(record))
     return encode_records(records) if records else b""

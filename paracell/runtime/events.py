@@ -18,11 +18,6 @@ from paracell.runtime.state import ContainerState
 PAGE = 4096
 
 
-def _manager(state: ContainerState) -> str:
-    kinds = {entry.get("kind") for entry in state.vm.devices} if state.vm else set()
-    return "pager" if "pager" in kinds else "balloon" if "balloon" in kinds else "none"
-
-
 def _qemu_figures(state: ContainerState) -> dict[str, int]:
     import psutil
 
@@ -45,9 +40,10 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     state = ctx.store.load(container_id)
     if not status.stands_for_a_process(state.status):
         raise ParacellError(f"container {container_id} is not running")
-    if state.vm is None:
-        raise ParacellError(f"container {container_id} has no VM record")
-    ram_path = Path(state.vm.device("guest-ram")["path"])
+    if not state.vm.config.ram_file:
+        raise ParacellError(f"container {container_id} has no VM of its own: a pod member's "
+                            "figures are its sandbox's")
+    ram_path = Path(state.vm.config.ram_file)
     resident = memory.resident_bytes(ram_path)
     try:
         limit = ram_path.stat().st_size
@@ -59,7 +55,7 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     # The guest's own figures: clamped, since a hostile guest may write anything.
     used = max(guest["total_pages"] - guest["free_pages"], 0) * PAGE if guest else None
     paracell: dict[str, Any] = {
-        "memory_manager": _manager(state),
+        "memory_manager": state.vm.config.memory_manager,
         "guest_ram_bytes": limit,
         "host_resident_bytes": resident,
         "guest_used_bytes": used,
@@ -90,7 +86,7 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     from paracell.runtime import cgroups
     from paracell.runtime.cgroups import stats as cgroup_stats
 
-    data |= cgroup_stats.read(cgroups.from_record(state.vm.devices))
+    data |= cgroup_stats.read(cgroups.from_facts(state.vm.host.cgroups))
     data["paracell"] = paracell
     return {"type": "stats", "id": container_id, "data": data}
 
@@ -104,7 +100,7 @@ def _oom_kills(ctx: Context, container_id: str) -> int:
         state = ctx.store.load(container_id)
     except ParacellError:
         return -1
-    return cgroup_stats.oom_kills(cgroups.from_record(state.vm.devices if state.vm else []))
+    return cgroup_stats.oom_kills(cgroups.from_facts(state.vm.host.cgroups))
 
 
 def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:

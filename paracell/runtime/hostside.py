@@ -12,6 +12,7 @@ from paracell.runtime import cgroups, hostns, resources
 from paracell.runtime.cgroups import CgroupDir, hierarchy
 from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.resources import GuestSize, Resources
+from paracell.runtime.state import HostRecord
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,11 +28,9 @@ class HostPlan:
     cgroup_dirs: list[CgroupDir]
     isolation: HostIsolation
 
-    def record(self, engine: str) -> dict[str, Any]:
-        """The VM-record entry `delete` reclaims the cgroup from, with the
-        sizes `update` starts from."""
-        return {**cgroups.record(self.cgroup_dirs), "engine": engine,
-                "guest_mib": self.size.memory_mib, "vcpus": self.size.vcpus}
+    def record(self) -> HostRecord:
+        """What `delete` reclaims the cgroup from."""
+        return HostRecord(cgroups=cgroups.facts(self.cgroup_dirs))
 
     def setup(self, engine: str, log: Any, state_dir: Path, memory_file: Path,
               bundle: Bundle) -> None:

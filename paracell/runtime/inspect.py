@@ -73,10 +73,11 @@ def _qmp(state: ContainerState, command: str, arguments: dict[str, Any] | None =
     from qemu.qmp import QMPClient
 
     from paracell import unixsock
-    from paracell.vmm.devices import QmpSocket
 
+    if not state.vm.config.qmp_socket:
+        raise ParacellError(f"QMP {command}: container {state.id} has no VM of its own")
     try:
-        sock = unixsock.connect(Path(state.vm.device(QmpSocket.kind)["path"]))
+        sock = unixsock.connect(Path(state.vm.config.qmp_socket))
     except OSError as err:
         raise ParacellError(f"QMP {command}: {err.strerror}") from None
 

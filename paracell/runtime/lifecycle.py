@@ -144,10 +144,11 @@ def create(
         hooks=bundle.config.get("hooks") or {}, has_process=process is not None,
     )
     state_dir = store.dir(container_id)
-    vm, agent = vmplan.container_vm(state_dir, bundle, guest, engine, qemu, memory_file,
-                                    memory_mib, memory_plan, vcpus=host.size.vcpus,
-                                    network=network, pod_share=pod_role.kind == "sandbox")
-    state.vm = VmRecord(devices=[*vm.record(), host.record(engine)])
+    vm, agent, config = vmplan.container_vm(
+        state_dir, bundle, guest, engine, qemu, memory_file, memory_mib, memory_plan,
+        vcpus=host.size.vcpus, network=network, pod_share=pod_role.kind == "sandbox",
+        xgates=xgates_plan.enabled)
+    state.vm = VmRecord(config=config, host=host.record(), reclaim=vm.record())
     # The state, with every host resource the VM will hold, is on disk before
     # any of them exists.
     lock_fd = store.create(state)
@@ -206,7 +207,7 @@ def start(ctx: Context, container_id: str) -> None:
             if not state.has_process:
                 raise ParacellError(NO_PROCESS.format(container_id))
             # Interfaces added to the shim's namespace since create (ctr run --cni).
-            network = late.start_payload(state.vm.devices, state.shim_pid) \
+            network = late.start_payload(state.vm.config, state.shim_pid) \
                 if shim_alive(state) else b""
             # Recorded before the process may run: a state that cannot be
             # written (a full filesystem) fails the start with nothing run.
@@ -296,7 +297,7 @@ def _stop_vm(state: ContainerState) -> None:
     _kill_shim(state)
     _wait_shim_gone(state)
     kill_same(state.vm.qemu_pid, state.vm.qemu_start, SIGKILL)
-    builder.reclaim(state.vm.devices)
+    builder.reclaim(state.vm.reclaim)
 
 
 def _destroy(ctx: Context, state: ContainerState) -> None:
@@ -304,7 +305,7 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     from paracell.runtime import cgroups, hooks
 
     _stop_vm(state)
-    cgroups.reclaim(state.vm.devices)
+    cgroups.reclaim(state.vm.host.cgroups)
     was_started = state.status != status.CREATING
     state.status = status.STOPPED
     ctx.store.remove(state.id)

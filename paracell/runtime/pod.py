@@ -102,17 +102,14 @@ def member_slot(container_id: str) -> str:
 
 def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
     from paracell.runtime import status
-    from paracell.vmm.devices import PodShare
 
     state = store.load(sandbox_id)
     if state.status not in (status.CREATED, status.RUNNING):
         raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
-    try:
-        share = Path(state.vm.device(PodShare.kind)["dir"])
-    except (ParacellError, KeyError):
+    if not state.vm.config.pod_share:
         raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
-                            "it was created without the sandbox annotation") from None
-    return state, share
+                            "it was created without the sandbox annotation")
+    return state, Path(state.vm.config.pod_share)
 
 
 def _same_netns(path: str, sandbox: ContainerState) -> bool:
@@ -261,7 +258,7 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
     )
     from paracell.runtime.console import NEED_CONSOLE_SOCKET
     from paracell.runtime.log import rfc3339_now
-    from paracell.runtime.state import VmRecord, oci_state
+    from paracell.runtime.state import HostRecord, VmRecord, oci_state
     from paracell.vmm.devices import PodMemberDir
 
     store = ctx.store
@@ -280,7 +277,8 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
     # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
     host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
                          settings.guest_memory_mib())
-    member_cgroup = cgroups.adopt_parents(host.cgroup_dirs, cgroups.from_record(sandbox.vm.devices))
+    member_cgroup = cgroups.adopt_parents(host.cgroup_dirs,
+                                          cgroups.from_facts(sandbox.vm.host.cgroups))
     member_dir = share / member_slot(container_id)
     bundle.bind_prefix = f"{GUEST_POD_DIR}/{member_slot(container_id)}/binds"
     extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
@@ -292,7 +290,8 @@ def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: s
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
         hooks=bundle.config.get("hooks") or {},
-        vm=VmRecord(devices=[PodMemberDir.record(member_dir), cgroups.record(member_cgroup)]),
+        vm=VmRecord(host=HostRecord(cgroups=cgroups.facts(member_cgroup)),
+                    reclaim=[PodMemberDir.record(member_dir)]),
     )
     lock_fd = store.create(state)
     spawned = None

@@ -116,16 +116,8 @@ def merge_flags(raw: dict[str, Any], flags: dict[str, str | None]) -> dict[str, 
     return merged
 
 
-def _record(state: ContainerState) -> dict[str, Any]:
-    for entry in state.vm.devices if state.vm else []:
-        if entry.get("kind") == cgroups.KIND:
-            return entry
-    raise ParacellError(f"container {state.id} has no host cgroup (made by an older paracell)")
-
-
 def _manager(state: ContainerState) -> str:
-    kinds = {entry.get("kind") for entry in state.vm.devices}
-    return "pager" if "pager" in kinds else "balloon" if "balloon" in kinds else "none"
+    return state.vm.config.memory_manager
 
 
 def _memory_target(state: ContainerState, res: Resources, guest_mib: int) -> int:
@@ -176,11 +168,12 @@ def apply(state: ContainerState, raw: dict[str, Any],
         # pretending they changed.
         raise ParacellError("update: linux.resources.devices cannot be changed on a "
                             "running container")
-    entry = _record(state)
-    dirs = cgroups.from_record(state.vm.devices)
-    guest_mib = int(entry.get("guest_mib", 0))
-    vcpus = int(entry.get("vcpus", 1))
-    engine = str(entry.get("engine", "tcg"))
+    config = state.vm.config
+    if not config.engine:
+        raise ParacellError(f"container {state.id} has no VM of its own: update its pod's "
+                            "sandbox")
+    dirs = cgroups.from_facts(state.vm.host.cgroups)
+    guest_mib, vcpus, engine = config.memory_mib, config.vcpus, config.engine
     for name in res.ignored:
         yield f"linux.resources.{name} is ignored (kernel memory accounting is obsolete)"
     if res.memory_limit is None:

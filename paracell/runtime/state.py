@@ -65,23 +65,49 @@ class Record:
                        else getattr(self, name)) for name in self.FIELDS}
 
 
-class VmRecord(Record):
-    """The container's VM on the host: what `delete` needs to end and clean it up
-    after its shim has died. `devices` holds each attached device's facts, as
-    its builder recorded them (paracell.vmm.builder)."""
+class VmConfig(Record):
+    """The VM as `create` configured it, typed and recorded: what `update`,
+    `events`, `pause` and a pod's members read, and what a saved VM will be
+    rebuilt from. A pod member has no VM of its own: all defaults."""
 
-    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "devices": []}
+    FIELDS = {"engine": "", "memory_mib": 0, "vcpus": 0, "memory_manager": "none",
+              "xgates": False, "ram_file": "", "qmp_socket": "", "pod_share": "",
+              "network": "", "net_record": ""}
+
+    engine: str  # "kvm" or "tcg"
+    memory_mib: int  # guest RAM at boot
+    vcpus: int
+    memory_manager: str  # "pager", "balloon" or "none"
+    xgates: bool
+    ram_file: str  # the guest-RAM file on the host
+    qmp_socket: str
+    pod_share: str  # a pod sandbox's share directory; "" for any other VM
+    network: str  # the network plan's mode (paracell/net/netns.py)
+    net_record: str  # which veths the shim mirrors (paracell/net/device.py)
+
+
+class HostRecord(Record):
+    """Host resources that are not the VM's devices: its cgroup directories."""
+
+    FIELDS = {"cgroups": []}
+
+    cgroups: list[dict[str, Any]]  # CgroupDir facts (paracell/runtime/cgroups)
+
+
+class VmRecord(Record):
+    """The container's VM on the host: its configuration, its processes, and
+    what `delete` needs to end and clean it up after its shim has died.
+    `reclaim` holds each attached device's facts, as its builder recorded
+    them (paracell.vmm.builder), for cleanup by kind and nothing else."""
+
+    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "config": None, "host": None, "reclaim": []}
+    NESTED = {"config": VmConfig, "host": HostRecord}
 
     qemu_pid: int
     qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
-    devices: list[dict[str, Any]]
-
-    def device(self, kind: str) -> dict[str, Any]:
-        """The recorded facts of the VM's device of that kind."""
-        for entry in self.devices:
-            if entry.get("kind") == kind:
-                return entry
-        raise ParacellError(f"the container's VM has no {kind} device")
+    config: VmConfig
+    host: HostRecord
+    reclaim: list[dict[str, Any]]
 
 
 class ContainerState(Record):
@@ -148,8 +174,8 @@ def _check_loaded(state: ContainerState, container_id: str) -> None:
                state.vm.qemu_pid, state.vm.qemu_start)
     if any(n < 0 or n > 1 << 62 for n in numbers):
         raise ValueError("a pid or start time is out of range")
-    if not all(isinstance(d, dict) for d in state.vm.devices):
-        raise ValueError("a device record is not an object")
+    if not all(isinstance(d, dict) for d in (*state.vm.reclaim, *state.vm.host.cgroups)):
+        raise ValueError("a device or cgroup record is not an object")
 
 
 class ContainerLock:

@@ -9,6 +9,7 @@ from paracell.guest.artifacts import GuestArtifacts
 from paracell.net.netns import JOIN, NEW, NetworkPlan
 from paracell.runtime.memorymanager import MemoryPlan
 from paracell.runtime.spec import Bundle
+from paracell.runtime.state import VmConfig
 from paracell.vmm import devices
 from paracell.vmm.builder import Machine, VmBuilder
 
@@ -18,14 +19,19 @@ POD_SHARE_DIR = "pod"
 
 def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine: str, qemu: str,
                  memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int,
-                 network: NetworkPlan | None = None, pod_share: bool = False
-                 ) -> tuple[VmBuilder, devices.AgentPort]:
+                 network: NetworkPlan | None = None, pod_share: bool = False,
+                 xgates: bool = False) -> tuple[VmBuilder, devices.AgentPort, VmConfig]:
+    """The VM's builder, its agent port, and the typed configuration the
+    state records: decided here, where each device is chosen."""
     from paracell.vmm import hostclock
 
     tsc_khz = hostclock.tsc_khz() if engine == "tcg" else 0
     vm = VmBuilder(Machine(qemu=qemu, engine=engine, kernel=guest.kernel,
                            initramfs=guest.initramfs, memory_mib=memory_mib, vcpus=vcpus,
                            tsc_khz=tsc_khz))
+    config = VmConfig(engine=engine, memory_mib=memory_mib, vcpus=vcpus,
+                      memory_manager=memory.manager, xgates=xgates, ram_file=str(memory_file),
+                      network=network.mode if network is not None else "")
     ram = vm.attach(devices.GuestRam(memory_file, memory_mib))
     if memory.manager == "pager":
         vm.attach(devices.PagerChannel(ram, state_dir, memory.kernel_knobs))
@@ -39,8 +45,9 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         vm.attach(devices.HostShare(state_dir / SHARE_DIR,
                                     [(b.source, b.slot) for b in bundle.host_binds]))
     if pod_share:
-        vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR))
-    vm.attach(devices.QmpSocket(state_dir / "qmp.sock"))
+        config.pod_share = str(vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR)).path)
+    config.qmp_socket = str(vm.attach(devices.QmpSocket(state_dir / "qmp.sock")).path)
     if network is not None and network.mode in (JOIN, NEW):
-        vm.attach(devices.NetworkInterfaces(state_dir, network.path))
-    return vm, agent
+        net = vm.attach(devices.NetworkInterfaces(state_dir, network.path))
+        config.net_record = str(net.record)
+    return vm, agent, config

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from tests.conftest import cri_pod
 from tests.integration.test_spec_fields import linux, one_line_failure, run_ok
 
 pytestmark = pytest.mark.integration
@@ -321,16 +322,14 @@ def test_device_never_lands_on_the_host(runtime, make_bundle, busybox_rootfs):
 def test_seccomp_filters_a_pod_member(runtime, make_bundle):
     """A pod member's init reaches the pod's VM through a proxy, which sends
     its seccomp program just before its SPEC (docs/pods.md)."""
-    def pod(kind):
-        return {"io.kubernetes.cri.container-type": kind, "io.kubernetes.cri.sandbox-id": "scpod"}
-    sandbox = make_bundle(["sleep", "60"], mutate=lambda c: c.update(annotations=pod("sandbox")))
+    sandbox = make_bundle(["sleep", "60"], mutate=cri_pod("sandbox", "scpod"))
     runtime("create", "--bundle", str(sandbox), "scpod", check=True)
     try:
         runtime("start", "scpod", check=True)
 
         def member(config):
             linux(seccomp=SECCOMP)(config)
-            config["annotations"] = pod("container")
+            cri_pod("container", "scpod")(config)
         bundle = make_bundle(["sh", "-c", f"({SECCOMP_SCRIPT}) 2>&1"], mutate=member)
         result = runtime("run", "--bundle", str(bundle), "scmember")
         assert result.stdout.decode().splitlines() == SECCOMP_SEEN, result.stderr

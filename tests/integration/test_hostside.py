@@ -37,9 +37,9 @@ def vm_record(runtime, cid: str) -> dict:
 
 
 def cgroup_dirs(runtime, cid: str) -> dict[str, str]:
-    """controller -> directory, from the state's host-cgroup record."""
-    entry = next(d for d in vm_record(runtime, cid)["devices"] if d["kind"] == "host-cgroup")
-    return {c: d["path"] for d in entry["dirs"] for c in d["controllers"]}
+    """controller -> directory, from the state's host record."""
+    dirs = vm_record(runtime, cid)["host"]["cgroups"]
+    return {c: d["path"] for d in dirs for c in d["controllers"]}
 
 
 def read(path: str) -> str:
@@ -104,9 +104,8 @@ def test_new_namespaces_jail_and_privileges_seen_from_the_host(runtime, make_bun
         "null", "zero", "full", "random", "urandom", "kvm", "net", "vhost-net", "vhost-vsock",
         "shm"}, dev  # shm: only the directory of this VM's RAM file
     assert not (root / "etc/passwd").exists() and (root / "etc/ld.so.cache").exists()
-    ram = next(d for d in vm_record(runtime, "nsnew")["devices"] if d["kind"] == "guest-ram")
-    assert [p.name for p in (root / ram["path"].lstrip("/")).parent.iterdir()] == \
-        [Path(ram["path"]).name]
+    ram = vm_record(runtime, "nsnew")["config"]["ram_file"]
+    assert [p.name for p in (root / ram.lstrip("/")).parent.iterdir()] == [Path(ram).name]
     assert not (root / str(runtime.root / "nsnew/state.json").lstrip("/")).exists()
     assert [ln for ln in jail_mounts if ln.split()[4] == "/"][0].split()[5].startswith("ro")
     touch = subprocess.run(["nsenter", "-t", str(shim), "-m", "touch", "/etc/paracell-jail"],

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import PARACELL, REPO
+from tests.conftest import PARACELL, REPO, cri_pod
 
 pytestmark = pytest.mark.integration
 
@@ -233,14 +233,8 @@ def test_pod_sandbox_and_app_container(runtime, make_bundle, tmp_path):
     """containerd CRI creates the pause container and each app container
     separately, tagged with the CRI annotations: the sandbox boots the pod's
     VM and the app container starts inside it (docs/pods.md)."""
-    def annotate(kind, sandbox):
-        return lambda c: c.update(annotations={
-            "io.kubernetes.cri.container-type": kind,
-            "io.kubernetes.cri.sandbox-id": sandbox,
-        })
-
-    pause = make_bundle(["sleep", "60"], mutate=annotate("sandbox", "pod1"))
-    app = make_bundle(["sh", "-c", "echo app; sleep 60"], mutate=annotate("container", "pod1"))
+    pause = make_bundle(["sleep", "60"], mutate=cri_pod("sandbox", "pod1"))
+    app = make_bundle(["sh", "-c", "echo app; sleep 60"], mutate=cri_pod("container", "pod1"))
     create_detached(runtime, pause, "pod1", tmp_path)
     runtime("start", "pod1", check=True)
     create_detached(runtime, app, "app1", tmp_path)

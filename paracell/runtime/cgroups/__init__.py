@@ -2,8 +2,8 @@
 
 `create` makes it at cgroupsPath and writes linux.resources there before the
 shim exists; the shim joins it before it starts QEMU; `delete` kills whatever
-is left in it and removes it. Its directories are recorded in the state as a
-`host-cgroup` entry of the VM's record, before they exist, so that a create
+is left in it and removes it. Its directories are recorded in the state (the
+VM record's `host.cgroups`) before they exist, so that a create
 killed half-way or a crashed shim leaves nothing `delete --force` cannot find.
 
 v1 (each controller its own hierarchy) and v2 (one hierarchy) are both
@@ -30,7 +30,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.runtime.resources import Resources
 
-KIND = "host-cgroup"
 RMDIR_WAIT_S = 2.0
 # What the VM costs the host beyond guest RAM, charged to the same cgroup:
 # QEMU itself, TCG's translation cache (64 MiB, paracell/vmm/builder.py), the
@@ -287,24 +286,22 @@ def join(paths: list[str]) -> None:
         _write(path, "cgroup.procs", "0")
 
 
-def record(dirs: list[CgroupDir]) -> dict[str, Any]:
-    return {"kind": KIND, "dirs": [d.facts() for d in dirs]}
+def facts(dirs: list[CgroupDir]) -> list[dict[str, Any]]:
+    """As the state records them (HostRecord.cgroups)."""
+    return [d.facts() for d in dirs]
 
 
-def from_record(devices: list[dict[str, Any]]) -> list[CgroupDir]:
-    for entry in devices:
-        if entry.get("kind") == KIND:
-            return [CgroupDir(str(d["path"]), int(d["version"]), tuple(d["controllers"]),
-                              str(d.get("made_from", ""))) for d in entry.get("dirs", [])]
-    return []
+def from_facts(recorded: list[dict[str, Any]]) -> list[CgroupDir]:
+    return [CgroupDir(str(d["path"]), int(d["version"]), tuple(d["controllers"]),
+                      str(d.get("made_from", ""))) for d in recorded]
 
 
-def reclaim(devices: list[dict[str, Any]]) -> None:
+def reclaim(recorded: list[dict[str, Any]]) -> None:
     """delete: kill what is left in the cgroup (a shim that crashed leaves
     nothing, but a create killed at the wrong moment might), then remove
     the directories, and the parents this create made if they are empty.
     A cgroup that was there before create is only removed if empty."""
-    dirs = from_record(devices)
+    dirs = from_facts(recorded)
     # Only in a cgroup this create made: one that existed before (refused
     # because busy, say) holds processes that are not the container's.
     for d in (d for d in dirs if d.made_from):
