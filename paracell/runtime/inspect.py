@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from paracell import OCI_VERSION
@@ -13,6 +12,7 @@ from paracell.errors import ParacellError
 from paracell.runtime import mountopts, seccomp, spec, status
 from paracell.runtime.lifecycle import Context, oci_state
 from paracell.runtime.state import ContainerState
+from paracell.vmm import hypervisor
 
 
 def host_pids(ctx: Context, state: ContainerState) -> list[int]:
@@ -67,40 +67,16 @@ def list_containers(ctx: Context, fmt: str, quiet: bool) -> str:
     return "\n".join(rows)
 
 
-def _qmp(state: ContainerState, command: str, arguments: dict[str, Any] | None = None) -> Any:
-    import asyncio
-
-    from qemu.qmp import QMPClient
-
-    from paracell import unixsock
-
-    if not state.vm.config.qmp_socket:
-        raise ParacellError(f"QMP {command}: container {state.id} has no VM of its own")
-    try:
-        sock = unixsock.connect(Path(state.vm.config.qmp_socket))
-    except OSError as err:
-        raise ParacellError(f"QMP {command}: {err.strerror}") from None
-
-    async def talk() -> Any:
-        client = QMPClient("paracell")
-        await client.connect(sock)
-        try:
-            return await client.execute(command, arguments)
-        finally:
-            await client.disconnect()
-
-    try:
-        return asyncio.run(talk())
-    except Exception as err:  # qemu.qmp raises several unrelated types
-        raise ParacellError(f"QMP {command}: {err}") from None
-
-
 def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
     store = ctx.store
     with store.locked(container_id):
         state = store.load(container_id)
         target = status.transition("pause" if paused else "resume", state.status, container_id)
-        _qmp(state, "stop" if paused else "cont")
+        vmm = hypervisor.for_vm(state.vm.config)
+        if paused:
+            vmm.pause()
+        else:
+            vmm.resume()
         state.status = target
         store.save(state)
 
@@ -124,7 +100,7 @@ def update(ctx: Context, container_id: str, resources: str | None,
         status.transition("update", state.status, container_id)
         raw = resize.read_resources(resources) if resources else {}
         asked = resize.merge_flags(raw, flags)
-        for line in resize.apply(state, asked, lambda cmd, args: _qmp(state, cmd, args)):
+        for line in resize.apply(state, asked, hypervisor.for_vm(state.vm.config)):
             print(f"paracell: {line}", file=sys.stderr)
 
 

@@ -18,13 +18,14 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.runtime import cgroups, resources
 from paracell.runtime.resources import MIB, Resources
 from paracell.runtime.state import ContainerState
+from paracell.vmm.hypervisor import Hypervisor
 
 MAX_RESOURCES_BYTES = 1 << 20
 BALLOON_WAIT_S = 10.0
@@ -135,32 +136,26 @@ def _memory_target(state: ContainerState, res: Resources, guest_mib: int) -> int
     return target
 
 
-def _balloon(state: ContainerState, target_mib: int,
-             qmp: Callable[[str, dict[str, Any] | None], Any]) -> None:
+def _balloon(state: ContainerState, target_mib: int, vmm: Hypervisor) -> None:
     """Sets the balloon and waits (bounded) until the guest has given the
     memory back, so a lower cgroup limit that follows finds it free."""
     if _manager(state) != "balloon":
         return
-    qmp("balloon", {"value": target_mib * MIB})
+    vmm.set_memory(target_mib * MIB)
     deadline = time.monotonic() + BALLOON_WAIT_S
     while time.monotonic() < deadline:
-        actual = qmp("query-balloon", None)
-        if isinstance(actual, dict) and abs(int(actual.get("actual", 0)) - target_mib * MIB) \
-                <= MIB:
+        if abs(vmm.memory() - target_mib * MIB) <= MIB:
             return
         time.sleep(0.1)
 
 
-def _usable_now(state: ContainerState, guest_mib: int,
-                qmp: Callable[[str, dict[str, Any] | None], Any]) -> int:
+def _usable_now(state: ContainerState, guest_mib: int, vmm: Hypervisor) -> int:
     if _manager(state) != "balloon":
         return guest_mib
-    actual = qmp("query-balloon", None)
-    return int(actual.get("actual", 0)) // MIB if isinstance(actual, dict) else guest_mib
+    return vmm.memory() // MIB
 
 
-def apply(state: ContainerState, raw: dict[str, Any],
-          qmp: Callable[[str, dict[str, Any] | None], Any]) -> Iterator[str]:
+def apply(state: ContainerState, raw: dict[str, Any], vmm: Hypervisor) -> Iterator[str]:
     """Applies the update; yields warnings for the caller to print."""
     res = resources.parse(raw)
     if res.devices:
@@ -189,11 +184,11 @@ def apply(state: ContainerState, raw: dict[str, Any],
                            + cgroups.VMM_OVERHEAD_MIB.get(engine, 192) * MIB)
         # Growing: the cgroup first, then the guest; shrinking: the other way,
         # so the host limit never sits below what the guest may use.
-        if target >= _usable_now(state, guest_mib, qmp):
+        if target >= _usable_now(state, guest_mib, vmm):
             cgroups.update(dirs, host)
-            _balloon(state, target, qmp)
+            _balloon(state, target, vmm)
         else:
-            _balloon(state, target, qmp)
+            _balloon(state, target, vmm)
             cgroups.update(dirs, host)
     wanted = _vcpus_for(res)
     if wanted is not None and wanted != vcpus:

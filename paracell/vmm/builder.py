@@ -141,7 +141,9 @@ class VmBuilder:
     def _acpi(self) -> bool:
         return any(opt == "acpi=on" for d in self.devices for opt in d.machine_options)
 
-    def command_line(self) -> list[str]:
+    def command_line(self, incoming: bool = False) -> list[str]:
+        """QEMU's argv; with `incoming`, it waits for a saved state
+        (Hypervisor.restore) instead of booting."""
         m = self.machine
         machine_opts = ["microvm", "x-option-roms=off"]
         for device in self.devices:
@@ -164,10 +166,12 @@ class VmBuilder:
         ]
         for device in self.devices:
             argv += device.qemu_args()
+        if incoming:
+            argv += ["-incoming", "defer"]
         return argv
 
     def launch(self, log_path: Path, before_start: Callable[[], None] | None = None,
-               preexec: Callable[[], None] | None = None) -> Vm:
+               preexec: Callable[[], None] | None = None, incoming: bool = False) -> Vm:
         """`before_start` runs once the devices' host resources exist (the
         shim's jail); `preexec` in QEMU's child before exec (its privileges)."""
         prepared: list[Device] = []
@@ -177,7 +181,7 @@ class VmBuilder:
                 prepared.append(device)
             if before_start is not None:
                 before_start()
-            proc = _start_qemu(self.command_line(),
+            proc = _start_qemu(self.command_line(incoming),
                                tuple(fd for d in self.devices for fd in d.pass_fds()), log_path,
                                preexec)
         except BaseException:

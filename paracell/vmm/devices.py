@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
 from paracell import unixsock, wire
+from paracell.errors import ParacellError
 from paracell.vmm import hostshare, memory
 from paracell.vmm.builder import Device, device_kind
 
@@ -26,14 +28,21 @@ class GuestRam(Device):
     BACKEND_ID = "mem"
     machine_options = (f"memory-backend={BACKEND_ID}",)
 
-    def __init__(self, path: Path, size_mib: int) -> None:
-        self.path, self.size_mib = path, size_mib
+    def __init__(self, path: Path, size_mib: int, existing: bool = False) -> None:
+        """existing: the file is there already, a copy of a saved VM's RAM
+        for a restore; otherwise it is made empty (sparse)."""
+        self.path, self.size_mib, self.existing = path, size_mib, existing
 
     def facts(self) -> dict[str, Any]:
         return {"path": str(self.path)}
 
     def prepare(self) -> None:
-        memory.create_at(self.path, self.size_mib)
+        if not self.existing:
+            memory.create_at(self.path, self.size_mib)
+            return
+        st = os.lstat(self.path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size != self.size_mib << 20:
+            raise ParacellError(f"{self.path}: not a {self.size_mib} MiB guest-RAM file")
 
     def qemu_args(self) -> list[str]:
         size = f"{self.size_mib}M"

@@ -1,0 +1,108 @@
+"""Direct QEMU, the default backend of the Hypervisor interface: the VM is a
+QEMU child of the shim (paracell/vmm/builder.py renders its command line,
+paracell/runtime/qemujail.py its root), controlled over its QMP socket.
+
+Save and restore use QEMU's migration to a file descriptor with the
+`x-ignore-shared` capability: guest RAM is a shared file that is not copied
+into the stream, so what is written is device state only (tens of KB).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from paracell.errors import ParacellError
+from paracell.vmm.hypervisor import Hypervisor, SavedState, VmStatus
+from paracell.vmm.qemu import qmp
+from paracell.vmm.qemu.qmp import Command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from paracell.vmm.builder import Vm, VmBuilder
+
+MIGRATION_TIMEOUT_S = 60.0
+# The name the state's fd gets inside QEMU (`getfd`), for the `fd:` URI.
+STATE_FD_NAME = "paracell-state"
+IGNORE_SHARED = Command("migrate-set-capabilities", {
+    "capabilities": [{"capability": "x-ignore-shared", "state": True}]})
+
+
+class QemuHypervisor(Hypervisor):
+    def __init__(self, qmp_socket: Path) -> None:
+        self.qmp_socket = qmp_socket
+
+    def launch(self, vm: VmBuilder, log_path: Path,
+               before_start: Callable[[], None] | None = None,
+               preexec: Callable[[], None] | None = None, incoming: bool = False) -> Vm:
+        return vm.launch(log_path, before_start, preexec, incoming=incoming)
+
+    def pause(self) -> None:
+        qmp.execute(self.qmp_socket, "stop")
+
+    def resume(self) -> None:
+        qmp.execute(self.qmp_socket, "cont")
+
+    def stop(self) -> None:
+        qmp.execute(self.qmp_socket, "quit")
+
+    def set_memory(self, usable_bytes: int) -> None:
+        qmp.execute(self.qmp_socket, "balloon", {"value": usable_bytes})
+
+    def memory(self) -> int:
+        actual = qmp.execute(self.qmp_socket, "query-balloon")
+        if not isinstance(actual, dict) or not isinstance(actual.get("actual"), int):
+            raise ParacellError("QMP query-balloon: no figure in the answer")
+        return actual["actual"]
+
+    def query(self) -> VmStatus:
+        status = qmp.execute(self.qmp_socket, "query-status")
+        if not isinstance(status, dict):
+            raise ParacellError("QMP query-status: no status in the answer")
+        return VmStatus(bool(status.get("running")), str(status.get("status", "")))
+
+    def save(self, path: Path) -> SavedState:
+        began = time.monotonic()
+        # A new file, never a link: the state is written where it was asked to be.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+        try:
+            qmp.run(self.qmp_socket, IGNORE_SHARED, Command("stop"),
+                    Command("getfd", {"fdname": STATE_FD_NAME}, fd=fd),
+                    Command("migrate", {"uri": f"fd:{STATE_FD_NAME}"}))
+            self._wait_migration("save")
+            size = os.fstat(fd).st_size
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return SavedState(path, size, time.monotonic() - began)
+
+    def restore(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            qmp.run(self.qmp_socket, IGNORE_SHARED,
+                    Command("getfd", {"fdname": STATE_FD_NAME}, fd=fd),
+                    Command("migrate-incoming", {"uri": f"fd:{STATE_FD_NAME}"}))
+        finally:
+            os.close(fd)
+        self._wait_migration("restore")
+
+    def _wait_migration(self, what: str) -> None:
+        deadline = time.monotonic() + MIGRATION_TIMEOUT_S
+        while True:
+            info = qmp.execute(self.qmp_socket, "query-migrate")
+            status = info.get("status") if isinstance(info, dict) else None
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                why = str(info.get("error-desc") or status)[:200]
+                raise ParacellError(f"{what} of the VM's state failed: {why}")
+            if time.monotonic() > deadline:
+                raise ParacellError(f"{what} of the VM's state did not finish in "
+                                    f"{MIGRATION_TIMEOUT_S:.0f} s")
+            time.sleep(0.002)

@@ -1,0 +1,68 @@
+"""QEMU's QMP monitor, the one place ParaCell talks to it: a short session
+on the VM's monitor socket, run to completion from synchronous code.
+
+qemu.qmp is asyncio-only; each call here is one connection, one or more
+commands in order, and a disconnect. The verbs that use it (pause, resume,
+update, save) are short-lived processes, so nothing is kept open between
+calls, and a QEMU that died simply refuses the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+
+# A monitor that does not answer within this is a wedged or hostile VMM.
+COMMAND_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    arguments: dict[str, Any] | None = None
+    # Sent by SCM_RIGHTS just before the command (for `getfd`).
+    fd: int = -1
+
+
+def run(socket_path: Path, *commands: Command) -> list[Any]:
+    """Runs the commands in one session; their return values, in order.
+    Any failure is one ParacellError naming the command."""
+    from qemu.qmp import QMPClient
+
+    from paracell import unixsock
+
+    current = commands[0].name if commands else "connect"
+    try:
+        sock = unixsock.connect(socket_path)
+    except OSError as err:
+        raise ParacellError(f"QMP {current}: {err.strerror}") from None
+
+    async def session() -> list[Any]:
+        nonlocal current
+        client = QMPClient("paracell")
+        await client.connect(sock)
+        try:
+            results = []
+            for command in commands:
+                current = command.name
+                if command.fd >= 0:
+                    client.send_fd_scm(command.fd)
+                results.append(await asyncio.wait_for(
+                    client.execute(command.name, command.arguments), COMMAND_TIMEOUT_S))
+            return results
+        finally:
+            await client.disconnect()
+
+    try:
+        return asyncio.run(session())
+    except Exception as err:  # qemu.qmp raises several unrelated types
+        text = str(err) or type(err).__name__
+        raise ParacellError(f"QMP {current}: {text}") from None
+
+
+def execute(socket_path: Path, name: str, arguments: dict[str, Any] | None = None) -> Any:
+    return run(socket_path, Command(name, arguments))[0]

@@ -1,0 +1,157 @@
+"""The Hypervisor interface on real QEMU: pause and resume, and a VM saved at
+the agent's READY and restored into a new QEMU from a copy of its RAM, which
+then starts a container process as a freshly booted one does."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from paracell._native import lib
+
+from paracell.guest import artifacts
+from paracell.runtime import channel, spec
+from paracell.runtime.defaultspec import default_config
+from paracell.vmm import devices, hostclock, probe
+from paracell.vmm.builder import Machine, VmBuilder
+from paracell.vmm.hypervisor import VmStatus
+from paracell.vmm.qemu import QemuHypervisor
+
+pytestmark = pytest.mark.integration
+
+GUEST_MIB = 256
+
+
+def sparse_copy(source: Path, target: Path) -> int:
+    """Copies only the file's data extents: what the guest has touched."""
+    copied = 0
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        dst.truncate(os.fstat(src.fileno()).st_size)
+        offset = 0
+        while True:
+            try:
+                offset = os.lseek(src.fileno(), offset, os.SEEK_DATA)
+            except OSError:
+                break
+            end = os.lseek(src.fileno(), offset, os.SEEK_HOLE)
+            src.seek(offset)
+            dst.seek(offset)
+            dst.write(src.read(end - offset))
+            copied += end - offset
+            offset = end
+    return copied
+
+
+class GuestVm:
+    """A VM of the project's kernel and agent, built as the shim builds one."""
+
+    def __init__(self, work: Path, rootfs: Path, tag: str, ram: Path,
+                 existing_ram: bool = False) -> None:
+        facts = probe.probe_host()
+        engine = probe.choose_engine("auto", facts).engine
+        guest = artifacts.current()
+        self.builder = VmBuilder(Machine(
+            qemu=facts.qemu_path, engine=engine, kernel=guest.kernel,
+            initramfs=guest.initramfs, memory_mib=GUEST_MIB, vcpus=1,
+            tsc_khz=hostclock.tsc_khz() if engine == "tcg" else 0))
+        self.builder.attach(devices.GuestRam(ram, GUEST_MIB, existing=existing_ram))
+        self.builder.attach(devices.SerialConsole(work / f"console-{tag}.log"))
+        self.builder.attach(devices.DebugExit())
+        self.agent = self.builder.attach(devices.AgentPort())
+        self.builder.attach(devices.rootfs_share(rootfs, readonly=True))
+        qmp = self.builder.attach(devices.QmpSocket(work / f"qmp-{tag}.sock"))
+        self.hypervisor = QemuHypervisor(qmp.path)
+        self.log = work / f"qemu-{tag}.log"
+        self.vm = None
+
+    def launch(self, incoming: bool = False) -> None:
+        self.vm = self.hypervisor.launch(self.builder, self.log, incoming=incoming)
+
+    @property
+    def fd(self) -> int:
+        return self.agent.host_end.fileno()
+
+    def start_process(self) -> int:
+        """A container init, as the shim sends it: the guest pid."""
+        bundle = spec.Bundle(Path("/"), default_config(["true"]), Path("/"), True, {})
+        channel.send(self.fd, lib.PC_SPEC, 0, spec.init_launch_spec("restored", bundle))
+        return channel.expect_created(self.fd, 60)
+
+    def power_off(self) -> int:
+        channel.send(self.fd, lib.PC_POWEROFF)
+        code = self.vm.stop(30)
+        self.vm.release()
+        return code
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    memory = Path("/dev/shm") / f"paracell-hv-{os.getpid()}-{tmp_path.name}"
+    memory.mkdir()
+    yield memory
+    shutil.rmtree(memory, ignore_errors=True)
+
+
+def test_pause_resume_and_query(work: Path, busybox_rootfs: Path):
+    guest = GuestVm(work, busybox_rootfs, "a", work / "a.mem")
+    guest.launch()
+    try:
+        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        assert guest.hypervisor.query().running
+        guest.hypervisor.pause()
+        assert guest.hypervisor.query() == VmStatus(False, "paused")
+        guest.hypervisor.resume()
+        assert guest.hypervisor.query().running
+        assert guest.start_process() > 0
+    finally:
+        guest.power_off()
+
+
+def test_a_vm_saved_at_ready_restores_into_a_new_qemu(work: Path, busybox_rootfs: Path):
+    first = GuestVm(work, busybox_rootfs, "first", work / "first.mem")
+    first.launch()
+    try:
+        assert channel.recv(first.fd, 60, "booting").type == lib.PC_READY
+        saved = first.hypervisor.save(work / "device.state")
+        # Device state only: guest RAM stays in its shared file.
+        assert 0 < saved.size_bytes < 1 << 20, saved
+        assert not first.hypervisor.query().running
+        copied = sparse_copy(work / "first.mem", work / "second.mem")
+        assert 0 < copied < GUEST_MIB << 20
+    finally:
+        first.vm.proc.kill()
+        first.vm.stop(10)
+        first.vm.release()
+    assert not (work / "first.mem").exists()
+
+    second = GuestVm(work, busybox_rootfs, "second", work / "second.mem", existing_ram=True)
+    second.launch(incoming=True)
+    try:
+        assert second.hypervisor.query().detail == "inmigrate"
+        second.hypervisor.restore(work / "device.state")
+        second.hypervisor.resume()
+        assert second.hypervisor.query().running
+        # The agent goes on from READY: it mounts the rootfs share only now,
+        # and starts the process.
+        assert second.start_process() > 0
+    finally:
+        second.power_off()
+
+
+def test_a_save_never_follows_a_link_or_overwrites(work: Path, busybox_rootfs: Path,
+                                                   tmp_path: Path):
+    guest = GuestVm(work, busybox_rootfs, "link", work / "link.mem")
+    guest.launch()
+    try:
+        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        victim = tmp_path / "victim"
+        victim.write_text("keep")
+        (work / "state-link").symlink_to(victim)
+        with pytest.raises(FileExistsError):
+            guest.hypervisor.save(work / "state-link")
+        assert victim.read_text() == "keep"
+        assert guest.hypervisor.query().running
+    finally:
+        guest.power_off()
