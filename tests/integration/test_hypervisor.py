@@ -155,3 +155,25 @@ def test_a_save_never_follows_a_link_or_overwrites(work: Path, busybox_rootfs: P
         assert guest.hypervisor.query().running
     finally:
         guest.power_off()
+
+
+def test_qemu_refuses_to_save_once_the_guest_has_mounted_a_9p_share(work: Path,
+                                                                     busybox_rootfs: Path):
+    """The reason templates are taken at READY and snapshots need a rootfs
+    that is not 9p (DESIGN.md): the refusal is one clear error, and the VM
+    runs on."""
+    from paracell.errors import ParacellError
+
+    guest = GuestVm(work, busybox_rootfs, "ninep", work / "ninep.mem")
+    guest.launch()
+    try:
+        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        assert guest.start_process() > 0  # the agent has mounted the rootfs share
+        with pytest.raises(ParacellError, match="9p|VirtFS|virtfs") as refused:
+            guest.hypervisor.save(work / "refused.state")
+        assert "\n" not in str(refused.value)
+        assert not (work / "refused.state").exists()
+        guest.hypervisor.resume()
+        assert guest.hypervisor.query().running
+    finally:
+        guest.power_off()
