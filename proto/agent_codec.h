@@ -96,4 +96,34 @@ static inline int pc_exit_decode(const unsigned char *p, uint32_t n, struct pc_e
     return 0;
 }
 
+#define PC_FWD_OPEN_LEN 4
+static inline void pc_fwd_open_encode(unsigned char *p, const struct pc_fwd_open_msg *m)
+{
+    pc_put_le16(p, m->port);
+    pc_put_le16(p + 2, m->family);
+}
+
+static inline int pc_fwd_open_decode(const unsigned char *p, uint32_t n, struct pc_fwd_open_msg *m)
+{
+    if (n != PC_FWD_OPEN_LEN)
+        return -1;
+    m->port = pc_get_le16(p);
+    m->family = pc_get_le16(p + 2);
+    return 0;
+}
+
+static inline void pc_fwd_credit_encode(unsigned char *p, const struct pc_fwd_credit_msg *m)
+{
+    pc_put_le32(p, m->bytes);
+}
+
+static inline int pc_fwd_credit_decode(const unsigned char *p, uint32_t n,
+                                       struct pc_fwd_credit_msg *m)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    m->bytes = pc_get_le32(p);
+    return 0;
+}
+
 #endif

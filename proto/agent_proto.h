@@ -43,6 +43,14 @@ enum pc_type {
     PC_EXIT = 20,     /* struct pc_exit_msg; all output was sent before it */
     PC_ERROR = 21,    /* text: why the request for this channel failed */
 
+    /* port-forward streams (docs/networking.md): `chan` is the stream id,
+     * 1..PC_FWD_MAX_STREAMS, which the host gives out; both ways unless marked */
+    PC_FWD_OPEN = 24,   /* host -> guest: struct pc_fwd_open_msg; connect to loopback:port */
+    PC_FWD_DATA = 25,   /* 1..PC_MAX_PAYLOAD bytes, within the receiver's window */
+    PC_FWD_CREDIT = 26, /* struct pc_fwd_credit_msg: bytes the receiver passed on */
+    PC_FWD_SHUT = 27,   /* no payload: the sender's socket read EOF; no more DATA */
+    PC_FWD_CLOSE = 28,  /* no payload: the sender is done with the stream (below) */
+
     /* host only: the shim's answer to a control client (start, kill) */
     PC_HOST_ACK = 40,
 };
@@ -67,6 +75,29 @@ struct pc_created_msg {
 struct pc_exit_msg {
     int32_t status;   /* exit code, or 128+signal */
 };
+
+/* Port forwarding: a connection to 127.0.0.1:PORT or [::1]:PORT in the VM's
+ * network namespace on the host becomes a stream to the same address and
+ * port in the guest.  Each side may have at most PC_FWD_WINDOW bytes of DATA
+ * in flight per stream: it starts with that much credit, spends it on DATA
+ * and gets it back by CREDIT once the receiver has written the bytes to its
+ * socket, so a slow reader holds back its own stream and never the channel.
+ * A side sends SHUT once, when its socket reads EOF.  It sends CLOSE once:
+ * after it sent and got SHUT and wrote out all it got (the normal end), or at
+ * once to abort (connect refused, reset); a CLOSE that comes before both
+ * SHUTs is an abort, and the receiver resets its socket.  An id is free
+ * again on a side that has sent and received CLOSE. */
+struct pc_fwd_open_msg {
+    uint16_t port;    /* 1..65535 */
+    uint16_t family;  /* PC_FWD_INET (127.0.0.1) or PC_FWD_INET6 (::1) */
+};
+#define PC_FWD_INET 4
+#define PC_FWD_INET6 6
+struct pc_fwd_credit_msg {
+    uint32_t bytes;   /* 1..what the sender of DATA has in flight */
+};
+#define PC_FWD_MAX_STREAMS 64
+#define PC_FWD_WINDOW (256 * 1024)
 
 /* Bounds of the launch spec (the PC_SPEC payload); the host refuses a spec
  * over them before sending, the agent refuses it again on receipt. */

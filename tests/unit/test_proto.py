@@ -80,3 +80,45 @@ def test_no_copy_of_a_wire_name_outside_proto():
         text = path.read_text(errors="replace")
         for literal in literals:
             assert f'"{literal}"' not in text, f"{path} retypes {literal!r}"
+
+
+def test_port_forward_messages_are_laid_out_as_the_tests_write_them(tmp_path):
+    """The port-forward payloads as C encodes them (proto/agent_codec.h) are
+    the little-endian layouts the tests send (tests/unit/test_portfwd.py)."""
+    import struct
+
+    assert ffi.sizeof("struct pc_fwd_open_msg") == 4
+    assert ffi.sizeof("struct pc_fwd_credit_msg") == 4
+    src = tmp_path / "fwd.c"
+    src.write_text(
+        '#include <stdio.h>\n#include "agent_codec.h"\n'
+        "static void hex(const unsigned char *p, int n) {\n"
+        '    for (int i = 0; i < n; i++) printf("%02x", p[i]);\n    printf("\\n");\n}\n'
+        "int main(void) {\n"
+        "    unsigned char b[4];\n"
+        "    struct pc_fwd_open_msg o = {.port = 0x1f90, .family = PC_FWD_INET6}, back;\n"
+        "    pc_fwd_open_encode(b, &o); hex(b, 4);\n"
+        "    if (pc_fwd_open_decode(b, 4, &back) || back.port != o.port || "
+        "pc_fwd_open_decode(b, 3, &back) == 0) return 1;\n"
+        "    struct pc_fwd_credit_msg c = {.bytes = 0x40001}, cb;\n"
+        "    pc_fwd_credit_encode(b, &c); hex(b, 4);\n"
+        "    return pc_fwd_credit_decode(b, 4, &cb) || cb.bytes != c.bytes || "
+        "pc_fwd_credit_decode(b, 5, &cb) == 0;\n}\n")
+    exe = tmp_path / "fwd"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{PROTO}", "-o", str(exe), str(src)],
+                   check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert out == [struct.pack("<HH", 0x1F90, lib.PC_FWD_INET6).hex(),
+                   struct.pack("<I", 0x40001).hex()]
+
+
+def test_port_forward_bounds_fit_the_frame():
+    # A stream id rides in the header's chan, which every reader bounds by PC_MAX_CHAN.
+    assert 1 <= lib.PC_FWD_MAX_STREAMS <= lib.PC_MAX_CHAN
+    # A full DATA frame must fit in one window, or a sender could stall forever.
+    assert lib.PC_FWD_WINDOW >= lib.PC_MAX_PAYLOAD
+    # No two frame types share a number (enum pc_type is the header's one enum).
+    types = re.findall(r"^\s+(PC_[A-Z_]+)\s*=", (PROTO / "agent_proto.h").read_text(), re.M)
+    assert {"PC_FWD_OPEN", "PC_FWD_CLOSE", "PC_SPEC"} <= set(types)
+    values = [getattr(lib, name) for name in types]
+    assert len(values) == len(set(values)), sorted(values)
