@@ -1,5 +1,5 @@
-"""cffi builder for paracell._native: the relay, frame I/O and Pager server in csrc/, plus
-every constant, enum and struct of the host<->guest formats in proto/.
+"""cffi builder for paracell._native: the relay, frame I/O, port forwarding and Pager server
+in csrc/, plus every constant, enum and struct of the host<->guest formats in proto/.
 
 The headers are the one definition: their declarations are handed to cffi's
 cdef as they are, so Python sees exactly what the C code compiles against.
@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent / "proto"
 # Read by Python through cffi, in this order (later headers may use earlier types).
 CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "pager_proto.h",
-                HERE / "relay.h", HERE / "pager.h", HERE / "hostclock.h")
+                HERE / "portfwd.h", HERE / "relay.h", HERE / "pager.h", HERE / "hostclock.h")
 
 _DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")
 
@@ -46,7 +46,8 @@ ffibuilder.cdef("\n".join(cdef_of(h) for h in CDEF_HEADERS))
 ffibuilder.set_source(
     "paracell._native",
     "\n".join(f'#include "{h.name}"' for h in CDEF_HEADERS),
-    sources=[str(HERE / n) for n in ("relay.c", "pager.c", "hostclock.c")],
+    sources=[str(HERE / n) for n in ("relay.c", "sink.c", "streams.c", "portfwd.c", "pager.c",
+                                     "hostclock.c")],
     include_dirs=[str(PROTO), str(HERE)],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
 )

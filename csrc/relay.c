@@ -8,6 +8,8 @@
  * control_fd: their requests are for its own process, so they go upstream
  * on channel 0, which the shim maps to the member's channel.
  *
+ * In shim mode it also carries port forwarding's streams (csrc/streams.c).
+ *
  * Everything the guest sends is hostile: headers are checked before any use,
  * buffers are fixed-size, and queues are bounded with backpressure instead of
  * growing. */
@@ -32,25 +34,12 @@
 #include "agent_proto.h"
 #include "agent_codec.h"
 #include "relay.h"
+#include "sink.h"
+#include "streams.h"
 
-#define FRAME_MAX (PC_HDR_LEN + PC_MAX_PAYLOAD)
-#define INBUF_CAP (2 * FRAME_MAX)
-/* A sink may hold this much before the relay stops reading what feeds it. */
-#define QUEUE_LIMIT (4u << 20)
 #define MAX_CLIENTS 256
 #define CLIENT_GRACE_MS 2000
 #define FLUSH_LIMIT_MS 60000
-
-enum sink_kind { SINK_NONE, SINK_NONBLOCK, SINK_SOCKET, SINK_BLOCKING };
-
-struct sink {
-    int fd;
-    int owned;  /* fd was opened here and must be closed here */
-    enum sink_kind kind;
-    char *buf;
-    size_t off, len, cap;
-    int dead;   /* the reader went away: drop further output, as a broken pipe would */
-};
 
 struct inbuf {
     char *buf;
@@ -81,6 +70,8 @@ struct relay {
     struct client *clients[MAX_CLIENTS];
     int chan_owner[PC_MAX_CHAN + 1]; /* client index, -1 free, -2 busy without client */
     int done;
+    struct fwd *fwd;          /* port forwarding, or NULL */
+    const char *violation;    /* what was wrong with the guest's last frame */
     int started;  /* stdin waits for START: before it nobody reads, and the
                    * agent would stop reading the port with START queued behind */
     int init_exited;
@@ -102,148 +93,12 @@ static void end_with(struct relay *r, int end, const char *fmt, const char *deta
     snprintf(r->res->message, sizeof r->res->message, fmt, detail);
 }
 
-/* --- sinks ------------------------------------------------------------- */
-
-/* Pipes and ttys we were handed are shared with other processes (the caller's
- * terminal, containerd's pipes): setting O_NONBLOCK on them would change them
- * for everyone. Reopening through /proc gives a private open file description
- * that can be non-blocking on its own. */
-static int private_nonblocking(int fd, int flags, int *owned, enum sink_kind *kind)
-{
-    struct stat st;
-    char path[64];
-    *owned = 0;
-    if (fstat(fd, &st) < 0) return -1;
-    if (S_ISSOCK(st.st_mode)) {
-        *kind = SINK_SOCKET;
-        return fd;
-    }
-    if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
-        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-        int nfd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-        if (nfd >= 0) {
-            *owned = 1;
-            *kind = SINK_NONBLOCK;
-            return nfd;
-        }
-    }
-    *kind = SINK_BLOCKING;
-    return fd;
-}
-
-static void sink_init_local(struct sink *s, int fd)
-{
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
-    s->kind = SINK_NONE;
-    if (fd < 0) return;
-    s->fd = private_nonblocking(fd, O_WRONLY, &s->owned, &s->kind);
-    if (s->fd < 0) s->kind = SINK_NONE;
-}
-
-static void sink_init_socket(struct sink *s, int fd)
-{
-    memset(s, 0, sizeof *s);
-    s->fd = fd;
-    s->kind = SINK_NONBLOCK;
-}
-
-static size_t sink_pending(const struct sink *s)
-{
-    return s->len - s->off;
-}
-
-static int sink_has_room(const struct sink *s)
-{
-    return s->kind == SINK_NONE || s->dead || s->kind == SINK_BLOCKING ||
-           sink_pending(s) + INBUF_CAP <= QUEUE_LIMIT;
-}
-
-static ssize_t sink_write(struct sink *s, const char *p, size_t n)
-{
-    if (s->kind == SINK_SOCKET) return send(s->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
-    return write(s->fd, p, n);
-}
-
-/* Writes as much as the fd takes now; returns -1 when the reader is gone. */
-static int sink_flush(struct sink *s)
-{
-    while (sink_pending(s) > 0) {
-        ssize_t w = sink_write(s, s->buf + s->off, sink_pending(s));
-        if (w > 0) {
-            s->off += (size_t)w;
-            continue;
-        }
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
-        s->dead = 1;
-        s->off = s->len = 0;
-        return -1;
-    }
-    s->off = s->len = 0;
-    return 0;
-}
-
-static int sink_append(struct sink *s, const char *p, size_t n)
-{
-    if (s->kind == SINK_NONE || s->dead || n == 0) return 0;
-    if (s->kind == SINK_BLOCKING) {
-        while (n > 0) {
-            ssize_t w = write(s->fd, p, n);
-            if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) {
-                s->dead = 1;
-                return -1;
-            }
-            p += w;
-            n -= (size_t)w;
-        }
-        return 0;
-    }
-    if (s->off > 0 && s->off == s->len) s->off = s->len = 0;
-    if (s->len + n > s->cap) {
-        if (s->off > 0) {
-            memmove(s->buf, s->buf + s->off, s->len - s->off);
-            s->len -= s->off;
-            s->off = 0;
-        }
-        if (s->len + n > s->cap) {
-            size_t cap = s->cap ? s->cap : 65536;
-            while (cap < s->len + n) cap *= 2;
-            char *nb = realloc(s->buf, cap);
-            if (!nb) return -1;
-            s->buf = nb;
-            s->cap = cap;
-        }
-    }
-    memcpy(s->buf + s->len, p, n);
-    s->len += n;
-    return 0;
-}
-
-static int sink_frame(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n)
-{
-    unsigned char hdr[PC_HDR_LEN];
-    struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
-    pc_hdr_encode(hdr, &h);
-    if (sink_append(s, (const char *)hdr, sizeof hdr) < 0) return -1;
-    return sink_append(s, p, n);
-}
-
 static int sink_signal(struct sink *s, unsigned chan, uint32_t signo)
 {
     unsigned char buf[PC_SIGNAL_LEN];
     struct pc_signal_msg m = {.signo = signo, .flags = 0};
     pc_signal_encode(buf, &m);
     return sink_frame(s, PC_SIGNAL, chan, (const char *)buf, sizeof buf);
-}
-
-static void sink_release(struct sink *s)
-{
-    if (s->owned && s->fd >= 0) close(s->fd);
-    free(s->buf);
-    memset(s, 0, sizeof *s);
-    s->fd = -1;
 }
 
 /* --- frame parsing ----------------------------------------------------- */
@@ -400,6 +255,11 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
                          const char *p, uint32_t n)
 {
     (void)who;
+    if (r->shim && fwd_is_type(type)) {
+        if (r->fwd) return fwd_on_frame(r->fwd, type, chan, p, n, &r->violation);
+        r->violation = "port-forward frame, but this VM forwards no ports";
+        return -1;
+    }
     if (r->shim && chan > 0) {
         switch (type) {
         case PC_STDOUT: case PC_STDERR: case PC_CREATED:
@@ -528,7 +388,9 @@ static void add_pollfd(struct pollfd *pfd, int slot, int fd, short events)
 
 static void run_loop(struct relay *r)
 {
-    struct pollfd pfd[P_FIXED + MAX_CLIENTS];
+    /* The fixed slots, the clients', then port forwarding's. */
+    enum { P_FWD = P_FIXED + MAX_CLIENTS, P_ALL = P_FWD + FWD_POLLFDS };
+    struct pollfd pfd[P_ALL];
     int chan_open = 1;
     while (!r->done) {
         if (r->init_exited && (!live_exec_clients(r) || now_ms() >= r->grace_deadline)) break;
@@ -553,8 +415,10 @@ static void run_loop(struct relay *r)
             if (c && sink_pending(&c->out)) ev |= POLLOUT;
             add_pollfd(pfd, P_FIXED + i, c ? c->fd : -1, ev);
         }
+        for (int i = 0; !r->fwd && i < FWD_POLLFDS; i++) add_pollfd(pfd, P_FWD + i, -1, 0);
+        if (r->fwd) fwd_poll_prepare(r->fwd, pfd + P_FWD, room_to_chan);
         int timeout = r->init_exited ? 100 : 1000;
-        if (poll(pfd, P_FIXED + MAX_CLIENTS, timeout) < 0) {
+        if (poll(pfd, P_ALL, timeout) < 0) {
             if (errno == EINTR) continue;
             end_with(r, PC_END_ERROR, "poll: %s", strerror(errno));
             break;
@@ -574,7 +438,8 @@ static void run_loop(struct relay *r)
             }
             if (n > 0 && parse_frames(r, NULL, &r->chan_in, on_chan_frame) < 0) {
                 end_with(r, PC_END_VIOLATION, "agent protocol violation: %s",
-                         r->shim ? "malformed frame from the guest" : "malformed frame from the shim");
+                         r->violation ? r->violation
+                         : r->shim ? "malformed frame from the guest" : "malformed frame from the shim");
                 break;
             }
         }
@@ -599,6 +464,7 @@ static void run_loop(struct relay *r)
             }
             if (c->out.dead || (c->closing && sink_pending(&c->out) == 0)) client_drop(r, i);
         }
+        if (r->fwd) fwd_poll_handle(r->fwd, pfd + P_FWD);
         /* A peer that hangs up right after EXIT may leave our last frames
          * (stdin, signals) unsent; the exit it reported stands. */
         if (r->to_chan.dead && !r->done && !r->init_exited) {
@@ -650,7 +516,8 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
         r->in_is_socket = kind == SINK_SOCKET;
         r->in_open = r->in_fd >= 0;
     }
-    if (!r->chan_in.buf || setup_signals(r) < 0) {
+    if (r->shim && cfg->fwd) r->fwd = fwd_new(cfg->fwd, &r->to_chan);
+    if (!r->chan_in.buf || (r->shim && cfg->fwd && !r->fwd) || setup_signals(r) < 0) {
         end_with(r, PC_END_ERROR, "relay setup: %s", strerror(errno));
     } else {
         if (cfg->tty_fd >= 0) send_winsize(r);
@@ -659,6 +526,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
         drain_local(r);
     }
     for (int i = 0; i < MAX_CLIENTS; i++) client_drop(r, i);
+    fwd_free(r->fwd);
     if (r->sig_fd >= 0) close(r->sig_fd);
     sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
     if (r->in_owned) close(r->in_fd);

@@ -1,9 +1,12 @@
 /* Host-side hot path of ParaCell: frame I/O and the stdio/signal relay that the
  * shim and the exec proxies run for the whole life of a process. Loaded from
  * Python with cffi; csrc/build_native.py hands this header to cffi's cdef, so
- * keep it in the subset cdef reads (no #include, integer #defines). */
+ * keep it in the subset cdef reads (integer #defines; cdef drops the #include,
+ * and reads portfwd.h first). */
 #ifndef PARACELL_RELAY_H
 #define PARACELL_RELAY_H
+
+#include "portfwd.h"
 
 /* How a relay ended. */
 #define PC_END_EXIT 0       /* the process exited; status is valid */
@@ -21,6 +24,8 @@ struct pc_relay_cfg {
     int tty_fd;     /* host pty slave whose size follows SIGWINCH, -1 for none */
     int abort_fd;   /* readable: a VM service (the Pager) failed; end at once. -1 for none */
     unsigned long long forward_mask;  /* bit n: relay signal n to the process */
+    /* shim mode: port forwarding's listeners (csrc/portfwd.h), or NULL for none */
+    const struct pc_fwd_listeners *fwd;
 };
 
 struct pc_relay_result {

@@ -13,6 +13,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
@@ -91,16 +92,18 @@ class RelayEnd:
 
 
 def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
-              control_fd: int = -1) -> RelayEnd:
+              control_fd: int = -1, forward: Any = None) -> RelayEnd:
     """Runs the C relay over this process's stdio (or its terminal) until the
     process exits, the channel fails, or abort_fd becomes readable.
-    control_fd: a pod member proxy's socket for its container's start and kill."""
+    control_fd: a pod member proxy's socket for its container's start and kill.
+    forward: the shim's struct pc_fwd_listeners * (paracell/net/portforward.py)."""
     from paracell._native import ffi, lib
     from paracell.runtime import signals
 
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd, cfg.abort_fd = chan_fd, listen_fd, abort_fd
     cfg.control_fd = control_fd
+    cfg.fwd = forward if forward is not None else ffi.NULL
     if tty_fd >= 0:
         cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
         cfg.err_fd = -1

@@ -19,7 +19,7 @@ from pathlib import Path
 from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.net import device as net_device
-from paracell.net import netns
+from paracell.net import netns, portforward
 from paracell.procfs import process_start_time
 from paracell.runtime import channel, console, signals
 from paracell.runtime.hostns import HostIsolation
@@ -57,6 +57,7 @@ class Shim:
         self.vm: Vm | None = None
         self.listener: socket.socket | None = None
         self.tty_fd = -1
+        self.forward: portforward.PortForward | None = None
         self.began = time.monotonic()
         # Set when the guest broke a protocol: it gets no say in its shutdown.
         self.untrusted = False
@@ -100,6 +101,10 @@ class Shim:
                          net_device.launch_spec(plan.launch_spec, plan.vm.devices))
             guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
             self._debug(f"container process created, guest pid {guest_pid}")
+        # Still in the container's network namespace, as the shim stays.
+        self.forward = portforward.start(plan.network, plan.log)
+        if self.forward is not None:
+            self._debug("port forwarding: 127.0.0.1 and ::1, any TCP port, reach the guest")
         if plan.terminal:
             self.tty_fd = console.open_for_container(plan.console_socket)
             # The caller's fds 0-2 are not the container's stdio now, and a
@@ -125,7 +130,8 @@ class Shim:
         self._debug("relay running")
         pager = self._pager()
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
-        end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd)
+        end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd,
+                                forward=self.forward.listeners if self.forward else None)
         self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
         failure = pager.server.failure() if pager and pager.server else None
         if failure and end.kind != lib.PC_END_EXIT:
@@ -144,6 +150,9 @@ class Shim:
         """Powers the VM off and removes what only a live VM needs."""
         from paracell._native import lib
 
+        if self.forward is not None:
+            # First: from now on a client is refused rather than left waiting.
+            self.forward.detach()
         if self.plan.agent.host_end is not None and self.vm is not None and not self.untrusted:
             try:
                 channel.send(self._agent_fd(), lib.PC_POWEROFF)

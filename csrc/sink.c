@@ -1,0 +1,171 @@
+/* Output queues of the host relay: see sink.h. */
+#define _GNU_SOURCE
+#include "sink.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agent_codec.h"
+
+/* Pipes and ttys we were handed are shared with other processes (the caller's
+ * terminal, containerd's pipes): setting O_NONBLOCK on them would change them
+ * for everyone. Reopening through /proc gives a private open file description
+ * that can be non-blocking on its own. */
+int private_nonblocking(int fd, int flags, int *owned, enum sink_kind *kind)
+{
+    struct stat st;
+    char path[64];
+    *owned = 0;
+    if (fstat(fd, &st) < 0) return -1;
+    if (S_ISSOCK(st.st_mode)) {
+        *kind = SINK_SOCKET;
+        return fd;
+    }
+    if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        int nfd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (nfd >= 0) {
+            *owned = 1;
+            *kind = SINK_NONBLOCK;
+            return nfd;
+        }
+    }
+    *kind = SINK_BLOCKING;
+    return fd;
+}
+
+void sink_init_local(struct sink *s, int fd)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+    s->kind = SINK_NONE;
+    if (fd < 0) return;
+    s->fd = private_nonblocking(fd, O_WRONLY, &s->owned, &s->kind);
+    if (s->fd < 0) s->kind = SINK_NONE;
+}
+
+void sink_init_socket(struct sink *s, int fd)
+{
+    memset(s, 0, sizeof *s);
+    s->fd = fd;
+    s->kind = SINK_NONBLOCK;
+}
+
+size_t sink_pending(const struct sink *s)
+{
+    return s->len - s->off;
+}
+
+int sink_has_room(const struct sink *s)
+{
+    return s->kind == SINK_NONE || s->dead || s->kind == SINK_BLOCKING ||
+           sink_pending(s) + INBUF_CAP <= QUEUE_LIMIT;
+}
+
+static ssize_t sink_write(struct sink *s, const char *p, size_t n)
+{
+    if (s->kind == SINK_SOCKET) return send(s->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+    return write(s->fd, p, n);
+}
+
+int sink_flush(struct sink *s)
+{
+    while (sink_pending(s) > 0) {
+        ssize_t w = sink_write(s, s->buf + s->off, sink_pending(s));
+        if (w > 0) {
+            s->off += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        s->dead = 1;
+        s->off = s->len = 0;
+        return -1;
+    }
+    s->off = s->len = 0;
+    return 0;
+}
+
+/* Room for n more bytes at the end of the queue. */
+static int sink_reserve(struct sink *s, size_t n)
+{
+    if (s->off > 0 && s->off == s->len) s->off = s->len = 0;
+    if (s->len + n <= s->cap) return 0;
+    if (s->off > 0) {
+        memmove(s->buf, s->buf + s->off, s->len - s->off);
+        s->len -= s->off;
+        s->off = 0;
+    }
+    if (s->len + n <= s->cap) return 0;
+    size_t cap = s->cap ? s->cap : 65536;
+    while (cap < s->len + n) cap *= 2;
+    char *nb = realloc(s->buf, cap);
+    if (!nb) return -1;
+    s->buf = nb;
+    s->cap = cap;
+    return 0;
+}
+
+int sink_append(struct sink *s, const char *p, size_t n)
+{
+    if (s->kind == SINK_NONE || s->dead || n == 0) return 0;
+    if (s->kind == SINK_BLOCKING) {
+        while (n > 0) {
+            ssize_t w = write(s->fd, p, n);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                s->dead = 1;
+                return -1;
+            }
+            p += w;
+            n -= (size_t)w;
+        }
+        return 0;
+    }
+    if (sink_reserve(s, n) < 0) return -1;
+    memcpy(s->buf + s->len, p, n);
+    s->len += n;
+    return 0;
+}
+
+int sink_frame(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n)
+{
+    unsigned char hdr[PC_HDR_LEN];
+    struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
+    pc_hdr_encode(hdr, &h);
+    if (sink_append(s, (const char *)hdr, sizeof hdr) < 0) return -1;
+    return sink_append(s, p, n);
+}
+
+ssize_t sink_recv_frame(struct sink *s, int fd, unsigned type, unsigned chan, size_t max)
+{
+    if (max > PC_MAX_PAYLOAD) max = PC_MAX_PAYLOAD;
+    if (sink_reserve(s, PC_HDR_LEN + max) < 0) {
+        errno = ENOMEM;
+        return -1;
+    }
+    ssize_t n;
+    do
+        n = recv(fd, s->buf + s->len + PC_HDR_LEN, max, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    if (n <= 0) return n;
+    struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
+    pc_hdr_encode((unsigned char *)s->buf + s->len, &h);
+    s->len += PC_HDR_LEN + (size_t)n;
+    return n;
+}
+
+void sink_release(struct sink *s)
+{
+    if (s->owned && s->fd >= 0) close(s->fd);
+    free(s->buf);
+    memset(s, 0, sizeof *s);
+    s->fd = -1;
+}
