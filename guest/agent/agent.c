@@ -20,6 +20,7 @@
 #include "container.h"
 #include "log.h"
 #include "net.h"
+#include "portfwd.h"
 #include "process.h"
 #include "seccomp.h"
 #include "spec.h"
@@ -144,6 +145,13 @@ static int dispatch(const struct frame *f)
     case PC_RESIZE:
         proc_resize(m.chan, m.resize.rows, m.resize.cols);
         break;
+    case PC_FWD_OPEN:
+    case PC_FWD_DATA:
+    case PC_FWD_CREDIT:
+    case PC_FWD_SHUT:
+    case PC_FWD_CLOSE:
+        fwd_handle(&m);
+        break;
     case PC_POWEROFF:
         vm_power_off(0);
     }
@@ -236,7 +244,7 @@ static void flush_port(long long *progress)
 
 /* ---- main loop ---- */
 
-static struct pollfd pfd[2 + 4 * (PC_MAX_CHAN + 1)];
+static struct pollfd pfd[2 + 4 * (PC_MAX_CHAN + 1) + PC_FWD_MAX_STREAMS];
 
 static void run(int sfd)
 {
@@ -261,6 +269,8 @@ static void run(int sfd)
             timeout = 50;
         }
         n = proc_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
+        int procs_end = n;
+        n = fwd_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
 
         /* The containers are over: wait for POWEROFF, but not forever. */
         if (ctr_all_ended() && !proc_active()) {
@@ -312,7 +322,8 @@ static void run(int sfd)
             if (re & (POLLHUP | POLLERR))
                 host_down();
         }
-        proc_poll_handle(pfd, n);
+        proc_poll_handle(pfd, procs_end);
+        fwd_poll_handle(pfd, n);
         process_frames();
         proc_collect();
         /* Push new output now rather than one poll round later. */

@@ -86,14 +86,21 @@ int chan_send_text(uint16_t type, uint16_t chan, const char *text)
 
 ssize_t outq_read_frame(int fd, uint16_t type, uint16_t chan)
 {
+    return outq_read_frame_max(fd, type, chan, PC_MAX_PAYLOAD);
+}
+
+ssize_t outq_read_frame_max(int fd, uint16_t type, uint16_t chan, size_t max)
+{
     size_t room = outq_free();
-    if (room <= PC_HDR_LEN) {
+    if (room <= PC_HDR_LEN || !max) {
         errno = EAGAIN;
         return -1;
     }
     room -= PC_HDR_LEN;
     if (room > PC_MAX_PAYLOAD)
         room = PC_MAX_PAYLOAD;
+    if (room > max)
+        room = max;
 
     size_t at = (oq_head + oq_len + PC_HDR_LEN) % OUTQ_CAP;
     size_t first = OUTQ_CAP - at;
@@ -221,6 +228,36 @@ void inq_reset(void)
     iq_off = iq_len = 0;
 }
 
+/* A port-forward frame: its stream id and its payload's size and values. */
+static int fwd_decode(const struct frame *f, struct host_msg *m, char *why, size_t whylen)
+{
+    const struct pc_hdr *h = &f->hdr;
+    int ok;
+    if (h->chan < 1 || h->chan > PC_FWD_MAX_STREAMS) {
+        snprintf(why, whylen, "port-forward frame type %u for stream %u out of range", h->type,
+                 h->chan);
+        return -1;
+    }
+    switch (h->type) {
+    case PC_FWD_OPEN:
+        ok = pc_fwd_open_decode(f->payload, h->len, &m->fwd_open) == 0 && m->fwd_open.port &&
+             (m->fwd_open.family == PC_FWD_INET || m->fwd_open.family == PC_FWD_INET6);
+        break;
+    case PC_FWD_CREDIT:
+        ok = pc_fwd_credit_decode(f->payload, h->len, &m->credit) == 0;
+        break;
+    case PC_FWD_DATA:
+        ok = h->len > 0;
+        break;
+    default: /* SHUT, CLOSE */
+        ok = h->len == 0;
+    }
+    if (!ok)
+        snprintf(why, whylen, "port-forward frame type %u for stream %u with a bad payload (%u bytes)",
+                 h->type, h->chan, h->len);
+    return ok ? 0 : -1;
+}
+
 int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t whylen)
 {
     const struct pc_hdr *h = &f->hdr;
@@ -250,6 +287,12 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
             return 0;
         snprintf(why, whylen, "RESIZE with %u bytes", h->len);
         return -1;
+    case PC_FWD_OPEN:
+    case PC_FWD_DATA:
+    case PC_FWD_CREDIT:
+    case PC_FWD_SHUT:
+    case PC_FWD_CLOSE:
+        return fwd_decode(f, m, why, whylen);
     default:
         snprintf(why, whylen, "unknown frame type %u (chan %u, %u bytes)", h->type, h->chan,
                  h->len);

@@ -26,11 +26,13 @@ struct frame {
  * further checks of sizes or ranges. */
 struct host_msg {
     uint16_t type;
-    uint16_t chan;          /* at most PC_MAX_CHAN */
+    uint16_t chan;          /* at most PC_MAX_CHAN; a PC_FWD_* stream id 1..PC_FWD_MAX_STREAMS */
     unsigned char *data;    /* the payload: SPEC records (parsed in place), STDIN bytes */
     uint32_t len;
     struct pc_signal_msg signal;
     struct pc_resize_msg resize;
+    struct pc_fwd_open_msg fwd_open;     /* port 1..65535, a known family */
+    struct pc_fwd_credit_msg credit;
 };
 
 int chan_init(void);
@@ -42,6 +44,8 @@ int chan_send(uint16_t type, uint16_t chan, const void *payload, size_t len);
 int chan_send_text(uint16_t type, uint16_t chan, const char *text);
 /* Reads from fd straight into the queue as one frame: >0 bytes, 0 EOF, -1 errno. */
 ssize_t outq_read_frame(int fd, uint16_t type, uint16_t chan);
+/* The same, reading at most max bytes. */
+ssize_t outq_read_frame_max(int fd, uint16_t type, uint16_t chan, size_t max);
 /* Writes queued bytes to the port until it would block: 0, or -1 on error. */
 int outq_flush(int port);
 
