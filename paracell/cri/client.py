@@ -120,6 +120,11 @@ class CriClient:
         request = self.pb.ExecSyncRequest(container_id=container_id, cmd=cmd, timeout=timeout_s)
         return self.call("runtime", "ExecSync", request, timeout_s=timeout_s + self.timeout_s)
 
+    def port_forward(self, pod_id: str, ports: list[int]) -> str:
+        """The streaming server's URL for forwarding these ports of the pod."""
+        request = self.pb.PortForwardRequest(pod_sandbox_id=pod_id, port=ports)
+        return self.call("runtime", "PortForward", request).url
+
     def container_stats(self, container_id: str) -> Any:
         return self.call("runtime", "ContainerStats",
                          self.pb.ContainerStatsRequest(container_id=container_id)).stats
