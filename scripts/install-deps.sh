@@ -6,6 +6,7 @@ packages=(
     build-essential flex bison bc libelf-dev libssl-dev cpio xz-utils libseccomp-dev
     python3 python3-venv python3-dev
     containerd runc crun podman conmon containernetworking-plugins iptables
+    iproute2 nftables conntrack socat bindfs fuse3
 )
 missing=()
 for p in "${packages[@]}"; do
