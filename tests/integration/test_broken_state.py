@@ -110,19 +110,6 @@ def test_a_deeply_nested_config_json_is_one_line(runtime, make_bundle):
     runtime.assert_no_leaks()
 
 
-def test_a_start_that_fails_leaves_a_stopped_container_and_no_vm(runtime, make_bundle):
-    bundle = make_bundle(["true"], mutate=lambda c: c.pop("process"))
-    runtime("create", "--bundle", str(bundle), "noproc", check=True)
-    assert len(runtime.qemu_processes()) == 1
-    assert "process property must not be empty" in one_line(runtime("start", "noproc"))
-    state = json.loads(runtime("state", "noproc", check=True).stdout)
-    assert state["status"] == "stopped" and state["pid"] == 0
-    assert runtime.qemu_processes() == []
-    assert "cannot start a container that has stopped" in one_line(runtime("start", "noproc"))
-    runtime("delete", "noproc", check=True)
-    runtime.assert_no_leaks()
-
-
 def test_kill_all_of_a_stopped_container_is_silent(runtime, make_bundle):
     runtime("create", "--bundle", str(make_bundle(["true"])), "done", check=True)
     runtime("start", "done", check=True)

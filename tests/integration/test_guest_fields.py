@@ -295,12 +295,15 @@ def test_spec_without_process_creates_and_start_fails(runtime, make_bundle):
     assert result.returncode != 0
     assert result.stderr.decode().strip() == \
         "paracell: cannot start container noproc: process property must not be empty"
-    assert json.loads(runtime("state", "noproc", check=True).stdout)["status"] == "created"
+    # As runc: a start that failed leaves the container stopped, here with
+    # its VM gone.
+    after = json.loads(runtime("state", "noproc", check=True).stdout)
+    assert (after["status"], after["pid"]) == ("stopped", 0)
+    assert runtime.qemu_processes() == []
     result = runtime("exec", "noproc", "true")
-    assert result.returncode != 0
-    # ps lists the shim, the host pid that stands for the container.
-    ps = runtime("ps", "noproc", check=True).stdout.decode().splitlines()
-    assert ps[1].split()[:2] == [str(state["pid"]), "init"], ps
+    assert result.stderr.decode().strip() == "paracell: cannot exec in a stopped container"
+    assert runtime("start", "noproc").stderr.decode().strip() == \
+        "paracell: cannot start a container that has stopped"
     runtime("delete", "noproc", check=True)
     runtime.assert_no_leaks()
 
