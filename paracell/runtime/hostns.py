@@ -11,7 +11,7 @@ applies to them, the way runc applies it to the container's init:
   host-share binds must be visible to `events` and `delete` on the host),
   slave to the host so nothing mounted inside leaks out, with a /proc of the
   new PID namespace and the host's system trees read-only; QEMU is then
-  pivoted into a root of its own holding only what it needs (qemujail.py);
+  pivoted into a root of its own holding only what it needs (vmm/qemu/jail.py);
 - QEMU runs with no_new_privs and a capability bounding set cut down to what
   its 9p server needs.
 
@@ -176,7 +176,7 @@ class HostIsolation:
     writable: list[str] = field(default_factory=list)
     # The trees the jail made read-only (for the log and the tests).
     readonly: list[str] = field(default_factory=list)
-    # QEMU's own root (runtime/qemujail.py), planned once the shim is jailed.
+    # QEMU's own root (vmm/qemu/jail.py), planned once the shim is jailed.
     qemu_root: Any = None
 
     # -- in the process that forks the shim ---------------------------------
@@ -229,14 +229,14 @@ class HostIsolation:
         elif "cgroup" in ns.new:
             _unshare(CLONE_NEWCGROUP, "cgroup namespace")
 
-    def jail(self, qemu_argv: list[str], state_dir: str) -> None:
+    def jail(self, qemu_paths: dict[str, bool], state_dir: str) -> None:
         """The mount namespace, once the devices' host resources exist; and
-        the plan of QEMU's own root inside it."""
-        from paracell.runtime import qemujail
+        the plan of QEMU's own root inside it, from the paths QEMU opens."""
+        from paracell.vmm.qemu import jail
 
         self._jail_shim()
         if "mount" in self.namespaces.new:
-            self.qemu_root = qemujail.plan_for(qemu_argv, state_dir)
+            self.qemu_root = jail.plan_for(qemu_paths, state_dir)
 
     def _jail_shim(self) -> None:
         ns = self.namespaces
@@ -279,9 +279,9 @@ class HostIsolation:
         goes to QEMU's log (fd 2) before the exception ends the child."""
         try:
             if self.qemu_root is not None:
-                from paracell.runtime import qemujail
+                from paracell.vmm.qemu import jail
 
-                qemujail.enter(self.qemu_root)
+                jail.enter(self.qemu_root)
             drop_qemu_privileges()
         except BaseException as err:
             os.write(2, f"paracell: jailing QEMU: {err}\n".encode(errors="replace"))
@@ -383,7 +383,7 @@ def _last_cap() -> int:
 def prepare_qemu_privileges() -> None:
     _last_cap()
     libc()
-    import paracell.runtime.qemujail  # noqa: F401  (imported before the fork)
+    import paracell.vmm.qemu.jail  # noqa: F401  (imported before the fork)
 
 
 def describe(plan_: NamespacePlan) -> dict[str, Any]:

@@ -163,9 +163,10 @@ def create(
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         for warning in bundle.warnings:
             ctx.log.warning(warning)
-        plan = ShimPlan(state_dir=state_dir, vm=vm, agent=agent, launch_spec=launch,
-                        console_socket=console_socket, terminal=terminal, log=ctx.log,
-                        seccomp=bundle.seccomp, network=network, isolation=host.isolation)
+        plan = ShimPlan(state_dir=state_dir, vm=vm, config=config, agent=agent,
+                        launch_spec=launch, console_socket=console_socket, terminal=terminal,
+                        log=ctx.log, seccomp=bundle.seccomp, network=network,
+                        isolation=host.isolation)
         spawned = spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error, pid_namespace=host.isolation.pid_namespace_for_child,

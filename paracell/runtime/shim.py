@@ -26,7 +26,8 @@ from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.signals import exit_status_for_signal
 from paracell.runtime.spawn import Handshake, Ready
-from paracell.runtime.state import CONTROL_SOCKET
+from paracell.runtime.state import CONTROL_SOCKET, VmConfig
+from paracell.vmm import hypervisor
 from paracell.vmm.builder import Vm, VmBuilder
 from paracell.vmm.devices import AgentPort, PagerChannel
 
@@ -40,6 +41,7 @@ EXIT_RUNTIME_ERROR = 255
 class ShimPlan:
     state_dir: Path
     vm: VmBuilder
+    config: VmConfig  # as recorded: the backend that launches vm
     agent: AgentPort  # attached to vm
     launch_spec: bytes
     console_socket: str | None
@@ -83,9 +85,9 @@ class Shim:
         # Before QEMU exists and while we have one thread: both inherit it.
         netns.enter(plan.network)
         self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
-        self.vm = plan.vm.launch(
-            plan.state_dir / "qemu.log",
-            before_start=(lambda: iso.jail(plan.vm.command_line(), str(plan.state_dir)))
+        self.vm = hypervisor.for_vm(plan.config).launch(
+            plan.vm, plan.state_dir / "qemu.log",
+            before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
             if iso else None,
             preexec=iso.qemu_preexec if iso else None)
         self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")

@@ -52,6 +52,12 @@ class Device:
     def qemu_args(self) -> list[str]:
         return []
 
+    def host_paths(self) -> dict[str, bool]:
+        """The host paths QEMU opens for this device -> whether it writes
+        them: what its jail must hold (paracell/vmm/qemu/jail.py). Sockets
+        and TAPs come as inherited fds and need none."""
+        return {}
+
     def kernel_args(self) -> list[str]:
         return []
 
@@ -122,6 +128,16 @@ class VmBuilder:
 
     def record(self) -> list[dict[str, Any]]:
         return [{"kind": d.kind, **d.facts()} for d in self.devices]
+
+    def host_paths(self) -> dict[str, bool]:
+        """Every host path QEMU opens -> whether it writes it: its binary,
+        the kernel, the initramfs and each device's."""
+        m = self.machine
+        paths = {m.qemu: False, str(m.kernel): False, str(m.initramfs): False}
+        for device in self.devices:
+            for path, writes in device.host_paths().items():
+                paths[path] = paths.get(path, False) or writes
+        return paths
 
     def kernel_cmdline(self) -> str:
         m = self.machine

@@ -44,6 +44,9 @@ class GuestRam(Device):
         if not stat.S_ISREG(st.st_mode) or st.st_size != self.size_mib << 20:
             raise ParacellError(f"{self.path}: not a {self.size_mib} MiB guest-RAM file")
 
+    def host_paths(self) -> dict[str, bool]:
+        return {str(self.path): True}
+
     def qemu_args(self) -> list[str]:
         size = f"{self.size_mib}M"
         return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
@@ -65,6 +68,9 @@ class SerialConsole(Device):
 
     def qemu_args(self) -> list[str]:
         return ["-chardev", f"file,id=console,path={self.path}", "-serial", "chardev:console"]
+
+    def host_paths(self) -> dict[str, bool]:
+        return {str(self.path): True}
 
 
 @device_kind
@@ -124,6 +130,9 @@ class Share(Device):
 
     def __init__(self, tag: str, path: Path, readonly: bool, multidevs: bool = False) -> None:
         self.tag, self.path, self.readonly, self.multidevs = tag, path, readonly, multidevs
+
+    def host_paths(self) -> dict[str, bool]:
+        return {str(self.path): not self.readonly}
 
     def qemu_args(self) -> list[str]:
         # passthrough keeps the container's uids/modes on the host files, as runc would.

@@ -290,30 +290,42 @@ def test_namespace_paths_are_checked_by_type(tmp_path):
     assert os.path.exists("/proc/self/ns/cgroup")
 
 
-def test_qemu_root_holds_what_the_command_line_names(tmp_path):
-    from paracell.runtime import qemujail
+def test_qemu_root_holds_what_the_devices_open(tmp_path):
+    """The jail takes its paths as data, from the devices that know them."""
+    from paracell.vmm import devices
+    from paracell.vmm.builder import Machine, VmBuilder
+    from paracell.vmm.qemu import jail
 
-    kernel, ram, rootfs = tmp_path / "bzImage", tmp_path / "ram.mem", tmp_path / "rootfs"
-    kernel.write_text("")
-    ram.write_text("")
+    kernel, initrd = tmp_path / "bzImage", tmp_path / "initramfs"
+    ram, rootfs = tmp_path / "ram.mem", tmp_path / "rootfs"
+    for made in (kernel, initrd, ram):
+        made.write_text("")
     rootfs.mkdir()
     console = tmp_path / "state" / "console.log"
     console.parent.mkdir()
-    argv = ["/usr/bin/qemu-system-x86_64", "-kernel", str(kernel),
-            "-object", f"memory-backend-file,id=mem,mem-path={ram},share=on",
-            "-chardev", f"file,id=console,path={console}",
-            "-fsdev", f"local,id=rootfs,path={rootfs},security_model=passthrough,readonly=on",
-            "-chardev", "socket,id=agent,fd=5", "-append", "init=/usr/bin/env"]
-    plan = qemujail.plan_for(argv, str(tmp_path / "state"))
+    vm = VmBuilder(Machine(qemu="/usr/bin/qemu-system-x86_64", engine="tcg", kernel=kernel,
+                           initramfs=initrd, memory_mib=64, vcpus=1,
+                           kernel_args=("init=/usr/bin/env",)))
+    vm.attach(devices.GuestRam(ram, 64))
+    vm.attach(devices.SerialConsole(console))
+    vm.attach(devices.AgentPort())
+    vm.attach(devices.rootfs_share(rootfs, readonly=True))
+    plan = jail.plan_for(vm.host_paths(), str(tmp_path / "state"))
     binds = {path: (is_dir, writable) for path, is_dir, writable in plan.binds}
     assert binds[str(kernel)] == (False, False)
     assert binds[str(ram)] == (False, True)
     assert binds[str(console)] == (False, True) and console.exists()  # made to be bound
-    assert binds[str(rootfs)] == (True, False)  # readonly=on
+    assert binds[str(rootfs)] == (True, False)  # a read-only share
     assert binds["/usr"] == (True, False)
     assert all(not path.startswith("/etc/") or path == "/etc/ld.so.cache" for path in binds)
     assert "/usr/bin/env" not in binds  # a guest path, not a host path QEMU opens
     assert plan.root == str(tmp_path / "state" / "jail")
+    # Every absolute path on QEMU's command line outside the system trees is
+    # one the devices declared: none is left out of the jail.
+    argv_paths = {part.partition("=")[2] for arg in vm.command_line()[1:]
+                  for part in arg.split(",") if part.partition("=")[2].startswith("/")}
+    argv_paths |= {str(kernel), str(initrd)}
+    assert argv_paths <= set(vm.host_paths()), argv_paths - set(vm.host_paths())
 
 
 def test_device_rules_reduce_as_v1_applies_them():

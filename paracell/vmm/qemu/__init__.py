@@ -1,6 +1,6 @@
 """Direct QEMU, the default backend of the Hypervisor interface: the VM is a
 QEMU child of the shim (paracell/vmm/builder.py renders its command line,
-paracell/runtime/qemujail.py its root), controlled over its QMP socket.
+paracell/vmm/qemu/jail.py its root), controlled over its QMP socket.
 
 Save and restore use QEMU's migration to a file descriptor with the
 `x-ignore-shared` capability: guest RAM is a shared file that is not copied

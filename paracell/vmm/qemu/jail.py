@@ -2,9 +2,10 @@
 only what this VM's QEMU needs, bound at the same paths, read-only wherever
 QEMU only reads, and QEMU pivoted into it.
 
-What QEMU needs is read off its command line, where every device names its
-host paths (the kernel, the initramfs, the guest-RAM file, the console log,
-the 9p shares); sockets and the TAP come as inherited fds and need no path.
+What QEMU needs is what the VM's devices say they open (Device.host_paths:
+the guest-RAM file, the console log, the 9p shares), with the binary, the
+kernel and the initramfs; sockets and the TAP come as inherited fds and
+need no path.
 To that come /usr (QEMU, its libraries and firmware), the loader's cache,
 /sys read-only, a few device nodes and a /proc of its own. Everything else of
 the host, other containers' RAM files and state included, is simply not there.
@@ -44,8 +45,6 @@ DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom",
            "/dev/net/tun", "/dev/vhost-net", "/dev/vhost-vsock")
 # Merged-/usr hosts make these symlinks into /usr; others have directories.
 ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Option keys whose path QEMU writes: guest RAM, chardev files, 9p shares.
-WRITTEN_KEYS = ("mem-path", "path")
 
 
 @dataclass
@@ -56,27 +55,10 @@ class JailPlan:
     links: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _paths_of(argv: list[str]) -> dict[str, bool]:
-    """Absolute paths on the command line -> whether QEMU writes them."""
-    found: dict[str, bool] = {}
-    for i, arg in enumerate(argv[1:], start=1):
-        if argv[i - 1] in ("-kernel", "-initrd") and arg.startswith("/"):
-            found.setdefault(arg, False)
-            continue
-        if argv[i - 1] == "-append":
-            continue  # the guest's command line: its paths are the guest's
-        parts = arg.split(",")
-        readonly = "readonly=on" in parts
-        for part in parts:
-            key, eq, value = part.partition("=")
-            if eq and value.startswith("/"):
-                writes = key in WRITTEN_KEYS and not readonly
-                found[value] = found.get(value, False) or writes
-    return found
-
-
-def plan_for(argv: list[str], state_dir: str) -> JailPlan:
-    """Before the fork: what QEMU's root holds."""
+def plan_for(paths: dict[str, bool], state_dir: str) -> JailPlan:
+    """Before the fork: what QEMU's root holds. `paths` are the host paths
+    QEMU opens -> whether it writes them, as the VM's devices state them
+    (VmBuilder.host_paths)."""
     root = os.path.join(state_dir, JAIL_DIR)
     os.makedirs(root, mode=0o700, exist_ok=True)
     plan = JailPlan(root)
@@ -88,9 +70,7 @@ def plan_for(argv: list[str], state_dir: str) -> JailPlan:
     plan.binds += [(d, True, False) for d in SYSTEM_DIRS if os.path.isdir(d)]
     plan.binds += [(f, False, False) for f in SYSTEM_FILES if os.path.isfile(f)]
     plan.binds += [(d, False, True) for d in DEVICES if os.path.exists(d)]
-    if not argv[0].startswith("/usr/"):
-        plan.binds.append((argv[0], False, False))
-    for path, writes in _paths_of(argv).items():
+    for path, writes in paths.items():
         if path.startswith(("/usr/", "/sys/", "/dev/")) and not writes:
             continue  # in a tree bound already
         if not os.path.exists(path):
