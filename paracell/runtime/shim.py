@@ -84,12 +84,12 @@ class Shim:
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         # Before QEMU exists and while we have one thread: both inherit it.
         netns.enter(plan.network)
-        self._debug(f"qemu: {' '.join(plan.vm.command_line())}")
         self.vm = hypervisor.for_vm(plan.config).launch(
             plan.vm, plan.state_dir / "qemu.log",
             before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
             if iso else None,
             preexec=iso.qemu_preexec if iso else None)
+        self._debug(f"qemu: {' '.join(self.vm.argv)}")
         self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
         fd = self._agent_fd()
         frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")

@@ -247,6 +247,11 @@ class Vm:
     def pid(self) -> int:
         return self.proc.pid
 
+    @property
+    def argv(self) -> list[str]:
+        """The command line it was started with, rendered once at launch."""
+        return [str(a) for a in self.proc.args]
+
     def stop(self, grace_s: float) -> int:
         """Waits for a VM that was asked to power off, then makes sure it is gone."""
         try:
