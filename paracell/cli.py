@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -353,11 +354,13 @@ def bench_pod(rounds: int, output: str) -> None:
 @bench.command("start")
 @click.option("--runs", default=10, show_default=True)
 @click.option("--output", "-o", default="bench-results/start.json")
-def bench_start(runs: int, output: str) -> None:
+@click.option("--baseline-kernel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="also boot this bzImage raw in every round, to compare guest kernels")
+def bench_start(runs: int, output: str, baseline_kernel: Path | None) -> None:
     """Median start-to-exit of /bin/true vs raw QEMU boot and runc."""
     from paracell.bench import start as bench_start_mod
 
-    click.echo(bench_start_mod.run(_ctx(), runs, output))
+    click.echo(bench_start_mod.run(_ctx(), runs, output, baseline_kernel))
 
 
 @bench.command("memory")

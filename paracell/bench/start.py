@@ -5,6 +5,7 @@ one run so that machine noise hits every variant alike."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,10 +21,11 @@ GOAL_MEDIAN_S = 1.0
 GOAL_RATIO = 1.2
 
 
-def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
-    """The same VM with the agent told to power off as soon as it is up."""
+def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = None) -> float:
+    """The same VM with the agent told to power off as soon as it is up;
+    `kernel`, when given, in place of the built one."""
     guest = artifacts.current()
-    vm = VmBuilder(Machine(qemu=qemu_path, engine=engine, kernel=guest.kernel,
+    vm = VmBuilder(Machine(qemu=qemu_path, engine=engine, kernel=kernel or guest.kernel,
                            initramfs=guest.initramfs, memory_mib=256, vcpus=1,
                            kernel_args=("paracell.exit_on_boot=1",),
                            tsc_khz=hostclock.tsc_khz() if engine == "tcg" else 0))
@@ -42,7 +44,9 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path) -> float:
     return common.time_call(boot)
 
 
-def run(ctx: Context, runs: int, output: str) -> str:
+def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = None) -> str:
+    """baseline_kernel: another kernel (say, one built before a config change)
+    booted raw in the same rounds, in alternating order, with the same initramfs."""
     facts = probe.probe_host()
     choice = probe.choose_engine(ctx.engine, facts)
     bundle = common.example_bundle("true", ["/bin/true"])
@@ -54,6 +58,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
     samples: dict[str, list[float]] = {"paracell": [], "paracell_none": [], "raw_qemu": []}
     if runc:
         samples["runc"] = []
+    if baseline_kernel:
+        samples["raw_qemu_baseline"] = []
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         for i in range(runs):
             cid = f"bench-start-{os.getpid()}-{i}"
@@ -63,7 +69,12 @@ def run(ctx: Context, runs: int, output: str) -> str:
             samples["paracell_none"].append(common.time_call(lambda cid=cid: common.run_checked(
                 [paracell, "--root", root, "--engine", choice.engine, "--memory-manager", "none",
                  "run", "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL)))
-            samples["raw_qemu"].append(_raw_boot(choice.engine, facts.qemu_path or "", Path(tmp)))
+            kernels: list[tuple[str, Path | None]] = [("raw_qemu", None)]
+            if baseline_kernel:
+                kernels.append(("raw_qemu_baseline", baseline_kernel))
+            for name, kernel in kernels[::-1] if i % 2 else kernels:
+                samples[name].append(_raw_boot(choice.engine, facts.qemu_path or "", Path(tmp),
+                                               kernel))
             if runc:
                 samples["runc"].append(common.time_call(lambda cid=cid: common.run_checked(
                     [runc, "--root", f"{tmp}/runc", "run", "--bundle", str(bundle), cid],
@@ -80,6 +91,12 @@ def run(ctx: Context, runs: int, output: str) -> str:
     }
     if runc:
         result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
+    if baseline_kernel:
+        # Paired by round: both boots of a round saw the same machine noise.
+        diffs = [new - old for new, old in
+                 zip(samples["raw_qemu"], samples["raw_qemu_baseline"], strict=True)]
+        result["baseline_kernel"] = str(baseline_kernel)
+        result["raw_qemu_minus_baseline_median_ms"] = statistics.median(diffs) * 1000
     path = common.write_result(output, result)
     plot.bar_chart(stats, f"start to exit of /bin/true ({choice.engine})", 1000, "ms",
                    path.with_suffix(".png"))
@@ -89,4 +106,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
             f"{stats['raw_qemu']['median_s']:.3f} s ({ratio:.2f}x)")
     if runc:
         line += f"; runc {stats['runc']['median_s']:.3f} s"
+    if baseline_kernel:
+        line += (f"; baseline kernel's raw boot {stats['raw_qemu_baseline']['median_s']:.3f} s "
+                 f"(this kernel {result['raw_qemu_minus_baseline_median_ms']:+.1f} ms, "
+                 "median of the rounds' differences)")
     return f"{line}; goal {'met' if result['goal']['met'] else 'not met'} -> {path}"
