@@ -89,6 +89,15 @@ listen() {  # listen NAME PORT [socat options]: IPv4 and IPv6 listeners in the b
     socat "TCP6-LISTEN:$port,reuseaddr,fork,ipv6only=1$*" "EXEC:$CONNINFO $name" &
 }
 
+# listening PORT COUNT [PID]: at least COUNT TCP sockets listen on PORT (in
+# PID's network namespace). Connections wait for it, because one refused
+# before its listener is up would leave a conntrack entry of its own.
+listening() {
+    local table
+    if [ $# -gt 2 ]; then table=$(inns "$3" netstat -ltn); else table=$(netstat -ltn); fi
+    [ "$(echo "$table" | grep -c ":$1 ")" -ge "$2" ]
+}
+
 connect() {  # connect KEY ADDRESS... : prints "KEY <what the server said>"
     local key=$1 reply
     shift
@@ -178,6 +187,9 @@ EOF
     inns "$peer" socat TCP4-LISTEN:7000,reuseaddr,fork "EXEC:$CONNINFO peer" &
     inns "$peer" socat TCP6-LISTEN:7000,reuseaddr,fork,ipv6only=1 "EXEC:$CONNINFO peer" &
 
+    retry listening 9090 2
+    retry listening 9191 2
+    retry listening 7000 2 "$peer"
     # Nothing listens on 8080 or 80, and 10.98.0.7 is no one's address.
     connect redirect4 inns "$peer" socat -T 5 -u TCP4:10.99.0.1:8080,connect-timeout=2 -
     connect redirect6 inns "$peer" socat -T 5 -u TCP6:[fd99::1]:8080,connect-timeout=2 -
