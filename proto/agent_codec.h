@@ -45,6 +45,13 @@ static inline void pc_hdr_decode(const unsigned char *p, struct pc_hdr *h)
 }
 
 /* Each decoder returns 0, or -1 when the payload has the wrong size. */
+#define PC_READY_LEN 8
+static inline void pc_ready_encode(unsigned char *p, const struct pc_ready_msg *m)
+{
+    pc_put_le32(p, m->version);
+    pc_put_le32(p + 4, m->caps);
+}
+
 #define PC_SIGNAL_LEN 8
 static inline void pc_signal_encode(unsigned char *p, const struct pc_signal_msg *m)
 {

@@ -11,7 +11,8 @@
 
 #include <stdint.h>
 
-#define PC_PROTO_VERSION 1
+/* Sent in READY; the host refuses a guest that speaks another version. */
+#define PC_PROTO_VERSION 2
 /* A frame larger than this is a protocol violation, never a reason to allocate. */
 #define PC_MAX_PAYLOAD 65536
 #define PC_HDR_LEN 8
@@ -26,22 +27,25 @@ struct pc_hdr {
 };
 
 enum pc_type {
-    /* host -> guest */
+    /* host -> guest.  After READY, one SANDBOX attaches what is the VM's own;
+     * then each container's processes come as SPECs (docs/agent-protocol.md). */
     PC_SPEC = 1,      /* launch spec records; guest answers CREATED or ERROR */
     PC_START = 2,     /* let the created process execve */
     PC_STDIN = 3,     /* stdin bytes; an empty payload is EOF */
     PC_SIGNAL = 4,    /* struct pc_signal_msg */
     PC_RESIZE = 5,    /* struct pc_resize_msg */
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
+    PC_SANDBOX = 7,   /* sandbox records, once, before any SPEC; guest answers ATTACHED or ERROR */
     PC_SECCOMP = 12,  /* struct pc_seccomp_hdr + BPF program, just before the init's SPEC */
 
     /* guest -> host */
-    PC_READY = 16,    /* agent is up; payload: version text */
+    PC_READY = 16,    /* agent is up; struct pc_ready_msg; nothing attached yet */
     PC_CREATED = 17,  /* struct pc_created_msg */
     PC_STDOUT = 18,   /* stdout bytes (the pty's output with a terminal) */
     PC_STDERR = 19,   /* stderr bytes */
     PC_EXIT = 20,     /* struct pc_exit_msg; all output was sent before it */
     PC_ERROR = 21,    /* text: why the request for this channel failed */
+    PC_ATTACHED = 22, /* no payload: the SANDBOX is applied */
 
     /* port-forward streams (docs/networking.md): `chan` is the stream id,
      * 1..PC_FWD_MAX_STREAMS, which the host gives out; both ways unless marked */
@@ -67,6 +71,15 @@ struct pc_resize_msg {
     uint16_t rows;
     uint16_t cols;
 };
+
+struct pc_ready_msg {
+    uint32_t version; /* PC_PROTO_VERSION */
+    uint32_t caps;    /* PC_AGENT_CAP_* this agent has */
+};
+/* What the agent can do, besides the base protocol. */
+#define PC_AGENT_CAP_PORTFWD 1  /* PC_FWD_* streams */
+#define PC_AGENT_CAP_SECCOMP 2  /* PC_SECCOMP programs */
+#define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP)
 
 struct pc_created_msg {
     uint32_t pid;     /* guest pid of the created process */
@@ -98,6 +111,18 @@ struct pc_fwd_credit_msg {
 };
 #define PC_FWD_MAX_STREAMS 64
 #define PC_FWD_WINDOW (256 * 1024)
+
+/* The SANDBOX payload: `key=value` records, each NUL-terminated, as SPEC's.
+ *   share=TAG        a 9p share to mount, by its tag (vm_proto.h), at its place
+ *   hostname=NAME    the VM's own hostname (its initial UTS namespace)
+ *   clock=SEC.NSEC   the host's wall clock when it sent this (CLOCK_REALTIME)
+ *   entropy=HEX      fresh random bytes from the host for the guest's RNG
+ *   net.if/net.addr/net.route/net.spare   the VM's interfaces (netspec.h)
+ * Every key but net.addr/net.route/net.spare/share at most once. */
+#define PC_SANDBOX_MAX_SHARES 3
+#define PC_SANDBOX_HOSTNAME_MAX 64
+#define PC_SANDBOX_ENTROPY_MIN 32
+#define PC_SANDBOX_ENTROPY_MAX 256
 
 /* Bounds of the launch spec (the PC_SPEC payload); the host refuses a spec
  * over them before sending, the agent refuses it again on receipt. */
@@ -157,7 +182,7 @@ struct pc_seccomp_hdr {
 #define PC_SPEC_PER_LINUX 0
 #define PC_SPEC_PER_LINUX32 8
 
-/* Networking (docs/networking.md): the init's SPEC carries the interfaces the
+/* Networking (docs/networking.md): the SANDBOX carries the interfaces the
  * shim found in the container's network namespace, each mirrored onto a
  * virtio-net device with the same MAC.  Interfaces, addresses and routes are
  * counted over the whole VM; a name is the kernel's IFNAMSIZ - 1; an MTU is

@@ -22,12 +22,12 @@
 #include "net.h"
 #include "portfwd.h"
 #include "process.h"
+#include "sandbox.h"
 #include "seccomp.h"
 #include "spec.h"
 #include "vm.h"
 #include "vm_proto.h"
 
-#define AGENT_VERSION "paracell-agent 1"
 #define POWEROFF_WAIT_MS 5000
 /* After the containers ended, a host that takes nothing for this long is gone. */
 #define STUCK_OUTPUT_MS 30000
@@ -60,6 +60,17 @@ static int seccomp_matches(const struct spec *s, const struct seccomp_prog *prog
     return 0;
 }
 
+static void handle_sandbox(const struct host_msg *m)
+{
+    char err[ERRTEXT_MAX] = "";
+    if (sandbox_attach((char *)m->data, m->len, err, sizeof err) == 0) {
+        chan_send(PC_ATTACHED, m->chan, NULL, 0);
+        return;
+    }
+    loghost("%s", err);
+    chan_send_text(PC_ERROR, m->chan, err);
+}
+
 static void handle_spec(const struct host_msg *m)
 {
     char err[ERRTEXT_MAX] = "";
@@ -67,12 +78,12 @@ static void handle_spec(const struct host_msg *m)
     int pid = -1;
     /* Taken whatever happens: a program is for the SPEC right after it. */
     struct seccomp_prog *prog = seccomp_take(m->chan);
-    if (spec_parse((char *)m->data, m->len, &spec, err, sizeof err) == 0 &&
+    if (!sandbox_attached())
+        snprintf(err, sizeof err, "spec: no SANDBOX has attached this VM yet");
+    else if (spec_parse((char *)m->data, m->len, &spec, err, sizeof err) == 0 &&
         seccomp_matches(&spec, prog, err, sizeof err) == 0 &&
         proc_chan_free(m->chan, err, sizeof err) == 0 &&
-        ctr_claim(spec.container, spec.role, &c, err, sizeof err) == 0 &&
-        (c->state != CTR_NEW || (vm_mount_shares(&spec, err, sizeof err) == 0 &&
-                                 net_configure(&spec.net, err, sizeof err) == 0))) {
+        ctr_claim(spec.container, spec.role, &c, err, sizeof err) == 0) {
         if (c->state == CTR_NEW) {
             c->seccomp = prog; /* the container's now, freed with it */
             prog = NULL;
@@ -121,6 +132,9 @@ static int dispatch(const struct frame *f)
         return 0;
     }
     switch (m.type) {
+    case PC_SANDBOX:
+        handle_sandbox(&m);
+        break;
     case PC_SPEC:
         handle_spec(&m);
         break;
@@ -173,7 +187,8 @@ static void process_frames(void)
     while (outq_free() >= FRAME_ROOM && scanned < MAX_LOOKAHEAD && inq_frame_at(pos, &f)) {
         size_t next = pos + PC_HDR_LEN + f.hdr.len;
         uint16_t type = f.hdr.type, chan = f.hdr.chan;
-        int in_order = type == PC_STDIN || type == PC_SPEC || type == PC_SECCOMP;
+        int in_order = type == PC_STDIN || type == PC_SPEC || type == PC_SECCOMP ||
+                       type == PC_SANDBOX;
         int chan_ok = chan <= PC_MAX_CHAN;
         if (pos)
             scanned++;
@@ -357,6 +372,8 @@ int main(void)
     /* For timing a bare boot of this kernel and initramfs: no host needed. */
     if (vm_cmdline_has("paracell.exit_on_boot=1"))
         vm_power_off(0);
-    chan_send(PC_READY, 0, AGENT_VERSION, strlen(AGENT_VERSION));
+    unsigned char ready[PC_READY_LEN];
+    pc_ready_encode(ready, &(struct pc_ready_msg){PC_PROTO_VERSION, PC_AGENT_CAPS});
+    chan_send(PC_READY, 0, ready, sizeof ready);
     run(sfd);
 }

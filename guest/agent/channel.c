@@ -272,6 +272,7 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
     }
     switch (h->type) {
     case PC_SPEC:
+    case PC_SANDBOX: /* records, checked by sandbox_attach */
     case PC_SECCOMP: /* checked by seccomp_stash */
     case PC_START:
     case PC_STDIN:

@@ -478,10 +478,6 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             if (parse_bool(val, &s->seccomp))
                 BAD();
             init_key = init_key ? init_key : "seccomp";
-        } else if (netspec_is_key(key)) {
-            if (netspec_add(&s->net, key, val, err, errlen))
-                return -1;
-            init_key = init_key ? init_key : key;
         } else {
             return fail(err, errlen, "unknown key %.40s", key);
         }

@@ -7,7 +7,6 @@
 #include <stdint.h>
 
 #include "agent_proto.h"
-#include "netspec.h"
 
 enum spec_capset { SC_BOUNDING, SC_EFFECTIVE, SC_PERMITTED, SC_INHERITABLE, SC_AMBIENT, SC_COUNT };
 
@@ -100,8 +99,6 @@ struct spec {
     int has_ioprio;
     int ioprio_class, ioprio_level;
     int seccomp; /* seccomp=1: a PC_SECCOMP frame came just before, on this channel */
-    /* net.if, net.addr, net.route: the VM's interfaces (netspec.h). */
-    struct net_spec net;
     /* A pod member's root, under PC_PODSHARE_DIR; NULL: the VM's rootfs share. */
     const char *rootfs;
     /* Pod members: the containers whose namespaces the init joins instead

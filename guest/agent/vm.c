@@ -19,7 +19,6 @@
 
 /* access=client: the guest kernel checks permissions for the container's
  * uids itself, whatever user QEMU runs as on the host. */
-#define SHARE_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
 
 void vm_power_off(unsigned code)
 {
@@ -162,45 +161,3 @@ int vm_open_port(void)
     return -1;
 }
 
-/* Host directories reach the guest as virtio-9p shares mounted once, in the
- * agent's namespace: the container's root, and (when the host has bind
- * sources outside the rootfs) one share holding a slot per bind source. */
-static int mount_share(const char *tag, const char *dir, int *mounted, char *err, size_t errlen)
-{
-    if (*mounted)
-        return 0;
-    if (mount(tag, dir, "9p", 0, SHARE_OPTS) < 0) {
-        snprintf(err, errlen, "mount %s: %s", tag, strerror(errno));
-        return -1;
-    }
-    *mounted = 1;
-    return 0;
-}
-
-static int under(const char *path, const char *dir)
-{
-    size_t n = strlen(dir);
-    return !strncmp(path, dir, n) && (path[n] == '/' || !path[n]);
-}
-
-static int uses_share(const struct spec *s, const char *dir)
-{
-    for (int i = 0; i < s->nmounts; i++)
-        if (under(s->mounts[i].source, dir))
-            return 1;
-    return 0;
-}
-
-int vm_mount_shares(const struct spec *s, char *err, size_t errlen)
-{
-    static int rootfs_mounted, hostshare_mounted, podshare_mounted;
-    if (mount_share(PC_ROOTFS_TAG, PC_ROOTFS_DIR, &rootfs_mounted, err, errlen) < 0)
-        return -1;
-    if (uses_share(s, PC_HOSTSHARE_DIR) &&
-        mount_share(PC_HOSTSHARE_TAG, PC_HOSTSHARE_DIR, &hostshare_mounted, err, errlen) < 0)
-        return -1;
-    if ((s->rootfs || uses_share(s, PC_PODSHARE_DIR)) &&
-        mount_share(PC_PODSHARE_TAG, PC_PODSHARE_DIR, &podshare_mounted, err, errlen) < 0)
-        return -1;
-    return 0;
-}

@@ -138,7 +138,7 @@ class NetworkInterfaces(Device):
             self.spares.append(Spare(self.taps[-1][1], new_mac()))
         Record(self._veths, self.spares).write(self.record)
 
-    def guest_records(self) -> list[tuple[str, str]]:
+    def sandbox_records(self) -> list[tuple[str, str]]:
         return [*guestconfig.records(self.interfaces),
                 *(("net.spare", s.mac) for s in self.spares)]
 
@@ -189,19 +189,3 @@ def summary(devices: list[Device]) -> str:
     pairs += [f"spare ({s.mac}) via {s.tap}" for d in devices if isinstance(d, NetworkInterfaces)
               for s in d.spares]
     return f"network: {', '.join(pairs)}" if pairs else "no network interface"
-
-
-def launch_spec(base: bytes, devices: list[Device]) -> bytes:
-    """The init's launch spec with the interfaces the shim found appended:
-    they are known only once the shim is in the namespace."""
-    from paracell._native import lib
-    from paracell.runtime.spec import encode_records
-
-    extra = [r for d in devices if isinstance(d, NetworkInterfaces) for r in d.guest_records()]
-    if not extra:
-        return base
-    spec = base + encode_records(extra)
-    if len(spec) > lib.PC_MAX_PAYLOAD:
-        raise ParacellError(f"process spec with the network interfaces is too large for the "
-                            f"agent channel ({len(spec)} > {lib.PC_MAX_PAYLOAD} bytes)")
-    return spec

@@ -1,7 +1,8 @@
 """Short blocking exchanges on the agent channel, around the C relay.
 
 The per-message work of a running container happens in csrc/relay.c; this is
-only the handful of frames before and after it (READY, SPEC, CREATED, START).
+only the handful of frames before and after it (READY, SANDBOX, ATTACHED,
+SPEC, CREATED, START).
 Frame types, limits and payload layouts come from proto/agent_proto.h through
 cffi (`lib.PC_*`); the Python encoders and decoders of payloads are here, once.
 """
@@ -22,6 +23,7 @@ from paracell.errors import ParacellError
 # checks their sizes against the header's structs.
 SIGNAL_MSG = struct.Struct("<II")
 CREATED_MSG = struct.Struct("<I")
+READY_MSG = struct.Struct("<II")  # struct pc_ready_msg: version, caps
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,39 @@ def decode_created(payload: bytes) -> int:
     if len(payload) != CREATED_MSG.size:
         raise ParacellError(f"agent protocol violation: CREATED with {len(payload)} bytes")
     return CREATED_MSG.unpack(payload)[0]
+
+
+def expect_ready(fd: int, timeout_s: float) -> int:
+    """Waits for READY and checks that the guest speaks our protocol with the
+    capabilities we use; its capability bits."""
+    from paracell._native import lib
+
+    frame = recv(fd, timeout_s, "booting the micro-VM")
+    if frame.type != lib.PC_READY:
+        raise ParacellError(f"agent protocol violation: expected READY, got type {frame.type}")
+    if len(frame.payload) != READY_MSG.size:
+        raise ParacellError("the guest agent speaks an older protocol than this runtime "
+                            f"({lib.PC_PROTO_VERSION}): rebuild the guest (paracell guest build)")
+    version, caps = READY_MSG.unpack(frame.payload)
+    if version != lib.PC_PROTO_VERSION:
+        raise ParacellError(f"the guest agent speaks protocol {version}, this runtime "
+                            f"{lib.PC_PROTO_VERSION}: rebuild the guest (paracell guest build)")
+    if caps & lib.PC_AGENT_CAPS != lib.PC_AGENT_CAPS:
+        raise ParacellError(f"the guest agent lacks capabilities {lib.PC_AGENT_CAPS & ~caps:#x} "
+                            "that this runtime uses: rebuild the guest (paracell guest build)")
+    return caps
+
+
+def attach_sandbox(fd: int, payload: bytes, timeout_s: float) -> None:
+    """Sends SANDBOX and waits for ATTACHED, or ERROR (the reason, as our error)."""
+    from paracell._native import lib
+
+    send(fd, lib.PC_SANDBOX, 0, payload)
+    frame = recv(fd, timeout_s, "attaching the sandbox")
+    if frame.type == lib.PC_ERROR:
+        raise ParacellError(printable(frame.payload))
+    if frame.type != lib.PC_ATTACHED or frame.payload:
+        raise ParacellError(f"agent protocol violation: expected ATTACHED, got type {frame.type}")
 
 
 def expect_created(fd: int, timeout_s: float) -> int:

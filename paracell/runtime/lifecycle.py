@@ -164,7 +164,8 @@ def create(
         for warning in bundle.warnings:
             ctx.log.warning(warning)
         plan = ShimPlan(state_dir=state_dir, vm=vm, config=config, agent=agent,
-                        launch_spec=launch, console_socket=console_socket, terminal=terminal,
+                        launch_spec=launch, hostname=bundle.config.get("hostname") or "",
+                        console_socket=console_socket, terminal=terminal,
                         log=ctx.log, seccomp=bundle.seccomp, network=network,
                         isolation=host.isolation)
         spawned = spawn.spawn(

@@ -21,7 +21,7 @@ from paracell.errors import ParacellError
 from paracell.net import device as net_device
 from paracell.net import netns, portforward
 from paracell.procfs import process_start_time
-from paracell.runtime import channel, console, signals
+from paracell.runtime import channel, console, sandboxspec, signals
 from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.signals import exit_status_for_signal
@@ -44,6 +44,7 @@ class ShimPlan:
     config: VmConfig  # as recorded: the backend that launches vm
     agent: AgentPort  # attached to vm
     launch_spec: bytes
+    hostname: str  # the VM's own, sent in SANDBOX
     console_socket: str | None
     terminal: bool
     log: RuntimeLog
@@ -92,15 +93,14 @@ class Shim:
         self._debug(f"qemu: {' '.join(self.vm.argv)}")
         self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
         fd = self._agent_fd()
-        frame = channel.recv(fd, BOOT_TIMEOUT_S, "booting the micro-VM")
-        if frame.type != lib.PC_READY:
-            raise ParacellError(f"agent protocol violation: expected READY, got {frame.type}")
-        self._debug(f"agent ready: {channel.printable(frame.payload)}")
+        caps = channel.expect_ready(fd, BOOT_TIMEOUT_S)
+        self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
+        channel.attach_sandbox(fd, sandboxspec.payload(plan.vm, plan.hostname), BOOT_TIMEOUT_S)
+        self._debug("sandbox attached")
         if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
             if plan.seccomp:
                 channel.send(fd, lib.PC_SECCOMP, 0, plan.seccomp)
-            channel.send(fd, lib.PC_SPEC, 0,
-                         net_device.launch_spec(plan.launch_spec, plan.vm.devices))
+            channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
             guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
             self._debug(f"container process created, guest pid {guest_pid}")
         # Still in the container's network namespace, as the shim stays.

@@ -61,6 +61,12 @@ class Device:
     def kernel_args(self) -> list[str]:
         return []
 
+    def sandbox_records(self) -> list[tuple[str, str]]:
+        """What the guest attaches for this device after READY, in the
+        SANDBOX message (docs/agent-protocol.md): a share to mount, the
+        interfaces to configure. Nothing container-specific is in the argv."""
+        return []
+
     def pass_fds(self) -> tuple[int, ...]:
         return ()
 
@@ -138,6 +144,9 @@ class VmBuilder:
             for path, writes in device.host_paths().items():
                 paths[path] = paths.get(path, False) or writes
         return paths
+
+    def sandbox_records(self) -> list[tuple[str, str]]:
+        return [r for device in self.devices for r in device.sandbox_records()]
 
     def kernel_cmdline(self) -> str:
         m = self.machine

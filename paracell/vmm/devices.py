@@ -134,6 +134,9 @@ class Share(Device):
     def host_paths(self) -> dict[str, bool]:
         return {str(self.path): not self.readonly}
 
+    def sandbox_records(self) -> list[tuple[str, str]]:
+        return [("share", self.tag)]
+
     def qemu_args(self) -> list[str]:
         # passthrough keeps the container's uids/modes on the host files, as runc would.
         opts = f"local,id={self.tag},path={self.path},security_model=passthrough"

@@ -12,7 +12,7 @@ import pytest
 from paracell._native import lib
 
 from paracell.guest import artifacts
-from paracell.runtime import channel, spec
+from paracell.runtime import channel, sandboxspec, spec
 from paracell.runtime.defaultspec import default_config
 from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
@@ -74,7 +74,9 @@ class GuestVm:
         return self.agent.host_end.fileno()
 
     def start_process(self) -> int:
-        """A container init, as the shim sends it: the guest pid."""
+        """What the shim sends after READY: the sandbox, then a container
+        init; the guest pid."""
+        channel.attach_sandbox(self.fd, sandboxspec.payload(self.builder, "restored"), 60)
         bundle = spec.Bundle(Path("/"), default_config(["true"]), Path("/"), True, {})
         channel.send(self.fd, lib.PC_SPEC, 0, spec.init_launch_spec("restored", bundle))
         return channel.expect_created(self.fd, 60)
@@ -98,7 +100,7 @@ def test_pause_resume_and_query(work: Path, busybox_rootfs: Path):
     guest = GuestVm(work, busybox_rootfs, "a", work / "a.mem")
     guest.launch()
     try:
-        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        channel.expect_ready(guest.fd, 60)
         assert guest.hypervisor.query().running
         guest.hypervisor.pause()
         assert guest.hypervisor.query() == VmStatus(False, "paused")
@@ -113,7 +115,7 @@ def test_a_vm_saved_at_ready_restores_into_a_new_qemu(work: Path, busybox_rootfs
     first = GuestVm(work, busybox_rootfs, "first", work / "first.mem")
     first.launch()
     try:
-        assert channel.recv(first.fd, 60, "booting").type == lib.PC_READY
+        channel.expect_ready(first.fd, 60)
         saved = first.hypervisor.save(work / "device.state")
         # Device state only: guest RAM stays in its shared file.
         assert 0 < saved.size_bytes < 1 << 20, saved
@@ -145,7 +147,7 @@ def test_a_save_never_follows_a_link_or_overwrites(work: Path, busybox_rootfs: P
     guest = GuestVm(work, busybox_rootfs, "link", work / "link.mem")
     guest.launch()
     try:
-        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        channel.expect_ready(guest.fd, 60)
         victim = tmp_path / "victim"
         victim.write_text("keep")
         (work / "state-link").symlink_to(victim)
@@ -167,7 +169,7 @@ def test_qemu_refuses_to_save_once_the_guest_has_mounted_a_9p_share(work: Path,
     guest = GuestVm(work, busybox_rootfs, "ninep", work / "ninep.mem")
     guest.launch()
     try:
-        assert channel.recv(guest.fd, 60, "booting").type == lib.PC_READY
+        channel.expect_ready(guest.fd, 60)
         assert guest.start_process() > 0  # the agent has mounted the rootfs share
         with pytest.raises(ParacellError, match="9p|VirtFS|virtfs") as refused:
             guest.hypervisor.save(work / "refused.state")

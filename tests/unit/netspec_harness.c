@@ -1,9 +1,10 @@
 /* Runs the agent's network-record parser on the host, for
- * tests/unit/test_agent_netspec.py.  Compiled with the agent's own netspec.c
- * and spec.c, so the tests exercise the code that runs in the guest.
+ * tests/unit/test_agent_netspec.py.  Compiled with the agent's own netspec.c,
+ * sandboxspec.c and spec.c, so the tests exercise the code that runs in the guest.
  *
- *   netspec_harness init < PAYLOAD     a whole launch spec through spec_parse
+ *   netspec_harness sandbox < PAYLOAD  a SANDBOX payload through sandbox_parse
  *   netspec_harness start < PAYLOAD    a START payload through netspec_parse
+ *   netspec_harness spec < PAYLOAD     a launch spec through spec_parse (no network)
  *
  * Prints "ok" and one line per parsed interface, address, route and spare,
  * or "error <text>". */
@@ -14,6 +15,7 @@
 #include <sys/socket.h>
 
 #include "netspec.h"
+#include "sandboxspec.h"
 #include "spec.h"
 
 static void mac(const unsigned char *m)
@@ -67,16 +69,39 @@ int main(int argc, char **argv)
 {
     static char buf[4 * PC_MAX_PAYLOAD];
     static struct spec s;
+    static struct sandbox_spec sb;
     static struct net_spec n;
     char err[512];
     size_t len = fread(buf, 1, sizeof buf, stdin);
-    int init = argc == 2 && !strcmp(argv[1], "init");
-    if (argc != 2 || (!init && strcmp(argv[1], "start")))
+    const char *mode = argc == 2 ? argv[1] : "";
+    int rc;
+    if (!strcmp(mode, "sandbox"))
+        rc = sandbox_parse(buf, len, &sb, err, sizeof err);
+    else if (!strcmp(mode, "start"))
+        rc = netspec_parse(buf, len, &n, err, sizeof err);
+    else if (!strcmp(mode, "spec"))
+        rc = spec_parse(buf, len, &s, err, sizeof err);
+    else
         return 2;
-    if (init ? spec_parse(buf, len, &s, err, sizeof err) : netspec_parse(buf, len, &n, err, sizeof err)) {
+    if (rc) {
         printf("error %s\n", err);
         return 0;
     }
-    show(init ? &s.net : &n);
+    if (!strcmp(mode, "spec")) {
+        puts("ok");
+        return 0;
+    }
+    show(!strcmp(mode, "sandbox") ? &sb.net : &n);
+    if (!strcmp(mode, "sandbox")) {
+        for (int i = 0; i < PC_SANDBOX_MAX_SHARES; i++)
+            if (sb.shares[i])
+                printf("share %s\n", SANDBOX_SHARES[i].tag);
+        if (sb.hostname)
+            printf("hostname %s\n", sb.hostname);
+        if (sb.has_clock)
+            printf("clock %lld.%09ld\n", (long long)sb.clock.tv_sec, sb.clock.tv_nsec);
+        if (sb.nentropy)
+            printf("entropy %zu\n", sb.nentropy);
+    }
     return 0;
 }

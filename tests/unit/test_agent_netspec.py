@@ -1,6 +1,7 @@
-"""The agent's network records against a hostile host: netspec_harness.c is
-compiled with the agent's own netspec.c and spec.c (under the sanitizers
-where gcc has them) and fed launch specs and START payloads."""
+"""The agent's network and SANDBOX records against a hostile host:
+netspec_harness.c is compiled with the agent's own netspec.c, sandboxspec.c
+and spec.c (under the sanitizers where gcc has them) and fed SANDBOX
+payloads, START payloads and launch specs."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "guest" / "agent"
 HARNESS = Path(__file__).with_name("netspec_harness.c")
 SEP = "\x1f"
-BASE = [("container", "c1"), ("arg", "/bin/true")]
+SPEC_BASE = [("container", "c1"), ("arg", "/bin/true")]
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,8 @@ def harness(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("netspec") / "netspec_harness"
     base = ["gcc", "-std=gnu11", "-g", "-O1", "-Wall", "-Wextra", "-Werror",
             f"-I{REPO / 'proto'}", f"-I{AGENT}", "-o", str(exe), str(HARNESS),
-            str(AGENT / "netspec.c"), str(AGENT / "spec.c"), str(AGENT / "textfields.c")]
+            str(AGENT / "netspec.c"), str(AGENT / "sandboxspec.c"), str(AGENT / "spec.c"),
+            str(AGENT / "textfields.c")]
     built = subprocess.run([base[0], "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                             *base[1:]], capture_output=True, text=True)
     if built.returncode != 0:
@@ -63,7 +65,7 @@ def test_what_the_host_sends_parses_back(harness):
                   [Route("192.168.0.0", 16, "", 5, False),
                    Route("172.16.0.0", 12, "192.168.7.1", 0, True)]),
     ]
-    assert parse(harness, "init", BASE + guestconfig.records(interfaces)) == [
+    assert parse(harness, "sandbox", guestconfig.records(interfaces)) == [
         "if eth0 0a:58:0a:58:00:05 1450",
         "if net1 02:aa:bb:cc:dd:ee 9000",
         "addr 0 10.88.0.5/16",
@@ -77,7 +79,7 @@ def test_what_the_host_sends_parses_back(harness):
 
 
 def test_start_payload_takes_over_a_spare(harness):
-    spec = parse(harness, "init", BASE + [("net.spare", "02:12:34:56:78:9a")])
+    spec = parse(harness, "sandbox", [("net.spare", "02:12:34:56:78:9a")])
     assert spec == ["spare 02:12:34:56:78:9a"]
     interfaces = [Interface(5, "eth0", "0a:58:0a:7b:00:02", 1500, [Address("10.123.0.2", 24)], [])]
     start = guestconfig.records(interfaces, ["02:12:34:56:78:9a"])
@@ -109,16 +111,16 @@ def test_start_payload_takes_over_a_spare(harness):
     ("net.spare", "ff:ff:ff:ff:ff:ff"),
 ], ids=repr)
 def test_garbled_records_fail_in_one_line(harness, record):
-    pairs = BASE + ([record] if record[0] == "net.if" else [iface(), record])
-    assert parse(harness, "init", pairs) == f"spec: bad value for {record[0]}"
+    pairs = [record] if record[0] == "net.if" else [iface(), record]
+    assert parse(harness, "sandbox", pairs) == f"spec: bad value for {record[0]}"
 
 
 def test_no_two_interfaces_share_a_name_or_a_mac(harness):
-    assert parse(harness, "init", BASE + [iface(), iface(mac="02:00:00:00:00:02")]) \
+    assert parse(harness, "sandbox", [iface(), iface(mac="02:00:00:00:00:02")]) \
         == "spec: bad value for net.if"
-    assert parse(harness, "init", BASE + [iface(), iface(name="eth1")]) \
+    assert parse(harness, "sandbox", [iface(), iface(name="eth1")]) \
         == "spec: bad value for net.if"
-    assert parse(harness, "init", BASE + [("net.spare", "02:00:00:00:00:09")] * 2) \
+    assert parse(harness, "sandbox", [("net.spare", "02:00:00:00:00:09")] * 2) \
         == f"spec: more than {lib.PC_NET_MAX_SPARES} spare network devices"
 
 
@@ -131,15 +133,56 @@ def test_no_two_interfaces_share_a_name_or_a_mac(harness):
      lambda i: ("net.route", SEP.join(["0", f"10.{i // 256}.{i % 256}.0/24", "", "0", "0"]))),
 ])
 def test_counts_are_bounded(harness, key, limit, what, make):
-    head = BASE + ([] if key == "net.if" else [iface()])
-    assert isinstance(parse(harness, "init", head + [make(i) for i in range(limit)]), list)
-    assert parse(harness, "init", head + [make(i) for i in range(limit + 1)]) \
+    head = [] if key == "net.if" else [iface()]
+    assert isinstance(parse(harness, "sandbox", head + [make(i) for i in range(limit)]), list)
+    assert parse(harness, "sandbox", head + [make(i) for i in range(limit + 1)]) \
         == f"spec: more than {limit} {what}"
 
 
-def test_network_records_are_for_the_init(harness):
-    assert parse(harness, "init", BASE + [("role", "exec"), iface()]) \
-        == "spec: net.if is for a container's init, not for role=exec"
+def test_network_records_belong_to_the_sandbox_not_to_a_container(harness):
+    """The VM's interfaces are attached once, by SANDBOX (docs/agent-protocol.md)."""
+    assert parse(harness, "spec", SPEC_BASE) == []
+    assert parse(harness, "spec", SPEC_BASE + [iface()]) == "spec: unknown key net.if"
+
+
+ENTROPY = "ab" * 32
+
+
+def test_the_sandbox_records_parse_back(harness):
+    assert parse(harness, "sandbox", [("share", "rootfs"), ("share", "podshare"),
+                                      ("hostname", "pod-a"), ("clock", "1764576000.000000123"),
+                                      ("entropy", ENTROPY), iface()]) == [
+        "if eth0 02:00:00:00:00:01 1500", "share rootfs", "share podshare", "hostname pod-a",
+        "clock 1764576000.000000123", "entropy 32"]
+    assert parse(harness, "sandbox", []) == []
+
+
+@pytest.mark.parametrize("records, message", [
+    ([("share", "etc")], "sandbox: unknown share etc"),
+    ([("share", "rootfs"), ("share", "rootfs")], "sandbox: share given twice: rootfs"),
+    ([("hostname", "")], "sandbox: bad or repeated hostname"),
+    ([("hostname", "a\x01b")], "sandbox: bad or repeated hostname"),
+    ([("hostname", "h" * 65)], "sandbox: bad or repeated hostname"),
+    ([("hostname", "a"), ("hostname", "b")], "sandbox: bad or repeated hostname"),
+    ([("clock", "12")], "sandbox: bad or repeated clock"),
+    ([("clock", "12.5")], "sandbox: bad or repeated clock"),
+    ([("clock", "-1.000000000")], "sandbox: bad or repeated clock"),
+    ([("clock", "9" * 13 + ".000000000")], "sandbox: bad or repeated clock"),
+    ([("entropy", "ab" * 31)], "sandbox: bad or repeated entropy"),  # under 32 bytes
+    ([("entropy", "ab" * 257)], "sandbox: bad or repeated entropy"),
+    ([("entropy", "AB" * 32)], "sandbox: bad or repeated entropy"),
+    ([("entropy", "a" * 65)], "sandbox: bad or repeated entropy"),
+    ([("entropy", ENTROPY), ("entropy", ENTROPY)], "sandbox: bad or repeated entropy"),
+    ([("container", "c1")], "sandbox: unknown key container"),
+], ids=repr)
+def test_hostile_sandbox_records_fail_in_one_line(harness, records, message):
+    assert parse(harness, "sandbox", records) == message
+
+
+def test_sandbox_records_must_end_with_nul(harness):
+    assert parse(harness, "sandbox", recs([("share", "rootfs")])[:-1]) == \
+        "sandbox: records must each end with a NUL byte"
+    assert parse(harness, "sandbox", b"share\0") == "sandbox: record without '='"
 
 
 @pytest.mark.parametrize("payload, message", [

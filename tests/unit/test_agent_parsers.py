@@ -346,7 +346,7 @@ def test_length_over_the_limit_discards_the_stream(harness, length):
 
 @pytest.mark.parametrize("stream, why", [
     (frame(0, 0), "unknown frame type 0 (chan 0, 0 bytes)"),
-    (frame(7, 1, b"zz"), "unknown frame type 7 (chan 1, 2 bytes)"),
+    (frame(9, 1, b"zz"), "unknown frame type 9 (chan 1, 2 bytes)"),
     (frame(16, 0, b"paracell-agent 1"), "unknown frame type 16 (chan 0, 16 bytes)"),
     (frame(21, 0, b"err"), "unknown frame type 21 (chan 0, 3 bytes)"),
     (frame(40, 0), "unknown frame type 40 (chan 0, 0 bytes)"),

@@ -63,6 +63,7 @@ def test_python_sees_what_c_compiles_against(tmp_path):
 def test_python_payload_layouts_match_the_header_structs():
     assert channel.SIGNAL_MSG.size == ffi.sizeof("struct pc_signal_msg")
     assert channel.CREATED_MSG.size == ffi.sizeof("struct pc_created_msg")
+    assert channel.READY_MSG.size == ffi.sizeof("struct pc_ready_msg") == 8
     assert ffi.sizeof("struct pc_hdr") == lib.PC_HDR_LEN
     assert channel.encode_signal(9, True) == b"\x09\0\0\0\x01\0\0\0"
     assert channel.decode_created(b"\x2a\0\0\0") == 42
