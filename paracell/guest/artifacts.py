@@ -15,12 +15,15 @@ Keys hash paths relative to the repository, so every checkout gets the same keys
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -255,16 +258,33 @@ def _current_record() -> Path:
     return settings.cache_dir() / "current.json"
 
 
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """One build at a time per cache: a second build of the same key would
+    wipe the first one's work directory under it. The second waits, then
+    finds what the first built."""
+    directory = settings.cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "build.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def build_all() -> GuestArtifacts:
     kkey, ikey = kernel_key(), initramfs_key()
-    artifacts = GuestArtifacts(build_kernel(kkey), build_initramfs(ikey), kkey, ikey)
-    record = {
-        "kernel": str(artifacts.kernel),
-        "initramfs": str(artifacts.initramfs),
-        "kernel_key": kkey,
-        "initramfs_key": ikey,
-    }
-    _atomic_write(_current_record(), json.dumps(record, indent=2).encode())
+    with _build_lock():
+        artifacts = GuestArtifacts(build_kernel(kkey), build_initramfs(ikey), kkey, ikey)
+        record = {
+            "kernel": str(artifacts.kernel),
+            "initramfs": str(artifacts.initramfs),
+            "kernel_key": kkey,
+            "initramfs_key": ikey,
+        }
+        _atomic_write(_current_record(), json.dumps(record, indent=2).encode())
     return artifacts
 
 

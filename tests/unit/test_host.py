@@ -200,3 +200,31 @@ def test_every_global_option_of_the_cli_is_known_to_the_fast_path(tmp_path):
          "--root", str(tmp_path / "root"), "state", "ghost"], capture_output=True)
     assert failed.returncode != 0
     assert json.loads(log.read_text())["msg"] == "container ghost does not exist"
+
+
+def test_guest_builds_take_turns(tmp_path, monkeypatch):
+    """A second `guest build` waits for the first instead of wiping its work."""
+    import fcntl
+    import os
+    import threading
+
+    from paracell.guest import artifacts
+
+    monkeypatch.setenv("PARACELL_CACHE", str(tmp_path))
+    order = []
+    with artifacts._build_lock():
+        order.append("first")
+        second = threading.Thread(target=lambda: (artifacts._build_lock().__enter__(),
+                                                  order.append("second")))
+        # The lock is held: an attempt from another open file description fails at once.
+        fd = os.open(tmp_path / "build.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        second.start()
+        second.join(0.2)
+        assert order == ["first"]
+    second.join(5)
+    assert order == ["first", "second"]
