@@ -22,7 +22,6 @@ from paracell.runtime.state import (
     ContainerState,
     CorruptStateError,
     StateStore,
-    VmRecord,
     oci_state,
     shim_alive,
 )
@@ -33,9 +32,6 @@ NO_PROCESS = "cannot start container {}: process property must not be empty"
 
 SHIM_DEATH_WAIT_S = 10.0
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from paracell.vmm.probe import EngineChoice, HostFacts
 
 
 @dataclass
@@ -68,15 +64,6 @@ def write_pid_file(path: str, pid: int) -> None:
     os.replace(tmp, target)
 
 
-def _choose_engine(ctx: Context) -> tuple[EngineChoice, HostFacts, str]:
-    from paracell.vmm import probe
-
-    facts = probe.probe_host()
-    if facts.qemu_path is None:
-        raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
-    return probe.choose_engine(ctx.engine, facts), facts, facts.qemu_path
-
-
 def create(
     ctx: Context,
     container_id: str,
@@ -85,98 +72,58 @@ def create(
     console_socket: str | None,
     detach: bool = True,
 ) -> ContainerState:
-    from paracell import settings
-    from paracell.guest import artifacts
-    from paracell.net import netns
-    from paracell.runtime import (
-        hooks,
-        hostside,
-        memorymanager,
-        pod,
-        shim,
-        spawn,
-        spec,
-        vmplan,
-        xgates,
-    )
-    from paracell.runtime.shim import ShimPlan
-    from paracell.vmm import memory
+    """The one create path: a Container in a Sandbox of its own, or in its
+    pod's (runtime/sandbox.py). Everything the container will hold is in
+    the state on disk before any of it exists; a failure at any step
+    removes all of it."""
+    from paracell.runtime import hooks, pod, spec, xgates
+    from paracell.runtime.sandbox import Container, Placement, Sandbox
 
     store = ctx.store
     check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
     pod_role = pod.role(bundle.annotations, container_id)
-    if pod_role.kind == "member":
-        return pod.create_member(ctx, container_id, bundle, pod_role.sandbox_id, pid_file,
-                                 console_socket, detach)
     if pod_role.kind == "sandbox":
         pod.refuse_host_namespaces(spec.namespaces(bundle.config))
-    xgates_plan = xgates.plan(bundle.annotations)
-    launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled)
     process = bundle.config.get("process")
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    # Host side: VM size from linux.resources, cgroup, namespaces (docs/host-isolation.md).
-    # A pod's VM holds every container of the pod: its default size is the pod's.
-    default_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
-                   if pod_role.kind == "sandbox" else settings.guest_memory_mib())
-    host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup, default_mib)
-    memory_mib = host.size.memory_mib
-    memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
-                                       bundle.annotations, memory_mib)
-    choice, facts, qemu = _choose_engine(ctx)
-    engine, notice = choice.engine, choice.notice
-    xgates.require_support(xgates_plan, engine, facts)
-    # Before prepare_rootfs, which writes mount points into the rootfs: a
-    # refused create leaves nothing behind, not even there.
-    xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
-    network = netns.plan(spec.namespaces(bundle.config), bundle.annotations)
+    xgates_plan = xgates.plan(bundle.annotations)
+    placement: Placement = (
+        pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id, xgates_plan)
+        if pod_role.kind == "member" else
+        Sandbox.plan(ctx, container_id, bundle, pod_role.kind == "sandbox", xgates_plan))
+    container = Container(container_id, bundle, spec.init_launch_spec(
+        container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
+        terminal, console_socket)
+    # After the vetting in plan, before the state: a refused create leaves
+    # nothing behind, not even in the rootfs.
     spec.prepare_rootfs(bundle)
-    guest = artifacts.current()
-    memory_file = memory.path_for(ctx.root, container_id)
     me = os.getpid()
     state = ContainerState(
         id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
         annotations=bundle.annotations, rootfs=str(bundle.rootfs),
         creator_pid=me, creator_start=process_start_time(me) or 0,
         hooks=bundle.config.get("hooks") or {}, has_process=process is not None,
+        vm=placement.record(),
     )
-    state_dir = store.dir(container_id)
-    vm, agent, config = vmplan.container_vm(
-        state_dir, bundle, guest, engine, qemu, memory_file, memory_mib, memory_plan,
-        vcpus=host.size.vcpus, network=network, pod_share=pod_role.kind == "sandbox",
-        xgates=xgates_plan.enabled)
-    state.vm = VmRecord(config=config, host=host.record(), reclaim=vm.record())
-    # The state, with every host resource the VM will hold, is on disk before
-    # any of them exists.
     lock_fd = store.create(state)
     spawned = None
     try:
-        host.setup(engine, ctx.log, state_dir, memory_file, bundle)
-        ctx.log.info(f"create {container_id}: engine {engine}, {memory_mib} MiB, "
-                     f"{host.size.vcpus} vCPU ({host.size.reason}), "
-                     f"memory manager {memory_plan.manager}, "
-                     f"xgates {'on' if xgates_plan.enabled else 'off'}")
+        placement.provision(ctx)
+        ctx.log.info(f"create {container_id}: {placement.describe()}")
         hooks.run_hooks(state.hooks, "prestart", oci_state(state))
         hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
         for warning in bundle.warnings:
             ctx.log.warning(warning)
-        plan = ShimPlan(state_dir=state_dir, vm=vm, config=config, agent=agent,
-                        launch_spec=launch, hostname=bundle.config.get("hostname") or "",
-                        console_socket=console_socket, terminal=terminal,
-                        log=ctx.log, seccomp=bundle.seccomp, network=network,
-                        isolation=host.isolation)
-        spawned = spawn.spawn(
-            lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
-            detach, ctx.log.background_error, pid_namespace=host.isolation.pid_namespace_for_child,
-        )
+        spawned = placement.spawn(ctx, container, detach)
         if spawned.ready.error:
             raise ParacellError(spawned.ready.error)
         state.shim_pid = spawned.pid
         state.shim_start = process_start_time(spawned.pid) or 0
-        state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start
+        placement.spawned(state, spawned)
         state.status = status.CREATED
         store.save(state)
         spawned.commit()
@@ -189,10 +136,8 @@ def create(
         raise
     finally:
         os.close(lock_fd)
-    if notice:
+    for notice in placement.notices():
         ctx.log.warning(notice)
-    if network.mode in netns.NOTICES:
-        ctx.log.warning(netns.NOTICES[network.mode])
     return state
 
 

@@ -25,11 +25,20 @@ from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
 from paracell.runtime import channel, spawn
 from paracell.runtime.ids import check_id
 from paracell.runtime.spec import Bundle
-from paracell.runtime.state import CONTROL_SOCKET, ContainerState, StateStore
+from paracell.runtime.state import (
+    CONTROL_SOCKET,
+    ContainerState,
+    HostRecord,
+    StateStore,
+    VmRecord,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from paracell.runtime.cgroups import CgroupDir
     from paracell.runtime.lifecycle import Context
+    from paracell.runtime.sandbox import Container
+    from paracell.runtime.xgates import XgatesPlan
 
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
@@ -239,88 +248,72 @@ def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
     return store.dir(sandbox_id) / CONTROL_SOCKET
 
 
-def create_member(ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
-                  pid_file: str | None, console_socket: str | None, detach: bool
-                  ) -> ContainerState:
-    """`create` of a pod member: the same steps and the same all-or-nothing
-    rule as a container with a VM of its own (lifecycle.create)."""
-    from paracell import settings
-    from paracell.procfs import process_start_time
-    from paracell.runtime import (
-        cgroups,
-        hooks,
-        hostside,
-        lifecycle,
-        resources,
-        spec,
-        status,
-        xgates,
-    )
-    from paracell.runtime.console import NEED_CONSOLE_SOCKET
-    from paracell.runtime.log import rfc3339_now
-    from paracell.runtime.state import HostRecord, VmRecord, oci_state
-    from paracell.vmm.devices import PodMemberDir
+@dataclass
+class PodSlot:
+    """A member's place in its pod's running Sandbox (runtime/sandbox.py's
+    Placement): its directory of the pod share, its own host cgroup, and the
+    records that join it to its pod's namespaces in the guest."""
 
-    store = ctx.store
-    log = ctx.log
-    sandbox, share = _sandbox(store, sandbox_id)
-    process = bundle.config.get("process")
-    if process is None:
-        # Nothing could start it later: its VM is already running.
-        raise ParacellError(f"container {container_id}: a pod member needs a process")
-    terminal = bool(process.get("terminal"))
-    if terminal and not console_socket:
-        raise ParacellError(NEED_CONSOLE_SOCKET)
-    xgates_plan = xgates.plan(bundle.annotations)
-    xgates.vet_rootfs(xgates_plan, bundle.rootfs, log)
-    # The member's own host cgroup holds its proxy, so containerd finds one
-    # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
-    host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
-                         settings.guest_memory_mib())
-    member_cgroup = cgroups.adopt_parents(host.cgroup_dirs,
-                                          cgroups.from_facts(sandbox.vm.host.cgroups))
-    member_dir = share / member_slot(container_id)
-    bundle.bind_prefix = f"{GUEST_POD_DIR}/{member_slot(container_id)}/binds"
-    extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
-    launch = spec.init_launch_spec(container_id, bundle, xgates=xgates_plan.enabled, extra=extra)
-    spec.prepare_rootfs(bundle)
-    me = os.getpid()
-    state = ContainerState(
-        id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
-        annotations=bundle.annotations, rootfs=str(bundle.rootfs),
-        creator_pid=me, creator_start=process_start_time(me) or 0,
-        hooks=bundle.config.get("hooks") or {},
-        vm=VmRecord(host=HostRecord(cgroups=cgroups.facts(member_cgroup)),
-                    reclaim=[PodMemberDir.record(member_dir)]),
-    )
-    lock_fd = store.create(state)
-    spawned = None
-    try:
-        log.info(f"create {container_id}: member of pod {sandbox_id}")
-        for warning in bundle.warnings:
-            log.warning(warning)
-        mount_member(bundle, member_dir)
-        cgroups.setup(member_cgroup, resources.parse(None), log)
-        hooks.run_hooks(state.hooks, "prestart", oci_state(state))
-        hooks.run_hooks(state.hooks, "createRuntime", oci_state(state))
-        body = proxy_body(store.dir(sandbox_id) / CONTROL_SOCKET,
-                          store.dir(container_id) / CONTROL_SOCKET, launch, terminal,
-                          console_socket, [d.path for d in member_cgroup], bundle.seccomp)
-        spawned = spawn.spawn(body, detach, log.background_error)
-        if spawned.ready.error:
-            raise ParacellError(spawned.ready.error)
-        state.shim_pid = spawned.pid
-        state.shim_start = process_start_time(spawned.pid) or 0
-        state.status = status.CREATED
-        store.save(state)
-        spawned.commit()
-        if pid_file:
-            lifecycle.write_pid_file(pid_file, spawned.pid)
-    except BaseException:
-        if spawned is not None:
-            spawned.abandon()
-        lifecycle._destroy(ctx, state)
-        raise
-    finally:
-        os.close(lock_fd)
-    return state
+    sandbox_id: str
+    member_dir: Path
+    cgroup: list[CgroupDir]
+    bundle: Bundle
+    sandbox_socket: Path
+    control_socket: Path
+    extra: list[tuple[str, str]]
+
+    @classmethod
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
+             xgates_plan: XgatesPlan) -> PodSlot:
+        from paracell import settings
+        from paracell.runtime import cgroups, hostside, xgates
+
+        store = ctx.store
+        sandbox, share = _sandbox(store, sandbox_id)
+        if bundle.config.get("process") is None:
+            # Nothing could start it later: its VM is already running.
+            raise ParacellError(f"container {container_id}: a pod member needs a process")
+        xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+        # The member's own host cgroup holds its proxy, so containerd finds one
+        # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
+        host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
+                             settings.guest_memory_mib())
+        cgroup = cgroups.adopt_parents(host.cgroup_dirs,
+                                       cgroups.from_facts(sandbox.vm.host.cgroups))
+        slot = member_slot(container_id)
+        bundle.bind_prefix = f"{GUEST_POD_DIR}/{slot}/binds"
+        extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
+        return cls(sandbox_id, share / slot, cgroup, bundle,
+                   store.dir(sandbox_id) / CONTROL_SOCKET,
+                   store.dir(container_id) / CONTROL_SOCKET, extra)
+
+    def extra_records(self) -> list[tuple[str, str]]:
+        return self.extra
+
+    def record(self) -> VmRecord:
+        from paracell.runtime import cgroups
+        from paracell.vmm.devices import PodMemberDir
+
+        return VmRecord(host=HostRecord(cgroups=cgroups.facts(self.cgroup)),
+                        reclaim=[PodMemberDir.record(self.member_dir)])
+
+    def provision(self, ctx: Context) -> None:
+        from paracell.runtime import cgroups, resources
+
+        mount_member(self.bundle, self.member_dir)
+        cgroups.setup(self.cgroup, resources.parse(None), ctx.log)
+
+    def describe(self) -> str:
+        return f"member of pod {self.sandbox_id}"
+
+    def spawn(self, ctx: Context, container: Container, detach: bool) -> spawn.Spawned:
+        body = proxy_body(self.sandbox_socket, self.control_socket, container.launch_spec,
+                          container.terminal, container.console_socket,
+                          [d.path for d in self.cgroup], self.bundle.seccomp)
+        return spawn.spawn(body, detach, ctx.log.background_error)
+
+    def spawned(self, state: ContainerState, spawned: spawn.Spawned) -> None:
+        """A member has no QEMU of its own."""
+
+    def notices(self) -> list[str]:
+        return []
