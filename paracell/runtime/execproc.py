@@ -11,14 +11,13 @@ import copy
 import json
 import os
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.procfs import process_start_time, same_process
-from paracell.runtime import channel, pod, spawn, spec, status
+from paracell.runtime import channel, pod, spawn, spec, standin, status
 from paracell.runtime.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.lifecycle import Context, wait_child, write_pid_file
 from paracell.runtime.signals import SIGKILL, exit_status_for_signal
@@ -87,28 +86,33 @@ def process_from_args(
 EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
 
 
-def open_process(handshake: spawn.Handshake, shim_socket: Path, launch: bytes, terminal: bool,
-                 console_socket: str | None, seccomp: bytes | None = None
-                 ) -> tuple[socket.socket, int] | None:
+def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
+                 seccomp: bytes | None = None) -> tuple[socket.socket, int]:
     """A proxy's first step: the shim makes the process in the guest from
     `launch` (a pod member's init sends its seccomp program just before). The
-    connection and the terminal's fd (-1 without one), or None once the
-    failure went to create through the handshake."""
+    connection and the terminal's fd (-1 without one); ParacellError or
+    OSError on failure."""
     from paracell._native import lib
     from paracell.runtime import console
 
+    conn = unixsock.connect(shim_socket)
     try:
-        conn = unixsock.connect(shim_socket)
         if seccomp:
             channel.send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
         channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
         channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
         tty_fd = console.open_for_container(console_socket) if terminal else -1
-    except (ParacellError, OSError) as err:
-        text = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        handshake.report(spawn.Ready(error=text))
-        return None
+    except BaseException:
+        conn.close()
+        raise
     return conn, tty_fd
+
+
+def relay_status(end: channel.RelayEnd) -> int:
+    """A proxy's exit status from how its relay ended."""
+    from paracell._native import lib
+
+    return end.status & 0xFF if end.kind == lib.PC_END_EXIT else EXIT_CHANNEL_LOST
 
 
 def write_exec_marker(marker: Path, pid: int) -> None:
@@ -128,33 +132,39 @@ def exec_marker_alive(marker: Path) -> bool:
     return start.isdigit() and same_process(int(marker.name), int(start))
 
 
-def _proxy_body(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
-                execs_dir: Path) -> Callable[[spawn.Handshake], int]:
-    def body(handshake: spawn.Handshake) -> int:
-        from paracell._native import lib
+class ExecProxy:
+    """The stand-in for an exec'd process (runtime/standin.py). Nothing records
+    its pid but its marker, so it never waits for a commit."""
 
-        handshake.no_commit()
-        opened = open_process(handshake, shim_socket, launch, terminal, console_socket)
-        if opened is None:
-            return 255
-        conn, tty_fd = opened
+    needs_commit = False
+
+    def __init__(self, shim_socket: Path, launch: bytes, terminal: bool,
+                 console_socket: str | None, execs_dir: Path) -> None:
+        self.shim_socket, self.launch = shim_socket, launch
+        self.terminal, self.console_socket = terminal, console_socket
         # `ps` lists the live exec proxies from these markers. Each holds its
         # proxy's start time: a marker left by a killed proxy must not vouch
         # for whatever process reuses its pid.
-        marker = execs_dir / str(os.getpid())
-        execs_dir.mkdir(exist_ok=True)
-        write_exec_marker(marker, os.getpid())
-        handshake.report(spawn.Ready(pid=os.getpid()))
-        try:
-            channel.send(conn.fileno(), lib.PC_START)
-            end = channel.run_relay(conn.fileno(), -1, tty_fd)
-            if end.kind == lib.PC_END_EXIT:
-                return end.status & 0xFF
-            return EXIT_CHANNEL_LOST
-        finally:
-            marker.unlink(missing_ok=True)
+        self.marker = execs_dir / str(os.getpid())
+        self.conn: socket.socket | None = None
+        self.tty_fd = -1
 
-    return body
+    def open(self) -> spawn.Ready:
+        self.conn, self.tty_fd = open_process(self.shim_socket, self.launch, self.terminal,
+                                              self.console_socket)
+        self.marker.parent.mkdir(exist_ok=True)
+        write_exec_marker(self.marker, os.getpid())
+        return spawn.Ready(pid=os.getpid())
+
+    def run(self) -> int:
+        from paracell._native import lib
+
+        assert self.conn is not None
+        channel.send(self.conn.fileno(), lib.PC_START)
+        return relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
+
+    def close(self) -> None:
+        self.marker.unlink(missing_ok=True)
 
 
 def exec_process(
@@ -172,8 +182,10 @@ def exec_process(
     state_dir = store.dir(container_id)
     # A pod member's processes run in its pod's VM: its pod's shim starts them.
     shim_socket = pod.sandbox_socket(store, state) or state_dir / CONTROL_SOCKET
-    body = _proxy_body(shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)
-    spawned = spawn.spawn(body, detach, ctx.log.background_error)
+    spawned = spawn.spawn(
+        lambda handshake: standin.serve(handshake, ExecProxy(
+            shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)),
+        detach, ctx.log.background_error)
     spawned.abandon()
     if spawned.ready.error:
         raise ParacellError(spawned.ready.error)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
@@ -184,45 +184,50 @@ def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
     return [("rootfs", f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
 
 
-def proxy_body(sandbox_socket: Path, control_socket: Path, launch: bytes, terminal: bool,
-               console_socket: str | None, cgroup: list[str], seccomp: bytes | None
-               ) -> Callable[[spawn.Handshake], int]:
-    """The member's host process, in its cgroup: see the module's docstring."""
+class MemberProxy:
+    """The stand-in for a pod member's init (runtime/standin.py), in the
+    member's own host cgroup: see the module's docstring."""
 
-    def body(handshake: spawn.Handshake) -> int:
+    needs_commit = True
+
+    def __init__(self, sandbox_socket: Path, control_socket: Path, launch: bytes,
+                 terminal: bool, console_socket: str | None, cgroup: list[str],
+                 seccomp: bytes | None) -> None:
+        self.sandbox_socket, self.control_socket, self.launch = (sandbox_socket, control_socket,
+                                                                 launch)
+        self.terminal, self.console_socket = terminal, console_socket
+        self.cgroup, self.seccomp = cgroup, seccomp
+        self.listener: Any = None
+        self.conn: Any = None
+        self.tty_fd = -1
+
+    def open(self) -> spawn.Ready:
         import signal
 
-        from paracell._native import lib
         from paracell.runtime import cgroups, execproc, signals
 
-        try:
-            cgroups.join(cgroup)
-            listener = unixsock.listen(control_socket)
-        except ParacellError as err:
-            handshake.report(spawn.Ready(error=str(err)))
-            return 255
-        except OSError as err:
-            handshake.report(spawn.Ready(error=f"listen on {control_socket}: {err.strerror}"))
-            return 255
-        opened = execproc.open_process(handshake, sandbox_socket, launch, terminal,
-                                       console_socket, seccomp)
-        if opened is None:
-            return 255
-        conn, tty_fd = opened
-
+        cgroups.join(self.cgroup)
+        self.listener = unixsock.listen(self.control_socket)
+        self.conn, self.tty_fd = execproc.open_process(
+            self.sandbox_socket, self.launch, self.terminal, self.console_socket, self.seccomp)
+        # From the moment the pid is published, `kill` may signal us: hold
+        # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
-        handshake.report(spawn.Ready(pid=os.getpid()))
-        if not handshake.committed():
-            return 255  # create died: closing the connection kills the member in the guest
-        try:
-            end = channel.run_relay(conn.fileno(), -1, tty_fd, control_fd=listener.fileno())
-        finally:
-            unixsock.unlink(control_socket)
-        if end.kind == lib.PC_END_EXIT:
-            return end.status & 0xFF
-        return execproc.EXIT_CHANNEL_LOST
+        return spawn.Ready(pid=os.getpid())
 
-    return body
+    def run(self) -> int:
+        from paracell.runtime import execproc
+
+        return execproc.relay_status(channel.run_relay(
+            self.conn.fileno(), -1, self.tty_fd, control_fd=self.listener.fileno()))
+
+    def close(self) -> None:
+        """Closing the connection ends the member in the guest, if it still runs."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.listener is not None:
+            self.listener.close()
+            unixsock.unlink(self.control_socket)
 
 
 def member_pids(store: StateStore, sandbox_id: str) -> dict[int, str]:
@@ -307,10 +312,13 @@ class PodSlot:
         return f"member of pod {self.sandbox_id}"
 
     def spawn(self, ctx: Context, container: Container, detach: bool) -> spawn.Spawned:
-        body = proxy_body(self.sandbox_socket, self.control_socket, container.launch_spec,
-                          container.terminal, container.console_socket,
-                          [d.path for d in self.cgroup], self.bundle.seccomp)
-        return spawn.spawn(body, detach, ctx.log.background_error)
+        from paracell.runtime import standin
+
+        proxy = MemberProxy(self.sandbox_socket, self.control_socket, container.launch_spec,
+                            container.terminal, container.console_socket,
+                            [d.path for d in self.cgroup], self.bundle.seccomp)
+        return spawn.spawn(lambda handshake: standin.serve(handshake, proxy), detach,
+                           ctx.log.background_error)
 
     def spawned(self, state: ContainerState, spawned: spawn.Spawned) -> None:
         """A member has no QEMU of its own."""

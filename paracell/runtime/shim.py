@@ -21,7 +21,7 @@ from paracell.errors import ParacellError
 from paracell.net import device as net_device
 from paracell.net import netns, portforward
 from paracell.procfs import process_start_time
-from paracell.runtime import channel, console, sandboxspec, signals
+from paracell.runtime import channel, console, sandboxspec, signals, standin
 from paracell.runtime.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.signals import exit_status_for_signal
@@ -34,7 +34,7 @@ from paracell.vmm.devices import AgentPort, PagerChannel
 BOOT_TIMEOUT_S = 60.0
 POWEROFF_GRACE_S = 5.0
 EXIT_VM_DIED = exit_status_for_signal(signal.SIGKILL)
-EXIT_RUNTIME_ERROR = 255
+EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
 
 
 @dataclass
@@ -55,8 +55,13 @@ class ShimPlan:
 
 
 class Shim:
-    def __init__(self, plan: ShimPlan) -> None:
+    """The stand-in for a VM's init (runtime/standin.py): it owns the VM."""
+
+    needs_commit = True
+
+    def __init__(self, plan: ShimPlan, report: Callable[[str], None]) -> None:
         self.plan = plan
+        self.report = report
         self.vm: Vm | None = None
         self.listener: socket.socket | None = None
         self.tty_fd = -1
@@ -71,6 +76,21 @@ class Shim:
     def _agent_fd(self) -> int:
         assert self.plan.agent.host_end is not None
         return self.plan.agent.host_end.fileno()
+
+    def open(self) -> Ready:
+        try:
+            return self.boot()
+        except OSError as err:
+            raise ParacellError(f"starting the VM: {standin.describe(err)}") from None
+
+    def run(self) -> int:
+        status, message = self.relay()
+        if message:
+            self.report(message)
+        return status
+
+    def close(self) -> None:
+        self.shutdown()
 
     def boot(self) -> Ready:
         """Everything up to a created (not yet started) process."""
@@ -173,27 +193,5 @@ class Shim:
 
 
 def serve(plan: ShimPlan, handshake: Handshake, report: Callable[[str], None]) -> int:
-    """Runs the shim to the end; returns the exit status."""
-    shim = Shim(plan)
-    try:
-        ready = shim.boot()
-    except (ParacellError, OSError) as err:
-        text = str(err) if isinstance(err, ParacellError) else f"starting the VM: {err}"
-        handshake.report(Ready(error=text))
-        shim.shutdown()
-        return EXIT_RUNTIME_ERROR
-    try:
-        handshake.report(ready)
-        committed = handshake.committed()
-    except OSError:
-        committed = False
-    if not committed:
-        # `create` died before it recorded us: nobody would ever delete this
-        # container, so it must not keep running.
-        shim.shutdown()
-        return EXIT_RUNTIME_ERROR
-    status, message = shim.relay()
-    if message:
-        report(message)
-    shim.shutdown()
-    return status
+    """Runs the shim to the end (runtime/standin.py); returns the exit status."""
+    return standin.serve(handshake, Shim(plan, report))
