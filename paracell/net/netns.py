@@ -37,9 +37,6 @@ NOTICES = {
     POD: "the container joins its pod's network namespace, whose interfaces the pod "
          "sandbox's VM holds: it gets no network interface besides lo",
 }
-# How a pod's app containers are marked: by containerd's CRI plugin, and by
-# CRI-O, whose annotation podman gives the containers of its pods.
-POD_MEMBER_ANNOTATIONS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
 T = TypeVar("T")
 
 
@@ -49,8 +46,10 @@ class NetworkPlan:
     path: str = ""
 
 
-def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan:
-    """From linux.namespaces as type -> path ("" for a new one)."""
+def plan(namespaces: dict[str, str], in_pods_network: bool) -> NetworkPlan:
+    """From linux.namespaces as type -> path ("" for a new one).
+    in_pods_network: the container is a pod member whose namespace another
+    VM holds (runtime/pod.py decides who is one)."""
     if "network" not in namespaces:
         return NetworkPlan(HOST)
     path = namespaces["network"]
@@ -66,7 +65,7 @@ def plan(namespaces: dict[str, str], annotations: dict[str, str]) -> NetworkPlan
         raise ParacellError(f"network namespace {path}: not a namespace file")
     if (given.st_dev, given.st_ino) == (own.st_dev, own.st_ino):
         return NetworkPlan(HOST)
-    if any(annotations.get(key) == "container" for key in POD_MEMBER_ANNOTATIONS):
+    if in_pods_network:
         return NetworkPlan(POD, path)
     return NetworkPlan(JOIN, path)
 

@@ -51,16 +51,12 @@ class HostPlan:
         self.isolation.cgroup_dirs = [d.path for d in self.cgroup_dirs]
 
 
-def plan(config: dict[str, Any], container_id: str, systemd: bool,
-         default_memory_mib: int) -> HostPlan:
-    from paracell.runtime import spec
-
-    linux = config.get("linux") or {}
+def plan(bundle: Bundle, container_id: str, systemd: bool, default_memory_mib: int) -> HostPlan:
+    linux = bundle.config.get("linux") or {}
     res = resources.parse(linux.get("resources"))
     size = resources.guest_size(res, default_memory_mib, os.cpu_count() or 1)
     cgroups_path = hierarchy.check_cgroups_path(linux.get("cgroupsPath"))
     if systemd and not cgroups_path:
         cgroups_path = f"system.slice:paracell:{container_id}"
     dirs = cgroups.place(cgroups_path, container_id, systemd)
-    namespaces = hostns.plan(spec._namespaces(linux))
-    return HostPlan(res, size, dirs, HostIsolation(namespaces))
+    return HostPlan(res, size, dirs, HostIsolation(hostns.plan(bundle.namespaces)))

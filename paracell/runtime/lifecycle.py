@@ -85,7 +85,7 @@ def create(
     hooks.check_hooks(bundle.config)
     pod_role = pod.role(bundle.annotations, container_id)
     if pod_role.kind == "sandbox":
-        pod.refuse_host_namespaces(spec.namespaces(bundle.config))
+        pod.refuse_host_namespaces(bundle.namespaces)
     process = bundle.config.get("process")
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
@@ -94,7 +94,7 @@ def create(
     placement: Placement = (
         pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id, xgates_plan)
         if pod_role.kind == "member" else
-        Sandbox.plan(ctx, container_id, bundle, pod_role.kind == "sandbox", xgates_plan))
+        Sandbox.plan(ctx, container_id, bundle, pod_role, xgates_plan))
     container = Container(container_id, bundle, spec.init_launch_spec(
         container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
         terminal, console_socket)

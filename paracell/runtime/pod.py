@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from paracell.runtime.xgates import XgatesPlan
 
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+# CRI-O's, which podman gives the containers of its pods (a VM per container).
+CRIO_CONTAINER_TYPE = "io.kubernetes.cri-o.ContainerType"
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
 # Set by containerd releases that pass the pod's limits down (1.7 on).
 SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
@@ -53,14 +55,19 @@ NS_PATH = re.compile(r"/proc/(\d{1,10})/ns/([a-z]+)")
 
 @dataclass(frozen=True)
 class PodRole:
+    """The one decision about a container's pod, from its annotations."""
+
     kind: str  # "sandbox", "member" or "none"
     sandbox_id: str = ""
+    # A container in a pod whose network namespace another VM holds: podman's
+    # pods (CRI-O's annotation), whose containers each get a VM of their own.
+    in_pods_network: bool = False
 
 
 def role(annotations: dict[str, str], container_id: str) -> PodRole:
     kind = annotations.get(CONTAINER_TYPE)
     if kind is None:
-        return PodRole("none")
+        return PodRole("none", in_pods_network=annotations.get(CRIO_CONTAINER_TYPE) == "container")
     if kind == "sandbox":
         return PodRole("sandbox")
     if kind != "container":
@@ -135,11 +142,10 @@ def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
            ) -> list[tuple[str, str]]:
     """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
     sandbox's pid), mapped to the guest namespaces of that container."""
-    from paracell.runtime import spec
 
     owners = {sandbox.shim_pid: sandbox.id, **members}
     records = []
-    for kind, path in spec.namespaces(bundle.config).items():
+    for kind, path in bundle.namespaces.items():
         if not path or kind in ("mount", "cgroup", "user"):
             continue
         if kind == "network":
@@ -281,7 +287,7 @@ class PodSlot:
         xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         # The member's own host cgroup holds its proxy, so containerd finds one
         # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
-        host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup,
+        host = hostside.plan(bundle, container_id, ctx.systemd_cgroup,
                              settings.guest_memory_mib())
         cgroup = cgroups.adopt_parents(host.cgroup_dirs,
                                        cgroups.from_facts(sandbox.vm.host.cgroups))

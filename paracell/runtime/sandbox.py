@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from paracell.runtime.hostside import HostPlan
     from paracell.runtime.lifecycle import Context
     from paracell.runtime.memorymanager import MemoryPlan
+    from paracell.runtime.pod import PodRole
     from paracell.runtime.spec import Bundle
     from paracell.runtime.state import VmConfig
     from paracell.runtime.xgates import XgatesPlan
@@ -90,22 +91,23 @@ class Sandbox:
     engine_notice: str = ""
 
     @classmethod
-    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_sandbox: bool,
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_role: PodRole,
              xgates_plan: XgatesPlan) -> Sandbox:
         """Decides the VM from the bundle, the settings and the host; touches
         nothing on the host yet."""
         from paracell import settings
         from paracell.guest import artifacts
         from paracell.net import netns
-        from paracell.runtime import hostside, memorymanager, pod, spec, vmplan, xgates
+        from paracell.runtime import hostside, memorymanager, pod, vmplan, xgates
         from paracell.vmm import memory, probe
 
         # Host side: VM size from linux.resources, cgroup, namespaces
         # (docs/host-isolation.md). A pod's VM holds every container of the
         # pod: its default size is the pod's.
+        pod_sandbox = pod_role.kind == "sandbox"
         default_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
                        if pod_sandbox else settings.guest_memory_mib())
-        host = hostside.plan(bundle.config, container_id, ctx.systemd_cgroup, default_mib)
+        host = hostside.plan(bundle, container_id, ctx.systemd_cgroup, default_mib)
         memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
                                            bundle.annotations, host.size.memory_mib)
         facts = probe.probe_host()
@@ -118,7 +120,7 @@ class Sandbox:
         # Before prepare_rootfs, which writes mount points into the rootfs: a
         # refused create leaves nothing behind, not even there.
         xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
-        network = netns.plan(spec.namespaces(bundle.config), bundle.annotations)
+        network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
         state_dir = ctx.store.dir(container_id)
         builder, agent, config = vmplan.container_vm(
             state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,

@@ -81,6 +81,8 @@ class Bundle:
     bind_prefix: str = GUEST_HOSTSHARE
     # What runc would apply but the guest cannot, logged by create.
     warnings: list[str] = field(default_factory=list)
+    # linux.namespaces, parsed once: type -> path ("" for a new one).
+    namespaces: dict[str, str] = field(default_factory=dict)
     # linux.seccomp compiled: the PC_SECCOMP payload sent before the init's SPEC.
     seccomp: bytes | None = None
 
@@ -147,7 +149,10 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
         raise _fail(f"more than {lib.PC_SPEC_MAX_MOUNTS} mounts")
     for i, mount in enumerate(mounts):
         _mount_record(bundle, mount, f"mounts[{i}]")
-    _linux_records(config, bundle.warnings)
+    linux = config.get("linux") or {}
+    _expect(linux, dict, "linux")
+    bundle.namespaces = _namespaces(linux)
+    _linux_records(config, bundle.namespaces, bundle.warnings)
     bundle.warnings += guestfields.lsm_warnings(process or {}, config.get("linux") or {})
     bundle.seccomp = seccomp.compile_profile((config.get("linux") or {}).get("seccomp"))
     return bundle
@@ -301,11 +306,6 @@ def _namespaces(linux: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def namespaces(config: dict[str, Any]) -> dict[str, str]:
-    """linux.namespaces of a validated config, as type -> path ("" for a new one)."""
-    return _namespaces(config.get("linux") or {})
-
-
 def _is_host_netns(path: str) -> bool:
     """runc's test: "host" is the runtime's own network namespace."""
     try:
@@ -336,12 +336,12 @@ def _check_sysctl_namespace(name: str, namespaces: dict[str, str]) -> None:
     raise ParacellError(f'sysctl "{name}" is not in a separate kernel namespace')
 
 
-def _sysctl_records(linux: dict[str, Any]) -> list[tuple[str, str]]:
+def _sysctl_records(linux: dict[str, Any], namespaces: dict[str, str]
+                    ) -> list[tuple[str, str]]:
     sysctls = linux.get("sysctl") or {}
     _expect(sysctls, dict, "linux.sysctl")
     if len(sysctls) > lib.PC_SPEC_MAX_SYSCTLS:
         raise _fail(f"linux.sysctl has more than {lib.PC_SPEC_MAX_SYSCTLS} entries")
-    namespaces = _namespaces(linux)
     records = []
     for key, value in sysctls.items():
         name, path = _sysctl_name_and_path(key)
@@ -387,18 +387,19 @@ def _has_dev_mount(config: dict[str, Any]) -> bool:
                for m in config.get("mounts") or [])
 
 
-def _linux_records(config: dict[str, Any], warnings: list[str]) -> list[tuple[str, str]]:
+def _linux_records(config: dict[str, Any], namespaces: dict[str, str],
+                   warnings: list[str]) -> list[tuple[str, str]]:
     """The init-only records of linux: sysctls, then read-only and masked
     paths, which the agent applies in that order, as runc does; then devices,
     the propagation of /, the user namespace and the personality."""
     linux = config.get("linux") or {}
     _expect(linux, dict, "linux")
-    userns, userns_warnings = guestfields.userns_records(linux, _namespaces(linux))
+    userns, userns_warnings = guestfields.userns_records(linux, namespaces)
     personality, personality_warnings = guestfields.personality_records(linux)
     warnings += userns_warnings + personality_warnings
     # Says that a PC_SECCOMP frame goes with this SPEC (compiled in validate).
     has_seccomp = _expect(linux.get("seccomp"), (dict, type(None)), "linux.seccomp") is not None
-    return [*_sysctl_records(linux),
+    return [*_sysctl_records(linux, namespaces),
             *_path_records(linux, "readonlyPaths", "path.readonly"),
             *_path_records(linux, "maskedPaths", "path.masked"),
             *guestfields.device_records(linux, _has_dev_mount(config)),
@@ -506,7 +507,7 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
         records.append(("xgates", "on"))
     for i, mount in enumerate(config.get("mounts") or []):
         records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
-    records += _linux_records(config, [])
+    records += _linux_records(config, bundle.namespaces, [])
     records += extra or []
     return encode_records(records)
 

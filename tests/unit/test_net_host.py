@@ -16,22 +16,28 @@ from tests.netutil import netns as make_netns
 from tests.netutil import route, veth
 
 
-def test_plan_follows_the_spec_and_the_pod_annotations(tmp_path):
+def test_plan_follows_the_spec_and_the_pod_role(tmp_path):
+    from paracell.runtime import pod
+
     with make_netns() as ns:
-        assert netns.plan({}, {}) == netns.NetworkPlan(netns.HOST)
-        assert netns.plan({"network": ""}, {}) == netns.NetworkPlan(netns.NEW)
-        assert netns.plan({"network": "/proc/self/ns/net"}, {}).mode == netns.HOST
-        assert netns.plan({"network": ns.path}, {}) == netns.NetworkPlan(netns.JOIN, ns.path)
-        for key in netns.POD_MEMBER_ANNOTATIONS:
-            assert netns.plan({"network": ns.path}, {key: "container"}).mode == netns.POD
-            assert netns.plan({"network": ns.path}, {key: "sandbox"}).mode == netns.JOIN
+        assert netns.plan({}, False) == netns.NetworkPlan(netns.HOST)
+        assert netns.plan({"network": ""}, False) == netns.NetworkPlan(netns.NEW)
+        assert netns.plan({"network": "/proc/self/ns/net"}, False).mode == netns.HOST
+        assert netns.plan({"network": ns.path}, False) == netns.NetworkPlan(netns.JOIN, ns.path)
+        assert netns.plan({"network": ns.path}, True) == netns.NetworkPlan(netns.POD, ns.path)
+    # Who is in a pod's network is decided once, by the pod role: podman's pod
+    # members carry CRI-O's annotation; its infra container and lone ones do not.
+    crio = pod.CRIO_CONTAINER_TYPE
+    assert pod.role({crio: "container"}, "c").in_pods_network
+    assert not pod.role({crio: "sandbox"}, "c").in_pods_network
+    assert not pod.role({}, "c").in_pods_network
     with pytest.raises(ParacellError, match="^network namespace /nonexistent: No such file"):
-        netns.plan({"network": "/nonexistent"}, {})
+        netns.plan({"network": "/nonexistent"}, False)
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path in (str(fifo), "/dev/null", str(tmp_path)):
         with pytest.raises(ParacellError, match=f"^network namespace {path}: not a namespace"):
-            netns.plan({"network": path}, {})
+            netns.plan({"network": path}, False)
 
 
 def test_join_refuses_another_kind_of_namespace():

@@ -61,7 +61,8 @@ def test_member_slots_are_fixed_length_and_distinct():
 
 def _bundle(tmp_path: Path, namespaces: list[dict[str, str]]) -> Bundle:
     config = {"linux": {"namespaces": namespaces}}
-    return Bundle(tmp_path, config, tmp_path, False, {})
+    return Bundle(tmp_path, config, tmp_path, False, {},
+                  namespaces={ns["type"]: ns.get("path", "") for ns in namespaces})
 
 
 def _sandbox(tmp_path: Path) -> ContainerState:
