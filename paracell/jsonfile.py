@@ -3,6 +3,7 @@ never a traceback and never a hang, whatever sits at the path."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -10,15 +11,19 @@ import stat
 from paracell.errors import ParacellError
 
 
-def read_regular(path: str, limit: int) -> bytes:
+def read_regular(path: str, limit: int, follow: bool = True) -> bytes:
     """At most limit + 1 bytes of a regular file (so the caller can tell it
     is too large). Non-blocking open: a FIFO put there must not hang a verb.
+    follow=False: a symlink at path is refused, never read through.
     FileNotFoundError passes through; anything else is one ParacellError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd = os.open(path, flags if follow else flags | os.O_NOFOLLOW)
     except FileNotFoundError:
         raise
     except OSError as err:
+        if err.errno == errno.ELOOP and not follow:
+            raise ParacellError(f"{path} is a symlink, which is never followed") from None
         raise ParacellError(f"open {path}: {err.strerror}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

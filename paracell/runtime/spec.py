@@ -67,6 +67,30 @@ class HostBind:
     slot: str
 
 
+@dataclass(frozen=True)
+class MountRecord:
+    """One `mount` record of the launch spec, validated. A bind source
+    outside the rootfs is a slot of the bind share, whose guest path
+    (Bundle.bind_prefix) depends on the VM the container runs in."""
+
+    dest: str
+    kind: str
+    source: str
+    flags: int
+    data: str
+    propagation: int
+    attr_set: int
+    attr_clr: int
+    copyup: bool
+    host_slot: str | None = None
+
+    def record(self, bind_prefix: str) -> tuple[str, str]:
+        source = self.source if self.host_slot is None else f"{bind_prefix}/{self.host_slot}"
+        return ("mount", "\x1f".join([
+            self.dest, self.kind, source, str(self.flags), self.data, str(self.propagation),
+            str(self.attr_set), str(self.attr_clr), "1" if self.copyup else "0"]))
+
+
 @dataclass
 class Bundle:
     path: Path
@@ -77,12 +101,18 @@ class Bundle:
     host_binds: list[HostBind] = field(default_factory=list)
     mount_points: list[MountPoint] = field(default_factory=list)
     # Where bind sources from outside the rootfs appear in the guest: the VM's
-    # hostshare, or a pod member's directory of the pod share (runtime/pod.py).
+    # hostshare, or a pod member's directory of the pod share (runtime/pod.py);
+    # applied when the launch spec is encoded.
     bind_prefix: str = GUEST_HOSTSHARE
     # What runc would apply but the guest cannot, logged by create.
     warnings: list[str] = field(default_factory=list)
     # linux.namespaces, parsed once: type -> path ("" for a new one).
     namespaces: dict[str, str] = field(default_factory=dict)
+    # The launch spec's parts, built once by validate: the init's process,
+    # its mounts and its linux records.
+    process_records: list[tuple[str, str]] = field(default_factory=list)
+    mounts: list[MountRecord] = field(default_factory=list)
+    linux_records: list[tuple[str, str]] = field(default_factory=list)
     # linux.seccomp compiled: the PC_SECCOMP payload sent before the init's SPEC.
     seccomp: bytes | None = None
 
@@ -139,7 +169,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     bundle = Bundle(path, config, rootfs, readonly, annotations)
     if process is not None:
         _expect(process, dict, "process")
-        _process_records(process, bundle.warnings)
+        bundle.process_records = _process_records(process, bundle.warnings)
     hostname = _expect(config.get("hostname", ""), str, "hostname")
     if len(hostname) > 64:
         raise _fail("hostname is longer than 64 characters")
@@ -147,12 +177,12 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     _expect(mounts, list, "mounts")
     if len(mounts) > lib.PC_SPEC_MAX_MOUNTS:
         raise _fail(f"more than {lib.PC_SPEC_MAX_MOUNTS} mounts")
-    for i, mount in enumerate(mounts):
-        _mount_record(bundle, mount, f"mounts[{i}]")
+    bundle.mounts = [_mount_record(bundle, mount, f"mounts[{i}]")
+                     for i, mount in enumerate(mounts)]
     linux = config.get("linux") or {}
     _expect(linux, dict, "linux")
     bundle.namespaces = _namespaces(linux)
-    _linux_records(config, bundle.namespaces, bundle.warnings)
+    bundle.linux_records = _linux_records(config, bundle.namespaces, bundle.warnings)
     bundle.warnings += guestfields.lsm_warnings(process or {}, config.get("linux") or {})
     bundle.seccomp = seccomp.compile_profile((config.get("linux") or {}).get("seccomp"))
     return bundle
@@ -419,7 +449,7 @@ def _escapes_root(dest: str) -> bool:
     return False
 
 
-def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
+def _mount_record(bundle: Bundle, mount: Any, where: str) -> MountRecord:
     _expect(mount, dict, where)
     dest = _expect(mount.get("destination"), str, f"{where}.destination")
     if not dest.startswith("/"):
@@ -434,8 +464,10 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
     opts = mountopts.parse(options, where)
     mountopts.check_type(kind, opts, where)
     data = opts.data or []
+    slot = None
     if kind == "bind" or opts.flags & mountopts.MS_BIND:
-        kind, source = "bind", _bind_source(bundle, source, where, dest)
+        kind = "bind"
+        source, slot = _bind_source(bundle, source, where, dest)
         opts.flags |= mountopts.MS_BIND
     else:
         bundle.mount_points.append(MountPoint(dest, directory=True))
@@ -443,15 +475,14 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> tuple[str, str]:
         raise _fail(f"{where} contains a control character")
     # runc copies up only into a tmpfs and ignores the option elsewhere.
     copyup = opts.tmpcopyup and kind == "tmpfs"
-    value = "\x1f".join([dest, kind, source, str(opts.flags), ",".join(data),
-                         str(opts.propagation), str(opts.attr_set), str(opts.attr_clr),
-                         "1" if copyup else "0"])
-    return ("mount", value)
+    return MountRecord(dest, kind, source, opts.flags, ",".join(data), opts.propagation,
+                       opts.attr_set, opts.attr_clr, copyup, slot)
 
 
-def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> str:
-    """Guest path of a bind source: inside the rootfs, or a hostshare slot.
-    The source is a host path, resolved on the host with its symlinks, as runc does."""
+def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> tuple[str, str | None]:
+    """Guest path of a bind source inside the rootfs, or the slot of one
+    outside it in the bind share. The source is a host path, resolved on the
+    host with its symlinks, as runc does."""
     host = Path(source if os.path.isabs(source) else bundle.path / source)
     if not host.exists():
         raise ParacellError(f"{where}.source {source}: no such file or directory")
@@ -460,11 +491,11 @@ def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> str:
     if real == bundle.rootfs or bundle.rootfs in real.parents:
         inside = f"/{real.relative_to(bundle.rootfs)}"
         bundle.mount_points.append(MountPoint(dest, directory, posixpath.normpath(inside)))
-        return f"{GUEST_ROOTFS}{inside}"
+        return f"{GUEST_ROOTFS}{inside}", None
     bundle.mount_points.append(MountPoint(dest, directory))
     slot = str(len(bundle.host_binds))
     bundle.host_binds.append(HostBind(real, slot))
-    return f"{bundle.bind_prefix}/{slot}"
+    return "", slot
 
 
 def prepare_rootfs(bundle: Bundle) -> None:
@@ -489,25 +520,23 @@ def encode_records(records: list[tuple[str, str]]) -> bytes:
 
 def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
                      extra: list[tuple[str, str]] | None = None) -> bytes:
-    """Records for the container's init: its process plus the container-wide keys.
-    The first spec that names a container makes it; its process is the init.
-    `xgates=on` switches XGates on for every process of the container; `extra`
-    are a pod member's records (runtime/pod.py)."""
+    """Records for the container's init, from the parts validate built: its
+    process plus the container-wide keys. The first spec that names a
+    container makes it; its process is the init. `xgates=on` switches XGates
+    on for every process of the container; `extra` are a pod member's
+    records (runtime/pod.py)."""
     config = bundle.config
-    bundle.host_binds.clear()
-    bundle.mount_points.clear()
     if config.get("process") is None:
         return b""  # nothing to create in the guest until a process exists
-    records = [("container", container_id), ("role", "init"), *_process_records(config["process"])]
+    records = [("container", container_id), ("role", "init"), *bundle.process_records]
     if config.get("hostname"):
         records.append(("hostname", config["hostname"]))
     if bundle.rootfs_readonly:
         records.append(("root.readonly", "1"))
     if xgates:
         records.append(("xgates", "on"))
-    for i, mount in enumerate(config.get("mounts") or []):
-        records.append(_mount_record(bundle, mount, f"mounts[{i}]"))
-    records += _linux_records(config, bundle.namespaces, [])
+    records += [m.record(bundle.bind_prefix) for m in bundle.mounts]
+    records += bundle.linux_records
     records += extra or []
     return encode_records(records)
 

@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import same_process
@@ -188,11 +189,15 @@ class ContainerLock:
         self.fd = -1
 
     def __enter__(self) -> None:
+        if not self.store.is_container_dir(self.container_id):
+            raise NotExistError(self.container_id)
         try:
             self.fd = os.open(self.store.path(self.container_id, LOCK_FILE),
-                              os.O_RDWR | os.O_CLOEXEC)
-        except FileNotFoundError:
+                              os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             raise NotExistError(self.container_id) from None
+        except OSError as err:
+            raise ParacellError(f"lock of container {self.container_id}: {err.strerror}") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             if not os.path.exists(self.store.path(self.container_id, STATE_FILE)):
@@ -240,7 +245,19 @@ class StateStore:
         self.root = root
 
     def path(self, container_id: str, name: str = "") -> str:
-        return os.path.join(self.root, check_id(container_id), name)
+        # Never a trailing slash: "ID/" would resolve a symlink put at ID, and
+        # everything below would act on the link's target.
+        base = os.path.join(self.root, check_id(container_id))
+        return os.path.join(base, name) if name else base
+
+    def is_container_dir(self, container_id: str) -> bool:
+        """Only a real directory in the root is a container's: an entry that
+        is a symlink (put there by someone else) is never followed, read,
+        written or removed."""
+        try:
+            return stat.S_ISDIR(os.lstat(self.path(container_id)).st_mode)
+        except FileNotFoundError:
+            return False
 
     def dir(self, container_id: str) -> Path:
         from pathlib import Path
@@ -291,13 +308,16 @@ class StateStore:
         """Removes a directory without state that nobody holds: the remains of
         a removal that was killed half-way."""
         path = self.path(container_id)
-        if os.path.isdir(path) and not os.path.exists(os.path.join(path, STATE_FILE)) \
+        if self.is_container_dir(container_id) \
+                and not os.path.lexists(os.path.join(path, STATE_FILE)) \
                 and _lock_is_free(os.path.join(path, LOCK_FILE)):
             _rmtree(path)
 
     def remove(self, container_id: str) -> None:
         """The state file goes first, so the container vanishes at once from
         every view; the rest of the directory follows."""
+        if not self.is_container_dir(container_id):
+            return
         try:
             os.unlink(self.path(container_id, STATE_FILE))
         except FileNotFoundError:
@@ -307,8 +327,11 @@ class StateStore:
     def load(self, container_id: str) -> ContainerState:
         from paracell.jsonfile import read_regular
 
+        if not self.is_container_dir(container_id):
+            raise NotExistError(container_id)
         try:
-            raw = read_regular(self.path(container_id, STATE_FILE), MAX_STATE_BYTES)
+            raw = read_regular(self.path(container_id, STATE_FILE), MAX_STATE_BYTES,
+                               follow=False)
             if len(raw) > MAX_STATE_BYTES:
                 raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
             data = json.loads(raw)
@@ -343,7 +366,8 @@ class StateStore:
         try:
             names = os.listdir(self.root)
             return sorted(n for n in names if not n.startswith(_NEW_PREFIX)
-                          and os.path.exists(os.path.join(self.root, n, STATE_FILE)))
+                          and stat.S_ISDIR(os.lstat(os.path.join(self.root, n)).st_mode)
+                          and os.path.lexists(os.path.join(self.root, n, STATE_FILE)))
         except OSError as err:
             if err.errno == errno.ENOENT:
                 return []

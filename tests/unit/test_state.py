@@ -132,3 +132,41 @@ def test_commit_to_a_child_that_died_after_its_report_is_not_an_error():
     os.waitpid(spawned.pid, 0)
     spawned.commit()  # EPIPE: the record will settle to stopped
     assert spawned.commit_fd == -1
+
+
+def test_a_symlink_in_the_state_root_is_never_followed(tmp_path):
+    """An entry of the root that is a symlink is not a container: no verb
+    reads, writes or removes through it (`delete --force` once emptied the
+    link's target: /etc, in a review)."""
+    import subprocess
+
+    from tests.conftest import PARACELL
+
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "a").write_text("keep")
+    (victim / "sub" / "b").write_text("keep")
+    (victim / "state.json").write_text("{}")
+    (victim / "lock").write_text("")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "linkdir").symlink_to(victim)
+    real = root / "real"
+    real.mkdir()
+    (real / "lock").write_text("")
+    (real / "state.json").symlink_to(victim / "a")
+
+    def paracell(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([PARACELL, "--root", str(root), *args], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    assert "container linkdir does not exist" in paracell("state", "linkdir").stderr
+    assert "is a symlink, which is never followed" in paracell("state", "real").stderr
+    listed = paracell("list", "--format", "json")
+    assert listed.returncode == 0 and listed.stdout.strip() in ("[]", "null")
+    for cid in ("linkdir", "real"):
+        assert paracell("delete", "--force", cid).returncode == 0
+    assert sorted(str(p.relative_to(victim)) for p in victim.rglob("*")) == [
+        "a", "lock", "state.json", "sub", "sub/b"]
+    assert (victim / "a").read_text() == "keep"
+    assert (root / "linkdir").is_symlink() and not real.exists()
