@@ -15,7 +15,8 @@ from cffi import FFI
 HERE = Path(__file__).resolve().parent
 PROTO = HERE.parent / "proto"
 # Read by Python through cffi, in this order (later headers may use earlier types).
-CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "pager_proto.h",
+CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "launch_spec.h",
+                PROTO / "pager_proto.h",
                 HERE / "portfwd.h", HERE / "relay.h", HERE / "pager.h", HERE / "hostclock.h")
 
 _DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")

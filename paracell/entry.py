@@ -43,3 +43,6 @@ def main(argv: list[str] | None = None) -> None:
         where = f" {err.filename}" if err.filename else ""
         _log_from_argv(args).error(f"{err.strerror or err}{':' if where else ''}{where}")  # type: ignore[attr-defined]
         sys.exit(1)
+    except Exception as err:  # a defect of ours: still one line, never a traceback
+        _log_from_argv(args).error(f"internal error: {type(err).__name__}: {err}")  # type: ignore[attr-defined]
+        sys.exit(1)

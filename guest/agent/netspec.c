@@ -10,6 +10,7 @@
  * spare device (net.spare, in the init's SPEC) that the interface takes over. */
 #define _GNU_SOURCE
 #include "netspec.h"
+#include "launch_spec.h"
 #include "textfields.h"
 
 #include <arpa/inet.h>
@@ -21,8 +22,8 @@
 
 int netspec_is_key(const char *key)
 {
-    return !strcmp(key, "net.if") || !strcmp(key, "net.addr") || !strcmp(key, "net.route") ||
-           !strcmp(key, "net.spare");
+    return !strcmp(key, PC_KEY_NET_IF) || !strcmp(key, PC_KEY_NET_ADDR) || !strcmp(key, PC_KEY_NET_ROUTE) ||
+           !strcmp(key, PC_KEY_NET_SPARE);
 }
 
 
@@ -181,19 +182,19 @@ static int add_route(struct net_spec *n, char *val)
 int netspec_add(struct net_spec *n, const char *key, char *val, char *err, size_t errlen)
 {
     int rc;
-    if (!strcmp(key, "net.if")) {
+    if (!strcmp(key, PC_KEY_NET_IF)) {
         if (n->nifaces >= PC_NET_MAX_IFACES) {
             snprintf(err, errlen, "spec: more than %d network interfaces", PC_NET_MAX_IFACES);
             return -1;
         }
         rc = add_iface(n, val);
-    } else if (!strcmp(key, "net.addr")) {
+    } else if (!strcmp(key, PC_KEY_NET_ADDR)) {
         if (n->naddrs >= PC_NET_MAX_ADDRS) {
             snprintf(err, errlen, "spec: more than %d network addresses", PC_NET_MAX_ADDRS);
             return -1;
         }
         rc = add_addr(n, val);
-    } else if (!strcmp(key, "net.spare")) {
+    } else if (!strcmp(key, PC_KEY_NET_SPARE)) {
         if (n->nspares >= PC_NET_MAX_SPARES) {
             snprintf(err, errlen, "spec: more than %d spare network devices", PC_NET_MAX_SPARES);
             return -1;
@@ -232,7 +233,7 @@ int netspec_parse(char *buf, size_t len, struct net_spec *n, char *err, size_t e
         }
         *val++ = 0;
         /* Spares are the init's to declare; START only hands them out. */
-        if (!netspec_is_key(key) || !strcmp(key, "net.spare")) {
+        if (!netspec_is_key(key) || !strcmp(key, PC_KEY_NET_SPARE)) {
             snprintf(err, errlen, "spec: unknown key %.40s", key);
             return -1;
         }

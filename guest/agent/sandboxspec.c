@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "launch_spec.h"
 #include "vm_proto.h"
 
 const struct sandbox_share SANDBOX_SHARES[PC_SANDBOX_MAX_SHARES] = {
@@ -81,7 +82,7 @@ static int valid_hostname(const char *v)
 
 static int add_record(struct sandbox_spec *s, const char *key, char *val, char *err, size_t errlen)
 {
-    if (!strcmp(key, "share")) {
+    if (!strcmp(key, PC_KEY_SHARE)) {
         for (int i = 0; i < PC_SANDBOX_MAX_SHARES; i++) {
             if (!strcmp(val, SANDBOX_SHARES[i].tag)) {
                 if (s->shares[i])
@@ -92,19 +93,19 @@ static int add_record(struct sandbox_spec *s, const char *key, char *val, char *
         }
         return fail(err, errlen, "unknown share", val);
     }
-    if (!strcmp(key, "hostname")) {
+    if (!strcmp(key, PC_KEY_HOSTNAME)) {
         if (s->hostname || !valid_hostname(val))
             return fail(err, errlen, "bad or repeated", key);
         s->hostname = val;
         return 0;
     }
-    if (!strcmp(key, "clock")) {
+    if (!strcmp(key, PC_KEY_CLOCK)) {
         if (s->has_clock || parse_clock(val, &s->clock))
             return fail(err, errlen, "bad or repeated", key);
         s->has_clock = 1;
         return 0;
     }
-    if (!strcmp(key, "entropy")) {
+    if (!strcmp(key, PC_KEY_ENTROPY)) {
         if (s->nentropy || parse_hex(val, s->entropy, sizeof s->entropy, &s->nentropy) ||
             s->nentropy < PC_SANDBOX_ENTROPY_MIN)
             return fail(err, errlen, "bad or repeated", key);

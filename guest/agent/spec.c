@@ -8,6 +8,7 @@
 #include "spec.h"
 #include "textfields.h"
 
+#include "launch_spec.h"
 #include "vm_proto.h"
 
 #include <stdarg.h>
@@ -252,10 +253,11 @@ enum {
     ONCE_JOIN0, ONCE_CAP0 = ONCE_JOIN0 + SPEC_JOIN_COUNT,
 };
 
-static const char *const join_keys[SPEC_JOIN_COUNT] = {"ns.ipc", "ns.uts", "ns.pid"};
+static const char *const join_keys[SPEC_JOIN_COUNT] = {PC_KEY_NS_IPC, PC_KEY_NS_UTS, PC_KEY_NS_PID};
 
 static const char *const cap_keys[SC_COUNT] = {
-    "cap.bounding", "cap.effective", "cap.permitted", "cap.inheritable", "cap.ambient",
+    PC_KEY_CAP_BOUNDING, PC_KEY_CAP_EFFECTIVE, PC_KEY_CAP_PERMITTED, PC_KEY_CAP_INHERITABLE,
+    PC_KEY_CAP_AMBIENT,
 };
 
 int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
@@ -285,14 +287,14 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
     } while (0)
 #define BAD() return fail(err, errlen, "bad value for %.40s", key)
 
-        if (!strcmp(key, "container")) {
+        if (!strcmp(key, PC_KEY_CONTAINER)) {
             ONCE(ONCE_CONTAINER);
             if (!container_id_ok(val))
                 return fail(err, errlen,
                             "container id must be 1 to %d printable ASCII characters, no '/'",
                             PC_SPEC_MAX_CONTAINER_ID);
             s->container = val;
-        } else if (!strcmp(key, "role")) {
+        } else if (!strcmp(key, PC_KEY_ROLE)) {
             ONCE(ONCE_ROLE);
             if (!strcmp(val, "init"))
                 s->role = SPEC_ROLE_INIT;
@@ -300,54 +302,54 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 s->role = SPEC_ROLE_EXEC;
             else
                 BAD();
-        } else if (!strcmp(key, "arg")) {
+        } else if (!strcmp(key, PC_KEY_ARG)) {
             if (s->argc >= PC_SPEC_MAX_ARGS)
                 return fail(err, errlen, "more than %d args", PC_SPEC_MAX_ARGS);
             s->argv[s->argc++] = val;
-        } else if (!strcmp(key, "env")) {
+        } else if (!strcmp(key, PC_KEY_ENV)) {
             if (s->envc >= PC_SPEC_MAX_ENV)
                 return fail(err, errlen, "more than %d env entries", PC_SPEC_MAX_ENV);
             if (val[0] == '=' || !strchr(val, '='))
                 BAD();
             s->envp[s->envc++] = val;
-        } else if (!strcmp(key, "cwd")) {
+        } else if (!strcmp(key, PC_KEY_CWD)) {
             ONCE(ONCE_CWD);
             if (val[0] != '/')
                 BAD();
             s->cwd = val;
-        } else if (!strcmp(key, "uid")) {
+        } else if (!strcmp(key, PC_KEY_UID)) {
             ONCE(ONCE_UID);
             if (parse_uint(val, 10, UINT32_MAX - 1, &n))
                 BAD();
             s->uid = (uint32_t)n;
-        } else if (!strcmp(key, "gid")) {
+        } else if (!strcmp(key, PC_KEY_GID)) {
             ONCE(ONCE_GID);
             if (parse_uint(val, 10, UINT32_MAX - 1, &n))
                 BAD();
             s->gid = (uint32_t)n;
-        } else if (!strcmp(key, "gid+")) {
+        } else if (!strcmp(key, PC_KEY_GID_ADD)) {
             if (s->ngids >= PC_SPEC_MAX_GIDS)
                 return fail(err, errlen, "more than %d additional gids", PC_SPEC_MAX_GIDS);
             if (parse_uint(val, 10, UINT32_MAX - 1, &n))
                 BAD();
             s->gids[s->ngids++] = (uint32_t)n;
-        } else if (!strcmp(key, "umask")) {
+        } else if (!strcmp(key, PC_KEY_UMASK)) {
             ONCE(ONCE_UMASK);
             if (parse_uint(val, 8, 0777, &n))
                 BAD();
             s->umask = (unsigned)n;
             s->has_umask = 1;
-        } else if (!strcmp(key, "rlimit")) {
+        } else if (!strcmp(key, PC_KEY_RLIMIT)) {
             if (s->nrlimits >= PC_SPEC_MAX_RLIMITS)
                 return fail(err, errlen, "more than %d rlimits", PC_SPEC_MAX_RLIMITS);
             if (parse_rlimit(val, &s->rlimits[s->nrlimits]))
                 BAD();
             s->nrlimits++;
-        } else if (!strcmp(key, "nnp")) {
+        } else if (!strcmp(key, PC_KEY_NNP)) {
             ONCE(ONCE_NNP);
             if (parse_bool(val, &s->nnp))
                 BAD();
-        } else if (!strncmp(key, "cap.", 4)) {
+        } else if (!strncmp(key, PC_KEY_CAP_PREFIX, strlen(PC_KEY_CAP_PREFIX))) {
             int i;
             for (i = 0; i < SC_COUNT && strcmp(key, cap_keys[i]); i++)
                 ;
@@ -357,49 +359,49 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             if (parse_uint(val, 16, UINT64_MAX, &s->caps[i]))
                 BAD();
             s->caps_given |= 1u << i;
-        } else if (!strcmp(key, "oom_score_adj")) {
+        } else if (!strcmp(key, PC_KEY_OOM_SCORE_ADJ)) {
             ONCE(ONCE_OOM);
             if (parse_oom_score_adj(val, &s->oom_score_adj))
                 BAD();
             s->has_oom_score_adj = 1;
-        } else if (!strcmp(key, "terminal")) {
+        } else if (!strcmp(key, PC_KEY_TERMINAL)) {
             ONCE(ONCE_TERMINAL);
             if (parse_bool(val, &s->terminal))
                 BAD();
-        } else if (!strcmp(key, "rows")) {
+        } else if (!strcmp(key, PC_KEY_ROWS)) {
             ONCE(ONCE_ROWS);
             if (parse_uint(val, 10, UINT16_MAX, &n))
                 BAD();
             s->rows = (unsigned)n;
-        } else if (!strcmp(key, "cols")) {
+        } else if (!strcmp(key, PC_KEY_COLS)) {
             ONCE(ONCE_COLS);
             if (parse_uint(val, 10, UINT16_MAX, &n))
                 BAD();
             s->cols = (unsigned)n;
-        } else if (!strcmp(key, "hostname")) {
+        } else if (!strcmp(key, PC_KEY_HOSTNAME)) {
             ONCE(ONCE_HOSTNAME);
             if (strlen(val) > 64) /* HOST_NAME_MAX */
                 BAD();
             s->hostname = val;
-            init_key = init_key ? init_key : "hostname";
-        } else if (!strcmp(key, "root.readonly")) {
+            init_key = init_key ? init_key : PC_KEY_HOSTNAME;
+        } else if (!strcmp(key, PC_KEY_ROOT_READONLY)) {
             ONCE(ONCE_READONLY);
             if (parse_bool(val, &s->root_readonly))
                 BAD();
-            init_key = init_key ? init_key : "root.readonly";
-        } else if (!strcmp(key, "xgates")) {
+            init_key = init_key ? init_key : PC_KEY_ROOT_READONLY;
+        } else if (!strcmp(key, PC_KEY_XGATES)) {
             ONCE(ONCE_XGATES);
             if (strcmp(val, "on"))
                 BAD();
             s->xgates = 1;
-            init_key = init_key ? init_key : "xgates";
-        } else if (!strcmp(key, "rootfs")) {
+            init_key = init_key ? init_key : PC_KEY_XGATES;
+        } else if (!strcmp(key, PC_KEY_ROOTFS)) {
             ONCE(ONCE_ROOTFS);
             if (!pod_path_ok(val))
                 BAD();
             s->rootfs = val;
-            init_key = init_key ? init_key : "rootfs";
-        } else if (!strncmp(key, "ns.", 3)) {
+            init_key = init_key ? init_key : PC_KEY_ROOTFS;
+        } else if (!strncmp(key, PC_KEY_NS_PREFIX, strlen(PC_KEY_NS_PREFIX))) {
             int i;
             for (i = 0; i < SPEC_JOIN_COUNT && strcmp(key, join_keys[i]); i++)
                 ;
@@ -410,21 +412,21 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             s->join[i] = val;
             init_key = init_key ? init_key : key;
-        } else if (!strcmp(key, "mount")) {
+        } else if (!strcmp(key, PC_KEY_MOUNT)) {
             if (s->nmounts >= PC_SPEC_MAX_MOUNTS)
                 return fail(err, errlen, "more than %d mounts", PC_SPEC_MAX_MOUNTS);
             if (parse_mount(val, &s->mounts[s->nmounts]))
                 BAD();
             s->nmounts++;
-            init_key = init_key ? init_key : "mount";
-        } else if (!strcmp(key, "sysctl")) {
+            init_key = init_key ? init_key : PC_KEY_MOUNT;
+        } else if (!strcmp(key, PC_KEY_SYSCTL)) {
             if (s->nsysctls >= PC_SPEC_MAX_SYSCTLS)
                 return fail(err, errlen, "more than %d sysctls", PC_SPEC_MAX_SYSCTLS);
             if (parse_sysctl(val, &s->sysctls[s->nsysctls]))
                 BAD();
             s->nsysctls++;
-            init_key = init_key ? init_key : "sysctl";
-        } else if (!strcmp(key, "path.readonly") || !strcmp(key, "path.masked")) {
+            init_key = init_key ? init_key : PC_KEY_SYSCTL;
+        } else if (!strcmp(key, PC_KEY_PATH_READONLY) || !strcmp(key, PC_KEY_PATH_MASKED)) {
             int ro = key[5] == 'r';
             int *n = ro ? &s->nreadonly_paths : &s->nmasked_paths;
             if (*n >= PC_SPEC_MAX_PATHS)
@@ -434,19 +436,19 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             (ro ? s->readonly_paths : s->masked_paths)[(*n)++] = val;
             init_key = init_key ? init_key : key;
-        } else if (!strcmp(key, "device")) {
+        } else if (!strcmp(key, PC_KEY_DEVICE)) {
             if (s->ndevices >= PC_SPEC_MAX_DEVICES)
                 return fail(err, errlen, "more than %d devices", PC_SPEC_MAX_DEVICES);
             if (parse_device(val, &s->devices[s->ndevices]))
                 BAD();
             s->ndevices++;
-            init_key = init_key ? init_key : "device";
-        } else if (!strcmp(key, "userns")) {
+            init_key = init_key ? init_key : PC_KEY_DEVICE;
+        } else if (!strcmp(key, PC_KEY_USERNS)) {
             ONCE(ONCE_USERNS);
             if (parse_bool(val, &s->userns))
                 BAD();
-            init_key = init_key ? init_key : "userns";
-        } else if (!strcmp(key, "uidmap") || !strcmp(key, "gidmap")) {
+            init_key = init_key ? init_key : PC_KEY_USERNS;
+        } else if (!strcmp(key, PC_KEY_UIDMAP) || !strcmp(key, PC_KEY_GIDMAP)) {
             int uid = key[0] == 'u';
             int *n = uid ? &s->nuidmap : &s->ngidmap;
             if (*n >= PC_SPEC_MAX_ID_MAPS)
@@ -455,29 +457,29 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
                 BAD();
             (*n)++;
             init_key = init_key ? init_key : key;
-        } else if (!strcmp(key, "root.propagation")) {
+        } else if (!strcmp(key, PC_KEY_ROOT_PROPAGATION)) {
             ONCE(ONCE_ROOTPROP);
             if (parse_uint(val, 10, UINT32_MAX, &n) || !propagation_ok(n, 0))
                 BAD();
             s->root_propagation = (unsigned long)n;
-            init_key = init_key ? init_key : "root.propagation";
-        } else if (!strcmp(key, "personality")) {
+            init_key = init_key ? init_key : PC_KEY_ROOT_PROPAGATION;
+        } else if (!strcmp(key, PC_KEY_PERSONALITY)) {
             ONCE(ONCE_PERSONALITY);
             if (parse_uint(val, 10, PC_SPEC_PER_LINUX32, &n) ||
                 (n != PC_SPEC_PER_LINUX && n != PC_SPEC_PER_LINUX32))
                 BAD();
             s->personality = (unsigned long)n;
             s->has_personality = 1;
-            init_key = init_key ? init_key : "personality";
-        } else if (!strcmp(key, "ioprio")) {
+            init_key = init_key ? init_key : PC_KEY_PERSONALITY;
+        } else if (!strcmp(key, PC_KEY_IOPRIO)) {
             ONCE(ONCE_IOPRIO);
             if (parse_ioprio(val, s))
                 BAD();
-        } else if (!strcmp(key, "seccomp")) {
+        } else if (!strcmp(key, PC_KEY_SECCOMP)) {
             ONCE(ONCE_SECCOMP);
             if (parse_bool(val, &s->seccomp))
                 BAD();
-            init_key = init_key ? init_key : "seccomp";
+            init_key = init_key ? init_key : PC_KEY_SECCOMP;
         } else {
             return fail(err, errlen, "unknown key %.40s", key);
         }

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paracell import speckeys as K
 from paracell.errors import ParacellError
 from paracell.net import discover, guestconfig, mirror, netns, tap
 from paracell.vmm.builder import Device, device_kind
@@ -140,7 +141,7 @@ class NetworkInterfaces(Device):
 
     def sandbox_records(self) -> list[tuple[str, str]]:
         return [*guestconfig.records(self.interfaces),
-                *(("net.spare", s.mac) for s in self.spares)]
+                *((K.NET_SPARE, s.mac) for s in self.spares)]
 
     def pass_fds(self) -> tuple[int, ...]:
         return tuple(fd for fd, _ in self.taps if fd >= 0)

@@ -12,6 +12,7 @@ order given.
 
 from __future__ import annotations
 
+from paracell import speckeys as K
 from paracell.net.discover import Interface
 
 SEP = "\x1f"
@@ -19,13 +20,13 @@ SEP = "\x1f"
 
 def records(interfaces: list[Interface], device_macs: list[str] | None = None
             ) -> list[tuple[str, str]]:
-    out = [("net.if", SEP.join([i.name, i.mac, str(i.mtu),
+    out = [(K.NET_IF, SEP.join([i.name, i.mac, str(i.mtu),
                                 *([device_macs[n]] if device_macs else [])]))
            for n, i in enumerate(interfaces)]
     for n, iface in enumerate(interfaces):
-        out += [("net.addr", f"{n}{SEP}{a.address}/{a.prefixlen}") for a in iface.addresses]
+        out += [(K.NET_ADDR, f"{n}{SEP}{a.address}/{a.prefixlen}") for a in iface.addresses]
     for n, iface in enumerate(interfaces):
-        out += [("net.route", SEP.join([str(n), f"{r.dst}/{r.dst_len}", r.gateway,
+        out += [(K.NET_ROUTE, SEP.join([str(n), f"{r.dst}/{r.dst_len}", r.gateway,
                                         str(r.metric), "1" if r.onlink else "0"]))
                 for r in iface.routes]
     return out

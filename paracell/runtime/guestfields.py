@@ -10,6 +10,7 @@ import os
 import posixpath
 from typing import Any
 
+from paracell import speckeys as K
 from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.runtime import mountopts
@@ -63,10 +64,10 @@ def device_records(linux: dict[str, Any], has_dev_mount: bool) -> Records:
         mode = dev.get("fileMode")
         # podman sends the file type bits too (0o20666); runc keeps the permissions.
         mode = 0o666 if mode is None else _uint(mode, f"{where}.fileMode", 0o177777) & 0o7777
-        uid = _uint(dev.get("uid", 0) or 0, f"{where}.uid", MAX_ID - 1)
-        gid = _uint(dev.get("gid", 0) or 0, f"{where}.gid", MAX_ID - 1)
+        uid = _uint(dev.get(K.UID, 0) or 0, f"{where}.uid", MAX_ID - 1)
+        gid = _uint(dev.get(K.GID, 0) or 0, f"{where}.gid", MAX_ID - 1)
         fields = [norm, DEVICE_TYPES[kind], str(major), str(minor), f"{mode:o}", str(uid), str(gid)]
-        records.append(("device", "\x1f".join(fields)))
+        records.append((K.DEVICE, "\x1f".join(fields)))
     return records
 
 
@@ -116,9 +117,9 @@ def userns_records(linux: dict[str, Any], namespaces: dict[str, str]) -> tuple[R
         raise ParacellError("User namespaces enabled, but no uid mappings found.")
     if not gid_map:
         raise ParacellError("User namespaces enabled, but no gid mappings found.")
-    records = [("userns", "1")]
-    records += [("uidmap", ln) for ln in uid_map]
-    records += [("gidmap", ln) for ln in gid_map]
+    records = [(K.USERNS, "1")]
+    records += [(K.UIDMAP, ln) for ln in uid_map]
+    records += [(K.GIDMAP, ln) for ln in gid_map]
     return records, warnings
 
 
@@ -131,7 +132,7 @@ def rootfs_propagation_records(linux: dict[str, Any]) -> Records:
     if value not in ROOTFS_PROPAGATION:
         raise _fail(f"linux.rootfsPropagation {value[:32]!r} is not one of "
                     f"{', '.join(sorted(ROOTFS_PROPAGATION))}")
-    return [("root.propagation", str(ROOTFS_PROPAGATION[value]))]
+    return [(K.ROOT_PROPAGATION, str(ROOTFS_PROPAGATION[value]))]
 
 
 def personality_records(linux: dict[str, Any]) -> tuple[Records, list[str]]:
@@ -147,7 +148,7 @@ def personality_records(linux: dict[str, Any]) -> tuple[Records, list[str]]:
     if flags:
         # runc 1.2's wording and behaviour: flags are logged and not applied.
         warnings.append(f"ignoring unsupported personality flags: {flags[:8]!r}")
-    return [("personality", str(PERSONALITY_DOMAINS[domain]))], warnings
+    return [(K.PERSONALITY, str(PERSONALITY_DOMAINS[domain]))], warnings
 
 
 # ---- process fields ----
@@ -163,7 +164,7 @@ def ioprio_record(process: dict[str, Any]) -> Records:
                     f"{', '.join(IOPRIO_CLASSES)}")
     level = _uint(prio.get("priority", 0), "process.ioPriority.priority",
                   lib.PC_SPEC_IOPRIO_MAX_LEVEL)
-    return [("ioprio", f"{IOPRIO_CLASSES[cls]} {level}")]
+    return [(K.IOPRIO, f"{IOPRIO_CLASSES[cls]} {level}")]
 
 
 def _host_has_apparmor() -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paracell import speckeys as K
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
@@ -49,7 +50,7 @@ SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
 # The guest namespaces a member may share with its pod, by OCI type, and the
 # launch-spec key that asks the agent to join them.
-JOINABLE = {"ipc": "ns.ipc", "uts": "ns.uts", "pid": "ns.pid"}
+JOINABLE = {"ipc": K.NS_IPC, "uts": K.NS_UTS, "pid": K.NS_PID}
 NS_PATH = re.compile(r"/proc/(\d{1,10})/ns/([a-z]+)")
 
 
@@ -146,7 +147,7 @@ def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
     owners = {sandbox.shim_pid: sandbox.id, **members}
     records = []
     for kind, path in bundle.namespaces.items():
-        if not path or kind in ("mount", "cgroup", "user"):
+        if not path or kind in (K.MOUNT, "cgroup", "user"):
             continue
         if kind == "network":
             # The VM has one network namespace, the pod's: a member can have no other.
@@ -187,7 +188,7 @@ def mount_member(bundle: Bundle, member_dir: Path) -> None:
 def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
                    members: dict[int, str]) -> list[tuple[str, str]]:
     slot = member_slot(container_id)
-    return [("rootfs", f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
+    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
 
 
 class MemberProxy:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 
+from paracell import speckeys as K
 from paracell.runtime.spec import encode_records
 
 TYPE_CHECKING = False
@@ -22,7 +23,7 @@ ENTROPY_BYTES = 64
 
 
 def clock_record(now_ns: int) -> tuple[str, str]:
-    return ("clock", f"{now_ns // 1_000_000_000}.{now_ns % 1_000_000_000:09d}")
+    return (K.CLOCK, f"{now_ns // 1_000_000_000}.{now_ns % 1_000_000_000:09d}")
 
 
 def payload(vm: VmBuilder, hostname: str) -> bytes:
@@ -31,7 +32,7 @@ def payload(vm: VmBuilder, hostname: str) -> bytes:
     # The VM's own name, for what runs outside a UTS namespace of its own;
     # the container's comes with its SPEC, whatever bytes the spec gave it.
     if hostname and hostname.isascii() and hostname.isprintable():
-        records.append(("hostname", hostname))
-    records.append(("entropy", os.urandom(ENTROPY_BYTES).hex()))
+        records.append((K.HOSTNAME, hostname))
+    records.append((K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()))
     records.append(clock_record(time.time_ns()))
     return encode_records(records)

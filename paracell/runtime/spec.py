@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from paracell import speckeys as K
 from paracell import wire
 from paracell._native import lib
 from paracell.errors import ParacellError
@@ -86,7 +87,7 @@ class MountRecord:
 
     def record(self, bind_prefix: str) -> tuple[str, str]:
         source = self.source if self.host_slot is None else f"{bind_prefix}/{self.host_slot}"
-        return ("mount", "\x1f".join([
+        return (K.MOUNT, "\x1f".join([
             self.dest, self.kind, source, str(self.flags), self.data, str(self.propagation),
             str(self.attr_set), str(self.attr_clr), "1" if self.copyup else "0"]))
 
@@ -170,7 +171,7 @@ def validate(path: Path, config: dict[str, Any]) -> Bundle:
     if process is not None:
         _expect(process, dict, "process")
         bundle.process_records = _process_records(process, bundle.warnings)
-    hostname = _expect(config.get("hostname", ""), str, "hostname")
+    hostname = _expect(config.get(K.HOSTNAME, ""), str, "hostname")
     if len(hostname) > 64:
         raise _fail("hostname is longer than 64 characters")
     mounts = config.get("mounts") or []
@@ -215,19 +216,19 @@ def _user_records(user: Any) -> list[tuple[str, str]]:
     if "username" in user:
         raise _fail(f"process.user.username {user['username']!r}: unknown user (Windows only)")
     records = [
-        ("uid", str(_id_value(user.get("uid", 0), "process.user.uid"))),
-        ("gid", str(_id_value(user.get("gid", 0), "process.user.gid"))),
+        (K.UID, str(_id_value(user.get(K.UID, 0), "process.user.uid"))),
+        (K.GID, str(_id_value(user.get(K.GID, 0), "process.user.gid"))),
     ]
     gids = user.get("additionalGids") or []
     _expect(gids, list, "process.user.additionalGids")
     if len(gids) > lib.PC_SPEC_MAX_GIDS:
         raise _fail(f"process.user.additionalGids has more than {lib.PC_SPEC_MAX_GIDS} entries")
-    records += [("gid+", str(_id_value(g, "process.user.additionalGids[]"))) for g in gids]
+    records += [(K.GID_ADD, str(_id_value(g, "process.user.additionalGids[]"))) for g in gids]
     if "umask" in user:
         umask = _expect(user["umask"], int, "process.user.umask")
         if not 0 <= umask <= 0o777:
             raise _fail("process.user.umask must be between 0 and 0777")
-        records.append(("umask", f"{umask:o}"))
+        records.append((K.UMASK, f"{umask:o}"))
     return records
 
 
@@ -245,12 +246,18 @@ def _rlimit_records(rlimits: Any) -> list[tuple[str, str]]:
         hard = _expect(rl.get("hard"), int, f"process.rlimits[{i}].hard")
         if not (0 <= soft <= RLIM_INFINITY and 0 <= hard <= RLIM_INFINITY) or soft > hard:
             raise _fail(f"process.rlimits[{i}]: need 0 <= soft <= hard")
-        records.append(("rlimit", f"{RLIMITS[kind]} {soft} {hard}"))
+        records.append((K.RLIMIT, f"{RLIMITS[kind]} {soft} {hard}"))
     return records
 
 
 CAP_SETS = ("bounding", "effective", "permitted", "inheritable", "ambient")
 MAX_CAPS_PER_SET = 64
+
+
+def _cap_key(kind: str) -> str:
+    return {"bounding": K.CAP_BOUNDING, "effective": K.CAP_EFFECTIVE,
+            "permitted": K.CAP_PERMITTED, "inheritable": K.CAP_INHERITABLE,
+            "ambient": K.CAP_AMBIENT}[kind]
 
 
 def _cap_records(caps: Any, warnings: list[str]) -> list[tuple[str, str]]:
@@ -271,7 +278,7 @@ def _cap_records(caps: Any, warnings: list[str]) -> list[tuple[str, str]]:
                     unknown.append(name)
                 continue
             mask |= 1 << number
-        records.append((f"cap.{kind}", f"{mask:x}"))
+        records.append((_cap_key(kind), f"{mask:x}"))
     if unknown:
         shown = " ".join(repr(n[:64]) for n in unknown[:8])
         warnings.append(f"ignoring unknown or unavailable capabilities: [{shown}]")
@@ -291,30 +298,30 @@ def _process_records(process: dict[str, Any],
     args = _str_list(process.get("args"), "process.args", lib.PC_SPEC_MAX_ARGS)
     if not args or not args[0]:
         raise _fail("process.args must not be empty")
-    records = [("arg", a) for a in args]
+    records = [(K.ARG, a) for a in args]
     for i, item in enumerate(_str_list(process.get("env") or [], "process.env",
                                        lib.PC_SPEC_MAX_ENV)):
         if "=" not in item:
             raise _fail(f"process.env[{i}] {item!r} is not NAME=value")
-        records.append(("env", item))
-    cwd = _expect(process.get("cwd", "/"), str, "process.cwd")
+        records.append((K.ENV, item))
+    cwd = _expect(process.get(K.CWD, "/"), str, "process.cwd")
     if not cwd.startswith("/"):
         raise _fail(f"process.cwd {cwd!r} must be an absolute path")
-    records.append(("cwd", cwd))
+    records.append((K.CWD, cwd))
     records += _user_records(process.get("user") or {})
     records += _rlimit_records(process.get("rlimits") or [])
     if _expect(process.get("noNewPrivileges", False), bool, "process.noNewPrivileges"):
-        records.append(("nnp", "1"))
+        records.append((K.NNP, "1"))
     if "capabilities" in process:
         records += _cap_records(process["capabilities"], [] if warnings is None else warnings)
     if process.get("oomScoreAdj") is not None:
-        records.append(("oom_score_adj", _oom_score_adj(process["oomScoreAdj"])))
+        records.append((K.OOM_SCORE_ADJ, _oom_score_adj(process["oomScoreAdj"])))
     records += guestfields.ioprio_record(process)
-    if _expect(process.get("terminal", False), bool, "process.terminal"):
-        records.append(("terminal", "1"))
+    if _expect(process.get(K.TERMINAL, False), bool, "process.terminal"):
+        records.append((K.TERMINAL, "1"))
         size = process.get("consoleSize") or {}
         _expect(size, dict, "process.consoleSize")
-        for key, rec in (("height", "rows"), ("width", "cols")):
+        for key, rec in (("height", K.ROWS), ("width", K.COLS)):
             if key in size:
                 value = _expect(size[key], int, f"process.consoleSize.{key}")
                 records.append((rec, str(max(0, min(value, 65535)))))
@@ -380,7 +387,7 @@ def _sysctl_records(linux: dict[str, Any], namespaces: dict[str, str]
             raise _fail(f"linux.sysctl[{key!r}] is longer than "
                         f"{lib.PC_SPEC_MAX_SYSCTL_VALUE} bytes")
         _check_sysctl_namespace(name, namespaces)
-        records.append(("sysctl", f"{path}={value}"))
+        records.append((K.SYSCTL, f"{path}={value}"))
     return records
 
 
@@ -430,11 +437,11 @@ def _linux_records(config: dict[str, Any], namespaces: dict[str, str],
     # Says that a PC_SECCOMP frame goes with this SPEC (compiled in validate).
     has_seccomp = _expect(linux.get("seccomp"), (dict, type(None)), "linux.seccomp") is not None
     return [*_sysctl_records(linux, namespaces),
-            *_path_records(linux, "readonlyPaths", "path.readonly"),
-            *_path_records(linux, "maskedPaths", "path.masked"),
+            *_path_records(linux, "readonlyPaths", K.PATH_READONLY),
+            *_path_records(linux, "maskedPaths", K.PATH_MASKED),
             *guestfields.device_records(linux, _has_dev_mount(config)),
             *guestfields.rootfs_propagation_records(linux),
-            *userns, *personality, *([("seccomp", "1")] if has_seccomp else [])]
+            *userns, *personality, *([(K.SECCOMP, "1")] if has_seccomp else [])]
 
 
 def _escapes_root(dest: str) -> bool:
@@ -528,13 +535,13 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
     config = bundle.config
     if config.get("process") is None:
         return b""  # nothing to create in the guest until a process exists
-    records = [("container", container_id), ("role", "init"), *bundle.process_records]
+    records = [(K.CONTAINER, container_id), (K.ROLE, "init"), *bundle.process_records]
     if config.get("hostname"):
-        records.append(("hostname", config["hostname"]))
+        records.append((K.HOSTNAME, config["hostname"]))
     if bundle.rootfs_readonly:
-        records.append(("root.readonly", "1"))
+        records.append((K.ROOT_READONLY, "1"))
     if xgates:
-        records.append(("xgates", "on"))
+        records.append((K.XGATES, "on"))
     records += [m.record(bundle.bind_prefix) for m in bundle.mounts]
     records += bundle.linux_records
     records += extra or []
@@ -543,5 +550,5 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
 
 def exec_launch_spec(container_id: str, process: dict[str, Any]) -> bytes:
     """Records for another process in a container that exists in the guest."""
-    return encode_records([("container", container_id), ("role", "exec"),
+    return encode_records([(K.CONTAINER, container_id), (K.ROLE, "exec"),
                            *_process_records(process)])

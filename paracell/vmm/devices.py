@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from paracell import speckeys as K
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
 from paracell.vmm import hostshare, memory
@@ -135,7 +136,7 @@ class Share(Device):
         return {str(self.path): not self.readonly}
 
     def sandbox_records(self) -> list[tuple[str, str]]:
-        return [("share", self.tag)]
+        return [(K.SHARE, self.tag)]
 
     def qemu_args(self) -> list[str]:
         # passthrough keeps the container's uids/modes on the host files, as runc would.

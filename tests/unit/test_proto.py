@@ -123,3 +123,37 @@ def test_port_forward_bounds_fit_the_frame():
     assert {"PC_FWD_OPEN", "PC_FWD_CLOSE", "PC_SPEC"} <= set(types)
     values = [getattr(lib, name) for name in types]
     assert len(values) == len(set(values)), sorted(values)
+
+
+SPEC_KEY = re.compile(r'#define (PC_KEY_\w+) "([^"]*)"')
+AGENT = REPO / "guest" / "agent"
+
+
+def test_the_launch_spec_keys_are_defined_once_and_used_on_both_sides():
+    """proto/launch_spec.h is the one list of record keys: Python sees it
+    through cffi, the agent compares against its macros, neither types a key
+    of its own, and no key is defined that one side never uses."""
+    from paracell import speckeys
+
+    defined = dict(SPEC_KEY.findall((PROTO / "launch_spec.h").read_text()))
+    assert len(set(defined.values())) == len(defined), "two macros name one key"
+    assert speckeys.SEP == "\x1f"  # the only escaped one
+    for macro, text in defined.items():
+        if macro != "PC_KEY_SEP":
+            assert getattr(speckeys, macro.removeprefix("PC_KEY_")) == text
+    agent = "\n".join(p.read_text() for p in sorted(AGENT.glob("*.c")))
+    # The agent never compares a key against a string literal of its own.
+    assert re.findall(r'str(?:n)?cmp\(key, "', agent) == []
+    host = "\n".join(p.read_text() for p in sorted((REPO / "paracell").rglob("*.py")))
+    for macro, text in defined.items():
+        if macro == "PC_KEY_SEP":
+            continue
+        assert macro in agent, f"the agent never reads {macro}"
+        # The host writes the whole cap.SET and ns.TYPE keys; the agent
+        # dispatches on their prefixes.
+        if not macro.endswith("_PREFIX"):
+            assert f"K.{macro.removeprefix('PC_KEY_')}" in host, f"the host never writes {macro}"
+        # ... and the host never types the key itself as a record's key: a
+        # ("key", value) tuple, not a call such as get("key", default).
+        typed = re.findall(r'(?<![\w.])\("' + re.escape(text) + r'", ', host)
+        assert typed == [], f"{text!r} typed outside proto/launch_spec.h"
