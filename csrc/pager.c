@@ -74,8 +74,10 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
     p->ram_fd = dup(ram_fd);
     p->shm_fd = dup(shm_fd);
     if (p->ram_fd < 0 || p->shm_fd < 0) goto io_error;
-    if (ftruncate(p->shm_fd, PC_PAGER_SHM_SIZE) < 0 ||
-        ftruncate(stats_fd, sizeof(struct pc_pager_stats)) < 0)
+    /* Allocated, not just sized: on a full filesystem the first store into
+     * a sparse shared mapping is a SIGBUS; here it is ENOSPC, reported. */
+    if (fallocate(p->shm_fd, 0, 0, PC_PAGER_SHM_SIZE) < 0 ||
+        fallocate(stats_fd, 0, 0, sizeof(struct pc_pager_stats)) < 0)
         goto io_error;
     p->shm = mmap(NULL, PC_PAGER_SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p->shm_fd, 0);
     if (p->shm == MAP_FAILED) { p->shm = NULL; goto io_error; }

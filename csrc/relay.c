@@ -60,6 +60,7 @@ struct relay {
     int listen_fd;  /* the shim's socket, or a member proxy's control socket, or -1 */
     struct pc_relay_result *res;
     int shim;
+    int (*start_payload)(char *buf, int cap);
     int chan_fd;
     struct inbuf chan_in;
     struct sink to_chan;
@@ -190,6 +191,21 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             c->spec_sent = type == PC_SPEC;
             r->chan_owner[ch] = idx;
             return sink_frame(&r->to_chan, type, (unsigned)ch, p, n);
+        }
+        if (type == PC_START && r->start_payload) {
+            /* The client's payload is not trusted for this: the shim, which
+             * sits in the container's network namespace, makes it. */
+            static char made[PC_MAX_PAYLOAD];
+            int len = r->start_payload(made, (int)sizeof made);
+            if (len < 0 || len > (int)sizeof made) {
+                made[sizeof made - 1] = 0;
+                const char *why = len < 0 ? made : "start payload too large";
+                sink_frame(&c->out, PC_ERROR, 0, why, strlen(why));
+                c->closing = 1;
+                return 0;
+            }
+            p = made;
+            n = (uint32_t)len;
         }
         if (type == PC_START || type == PC_SIGNAL) {
             if (sink_frame(&r->to_chan, type, 0, p, n) < 0) return -1;
@@ -498,6 +514,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     r->cfg = cfg;
     r->res = res;
     r->shim = cfg->listen_fd >= 0;
+    r->start_payload = r->shim ? cfg->start_payload : NULL;
     r->listen_fd = r->shim ? cfg->listen_fd : cfg->control_fd;
     /* An exec proxy's process was started before its relay; a member's
      * waits for `start`, which arrives on its control socket. */

@@ -4,9 +4,10 @@
 pid it was given, which is our shim in the namespace it made for itself, and
 only then starts the task. The VM was built with a spare virtio-net device
 for this (paracell/net/device.py), hidden by the agent. `start` looks in the
-shim's namespace: an interface found there is mirrored onto the spare's TAP,
-and its configuration rides on the START frame, so the container's process
-runs only once its interface is up (docs/networking.md).
+shim's namespace: when `start` asks, the shim (the process that sits in the
+namespace; its relay calls back here) mirrors an interface found there onto
+the spare's TAP, and its configuration rides on the START frame, so the
+container's process runs only once its interface is up (docs/networking.md).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ if TYPE_CHECKING:
 
 
 def _take_spares(record_path: Path) -> list[tuple[str, str]]:
-    """Runs in the shim's namespace: mirrors the interfaces found there onto
-    the spares, and returns their records for the agent."""
+    """In the shim's namespace: mirrors the interfaces found there onto the
+    spares, and returns their records for the agent."""
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
@@ -50,25 +51,25 @@ def _take_spares(record_path: Path) -> list[tuple[str, str]]:
     return guestconfig.records(found, [s.mac for s in record.spares])
 
 
-def _only_ours(shim_pid: int) -> bool:
-    """True when the shim's namespace holds nothing but lo and our TAPs: the
-    common case, answered from /proc without loading pyroute2."""
+def _only_ours() -> bool:
+    """True when the namespace holds nothing but lo and our TAPs: the common
+    case, answered from /proc without loading pyroute2."""
     try:
-        with open(f"/proc/{shim_pid}/net/dev") as f:
+        with open("/proc/self/net/dev") as f:
             names = [line.split(":", 1)[0].strip() for line in f.readlines()[2:]]
     except OSError:
         return False
     return all(n == "lo" or n.startswith(discover.TAP_PREFIX) for n in names)
 
 
-def start_payload(config: VmConfig, shim_pid: int) -> bytes:
-    """The START frame's payload: network records, or nothing. The caller
-    holds the container's lock and has checked that shim_pid is our shim.
-    Only a namespace of the VM's own can gain interfaces after create."""
+def start_payload(config: VmConfig) -> bytes:
+    """The START frame's payload: network records, or nothing. Runs in the
+    shim, the process that sits in the namespace, when `start` asks (the
+    relay calls it). Only a namespace of the VM's own can gain interfaces
+    after create."""
     from paracell.runtime.spec import encode_records
 
-    if config.network != netns.NEW or not config.net_record or _only_ours(shim_pid):
+    if config.network != netns.NEW or not config.net_record or _only_ours():
         return b""
-    record = Path(config.net_record)
-    records = netns.run_inside(f"/proc/{shim_pid}/ns/net", lambda: _take_spares(record))
+    records = _take_spares(Path(config.net_record))
     return encode_records(records) if records else b""

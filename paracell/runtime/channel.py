@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,11 +128,14 @@ class RelayEnd:
 
 
 def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
-              control_fd: int = -1, forward: Any = None) -> RelayEnd:
+              control_fd: int = -1, forward: Any = None,
+              start_payload: Callable[[], bytes] | None = None) -> RelayEnd:
     """Runs the C relay over this process's stdio (or its terminal) until the
     process exits, the channel fails, or abort_fd becomes readable.
     control_fd: a pod member proxy's socket for its container's start and kill.
-    forward: the shim's struct pc_fwd_listeners * (paracell/net/portforward.py)."""
+    forward: the shim's struct pc_fwd_listeners * (paracell/net/portforward.py).
+    start_payload: the shim's, called once when `start` asks: what the init's
+    START carries; a ParacellError is the start's error."""
     from paracell._native import ffi, lib
     from paracell.runtime import signals
 
@@ -139,6 +143,25 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
     cfg.chan_fd, cfg.listen_fd, cfg.abort_fd = chan_fd, listen_fd, abort_fd
     cfg.control_fd = control_fd
     cfg.fwd = forward if forward is not None else ffi.NULL
+    callback = None
+    if start_payload is not None:
+        def fill(buf: Any, cap: int) -> int:
+            try:
+                data = start_payload()
+            except Exception as err:  # whatever it is, the start fails in one line
+                text = str(err) if isinstance(err, ParacellError) else \
+                    f"start: {type(err).__name__}: {err}"
+                data, status = text.encode()[:cap - 1] + b"\0", -1
+            else:
+                status = len(data)
+                if status > cap:
+                    return cap + 1
+            ffi.memmove(buf, data, len(data))
+            return status
+
+        # Kept alive for as long as the relay may call it.
+        callback = ffi.callback("int(char *, int)", fill, onerror=lambda *_: None, error=-2)
+        cfg.start_payload = callback
     if tty_fd >= 0:
         cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
         cfg.err_fd = -1
@@ -147,6 +170,7 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
     cfg.forward_mask = signals.forward_mask()
     res = ffi.new("struct pc_relay_result *")
     lib.pc_relay(cfg, res)
+    del callback
     return RelayEnd(res.end, res.status, ffi.string(res.message).decode("utf-8", "replace"))
 
 

@@ -8,7 +8,6 @@ process's status, so containerd can reap and signal it like a runc exec.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 from pathlib import Path
@@ -44,6 +43,17 @@ def _parse_user(user: str) -> dict[str, int]:
         raise ParacellError(f"invalid --user {user!r}: use UID[:GID]") from None
 
 
+def _container_process(ctx: Context, container_id: str) -> dict[str, Any]:
+    """The container's own process object, from its bundle, or {}."""
+    state = ctx.store.load(container_id)
+    try:
+        base = read_json_file(Path(state.bundle) / "config.json", spec.MAX_CONFIG_BYTES)
+        process = base["process"]
+    except (ParacellError, KeyError, TypeError):
+        return {}
+    return process if isinstance(process, dict) else {}
+
+
 def process_from_args(
     ctx: Context, container_id: str, process_file: str | None, command: tuple[str, ...],
     tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
@@ -51,14 +61,15 @@ def process_from_args(
 ) -> dict[str, Any]:
     if process_file:
         process = _load_process_file(process_file)
+        if "capabilities" not in process:
+            # runc gives such an exec the container's own sets, not none.
+            inherited = _container_process(ctx, container_id).get("capabilities")
+            if inherited is not None:
+                process["capabilities"] = inherited
     else:
         if not command:
             raise ParacellError("exec: a command or --process is required")
-        state = ctx.store.load(container_id)
-        try:
-            base = json.loads((Path(state.bundle) / "config.json").read_text())["process"]
-        except (OSError, ValueError, KeyError, TypeError):
-            base = {}
+        base = _container_process(ctx, container_id)
         # runc starts from the container's own process and overrides what was given.
         process = copy.deepcopy(base) if isinstance(base, dict) else {}
         process["args"] = list(command)
@@ -123,13 +134,16 @@ def write_exec_marker(marker: Path, pid: int) -> None:
 
 def exec_marker_alive(marker: Path) -> bool:
     """Whether the marker's pid is still the proxy that wrote it."""
+    from paracell.jsonfile import read_regular
+
     if not marker.name.isdigit() or len(marker.name) > 10:
         return False
     try:
-        start = marker.read_bytes()[:24]
-    except OSError:
+        # Bounded and non-blocking: a FIFO or a huge file put there costs nothing.
+        start = read_regular(str(marker), 24, follow=False)
+    except (OSError, ParacellError):
         return False
-    return start.isdigit() and same_process(int(marker.name), int(start))
+    return start.isdigit() and len(start) <= 24 and same_process(int(marker.name), int(start))
 
 
 class ExecProxy:

@@ -19,6 +19,7 @@ from paracell.runtime.log import RuntimeLog, rfc3339_now
 from paracell.runtime.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.state import (
     CONTROL_SOCKET,
+    STANDIN_PID_FILE,
     ContainerState,
     CorruptStateError,
     StateStore,
@@ -55,13 +56,17 @@ class Context:
         return StateStore(self.root)
 
 
+def _write_atomically(path: str | Path, text: str) -> None:
+    target = Path(path).absolute()
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
 def write_pid_file(path: str, pid: int) -> None:
     """containerd reads it with Atoi and treats its appearance as 'created': bare
     decimal, no newline, renamed into place."""
-    target = Path(path).absolute()
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(str(pid))
-    os.replace(tmp, target)
+    _write_atomically(path, str(pid))
 
 
 def create(
@@ -125,6 +130,8 @@ def create(
         state.shim_start = process_start_time(spawned.pid) or 0
         placement.spawned(state, spawned)
         state.status = status.CREATED
+        _write_atomically(store.path(container_id, STANDIN_PID_FILE),
+                          f"{state.shim_pid} {state.shim_start}")
         store.save(state)
         spawned.commit()
         if pid_file:
@@ -143,7 +150,6 @@ def create(
 
 def start(ctx: Context, container_id: str) -> None:
     from paracell._native import lib
-    from paracell.net import late
     from paracell.runtime import hooks
 
     store = ctx.store
@@ -153,15 +159,13 @@ def start(ctx: Context, container_id: str) -> None:
         try:
             if not state.has_process:
                 raise ParacellError(NO_PROCESS.format(container_id))
-            # Interfaces added to the shim's namespace since create (ctr run --cni).
-            network = late.start_payload(state.vm.config, state.shim_pid) \
-                if shim_alive(state) else b""
             # Recorded before the process may run: a state that cannot be
             # written (a full filesystem) fails the start with nothing run.
             state.status = target
             store.save(state)
-            channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START,
-                                    network)
+            # The shim adds what appeared in its network namespace since
+            # create (ctr run --cni): it is the process that sits there.
+            channel.control_request(store.dir(container_id) / CONTROL_SOCKET, lib.PC_START)
         except BaseException:
             # As runc: a start that failed leaves a stopped container, and
             # here no VM. The record, settled by its dead shim, reads stopped.
@@ -216,6 +220,11 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
         if not force:
             raise
         store.remove_stale(container_id)
+    except CorruptStateError:
+        # The lock itself is broken (a directory, missing): nothing to take.
+        if not force:
+            raise
+        _salvage(ctx, container_id)
 
 
 def _salvage(ctx: Context, container_id: str) -> None:
@@ -227,7 +236,8 @@ def _salvage(ctx: Context, container_id: str) -> None:
     store = ctx.store
     state_dir = store.dir(container_id)
     found = salvage.reclaim(state_dir, memory.path_for(ctx.root, container_id),
-                            state_dir / CONTROL_SOCKET)
+                            state_dir / CONTROL_SOCKET, state_dir / STANDIN_PID_FILE,
+                            container_id)
     # The host shares' binds live in the state directory: unmounted before
     # anything there is removed, so nothing behind them is ever deleted.
     hostshare.remove_tree(state_dir)
@@ -250,14 +260,18 @@ def _stop_vm(state: ContainerState) -> None:
 def _destroy(ctx: Context, state: ContainerState) -> None:
     """Kills whatever still runs and removes every file and mount the container had."""
     from paracell.runtime import cgroups, hooks
+    from paracell.vmm import memory
 
     _stop_vm(state)
     cgroups.reclaim(state.vm.host.cgroups)
+    # By its name too: a record that lost its device entry must not leak it.
+    memory.remove(memory.path_for(ctx.root, state.id))
     was_started = state.status != status.CREATING
     state.status = status.STOPPED
     ctx.store.remove(state.id)
     if was_started:
         try:
+            hooks.check_hooks({"hooks": state.hooks})
             hooks.run_hooks(state.hooks, "poststop", oci_state(state))
         except ParacellError as err:
             ctx.log.error(f"poststop hook: {err}", to_stderr=False)

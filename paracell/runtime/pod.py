@@ -92,7 +92,10 @@ HOST_NAMESPACES = {"network": "host network", "ipc": "host IPC", "pid": "host PI
 def refuse_host_namespaces(namespaces: dict[str, str]) -> None:
     """A pod that asks for the host's network, IPC or PID namespace fails at
     RunPodSandbox instead of running cut off (docs/runtime.md)."""
-    wanted = [name for kind, name in HOST_NAMESPACES.items() if kind not in namespaces]
+    from paracell.runtime import spec
+
+    wanted = [name for kind, name in HOST_NAMESPACES.items() if kind not in namespaces
+              or (kind == "network" and namespaces[kind] and spec.is_host_netns(namespaces[kind]))]
     if wanted:
         raise ParacellError(f"{', '.join(wanted)} is not supported by a VM runtime: "
                             "the pod's VM has its own kernel (remove hostNetwork, hostIPC "

@@ -6,9 +6,12 @@ holds is found from what exists instead, by names that only this container
 can have:
 - its QEMU, by the guest-RAM file on its command line (named from the state
   root and the ID, paracell.vmm.memory.path_for);
-- its shim (or a pod member's proxy), as the holder of the control socket in
+- its shim (or a pod member's proxy), by the pid file create writes beside
+  the state (pid and start time), as the holder of the control socket in
   the container's state directory, and as QEMU's parent;
-- the host cgroups those processes sit in, removed once empty;
+- the host cgroups those processes sit in, and the default one named by the
+  ID, removed once empty (the levels above a cgroupsPath leaf that create
+  made are recorded only in the state, and stay);
 - the RAM file itself, and the mounts and files under the state directory.
 
 QEMU is killed first, so that a live shim sees its VM end and tears down
@@ -24,6 +27,7 @@ import signal
 import time
 from pathlib import Path
 
+from paracell.errors import ParacellError
 from paracell.procfs import process_start_time
 
 SHIM_EXIT_WAIT_S = 5.0
@@ -130,7 +134,37 @@ def _wait_gone(pids: list[int], starts: dict[int, int | None], timeout_s: float)
     return left
 
 
-def reclaim(state_dir: Path, ram_file: Path, control_socket: Path) -> list[str]:
+def recorded_stand_in(pid_file: Path) -> int | None:
+    """The stand-in named by its pid file, if that process still lives."""
+    from paracell.jsonfile import read_regular
+    from paracell.procfs import same_process
+
+    try:
+        fields = read_regular(str(pid_file), 64, follow=False).split()
+    except (OSError, ParacellError):
+        return None
+    if len(fields) != 2 or not all(f.isdigit() and len(f) < 20 for f in fields):
+        return None
+    pid, start = int(fields[0]), int(fields[1])
+    return pid if pid > 1 and same_process(pid, start) else None
+
+
+def default_cgroups(container_id: str) -> list[Path]:
+    """Where a container without cgroupsPath has its cgroup: its ID under
+    the runtime's own, in each hierarchy (runtime/cgroups/hierarchy.py)."""
+    from paracell.runtime.cgroups import hierarchy
+
+    found = []
+    for h in hierarchy.discover():
+        try:
+            found.append(Path(hierarchy.directory(h, "", container_id)))
+        except ParacellError:
+            continue
+    return found
+
+
+def reclaim(state_dir: Path, ram_file: Path, control_socket: Path, pid_file: Path,
+            container_id: str) -> list[str]:
     """Ends and removes what the container holds; returns what was found,
     for the log. The state directory itself is the caller's to remove."""
     from paracell.vmm import memory
@@ -138,11 +172,15 @@ def reclaim(state_dir: Path, ram_file: Path, control_socket: Path) -> list[str]:
     own = os.getpid()
     qemus = qemu_processes(ram_file)
     shims = {p for p in socket_holders(control_socket) if p != own}
+    recorded = recorded_stand_in(pid_file)
+    if recorded is not None and recorded != own:
+        shims.add(recorded)
     shims |= {parent for parent in map(_parent, qemus)
               if parent > 1 and parent != own and b"paracell" in _cmdline(parent)}
     victims = [*qemus, *sorted(shims)]
     starts = {p: process_start_time(p) for p in victims}
-    cgroups = {d for p in victims for d in _cgroup_dirs(p)} - set(_cgroup_dirs(own))
+    cgroups = ({d for p in victims for d in _cgroup_dirs(p)} | set(default_cgroups(container_id))
+               ) - set(_cgroup_dirs(own))
     _kill(qemus)
     _wait_gone(qemus, starts, SHIM_EXIT_WAIT_S)
     # A live shim ends on its own once its VM is gone, undoing its network

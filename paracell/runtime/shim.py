@@ -19,7 +19,7 @@ from pathlib import Path
 from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.net import device as net_device
-from paracell.net import netns, portforward
+from paracell.net import late, netns, portforward
 from paracell.procfs import process_start_time
 from paracell.runtime import channel, console, sandboxspec, signals, standin
 from paracell.runtime.hostns import HostIsolation
@@ -153,7 +153,8 @@ class Shim:
         pager = self._pager()
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
         end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd,
-                                forward=self.forward.listeners if self.forward else None)
+                                forward=self.forward.listeners if self.forward else None,
+                                start_payload=lambda: late.start_payload(self.plan.config))
         self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
         failure = pager.server.failure() if pager and pager.server else None
         if failure and end.kind != lib.PC_END_EXIT:

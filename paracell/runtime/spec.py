@@ -7,6 +7,7 @@ reads (docs/agent-protocol.md). Errors are one line, naming the field.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
@@ -312,8 +313,10 @@ def _process_records(process: dict[str, Any],
     records += _rlimit_records(process.get("rlimits") or [])
     if _expect(process.get("noNewPrivileges", False), bool, "process.noNewPrivileges"):
         records.append((K.NNP, "1"))
-    if "capabilities" in process:
-        records += _cap_records(process["capabilities"], [] if warnings is None else warnings)
+    # As runc: no capabilities object (or null) is no capability at all, in
+    # every set; the agent is always told all five.
+    caps = process.get("capabilities")
+    records += _cap_records({} if caps is None else caps, [] if warnings is None else warnings)
     if process.get("oomScoreAdj") is not None:
         records.append((K.OOM_SCORE_ADJ, _oom_score_adj(process["oomScoreAdj"])))
     records += guestfields.ioprio_record(process)
@@ -338,12 +341,15 @@ def _namespaces(linux: dict[str, Any]) -> dict[str, str]:
         kind = _expect(ns.get("type"), str, f"linux.namespaces[{i}].type")
         if kind in found:
             # runc's wording; a later entry silently winning hides a bad spec.
-            raise ParacellError(f"malformed spec file: duplicated ns {kind[:32]!r}")
+            path = ns.get("path") or ""
+            # runc's wording, Go's %q of the entry: duplicated ns {"pid" ""}.
+            raise ParacellError("malformed spec file: duplicated ns "
+                                f"{{{json.dumps(kind[:32])} {json.dumps(str(path)[:200])}}}")
         found[kind] = _expect(ns.get("path") or "", str, f"linux.namespaces[{i}].path")
     return found
 
 
-def _is_host_netns(path: str) -> bool:
+def is_host_netns(path: str) -> bool:
     """runc's test: "host" is the runtime's own network namespace."""
     try:
         given, own = os.stat(path), os.stat("/proc/self/ns/net")
@@ -362,7 +368,7 @@ def _check_sysctl_namespace(name: str, namespaces: dict[str, str]) -> None:
         raise ParacellError(f'sysctl "{name}" is not allowed in the hosts ipc namespace')
     if name.startswith("net."):
         if "network" in namespaces and not (
-                namespaces["network"] and _is_host_netns(namespaces["network"])):
+                namespaces["network"] and is_host_netns(namespaces["network"])):
             return
         raise ParacellError(f'sysctl "{name}" not allowed in host network namespace')
     if "uts" in namespaces and name == "kernel.domainname":

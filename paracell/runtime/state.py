@@ -33,6 +33,9 @@ MAX_STATE_BYTES = 1 << 20
 LOCK_FILE = "lock"
 # The shim's socket for exec proxies and control requests (start, kill --all).
 CONTROL_SOCKET = "shim.sock"
+# The stand-in's pid and start time, apart from state.json: what delete
+# --force finds it by when state.json cannot be read (runtime/salvage.py).
+STANDIN_PID_FILE = "standin.pid"
 # Not a valid container ID (ids.py allows [A-Za-z0-9_+.-] only), so a sweep of
 # abandoned creates can never take a real container for one.
 _NEW_PREFIX = "~new-"
@@ -175,8 +178,17 @@ def _check_loaded(state: ContainerState, container_id: str) -> None:
                state.vm.qemu_pid, state.vm.qemu_start)
     if any(n < 0 or n > 1 << 62 for n in numbers):
         raise ValueError("a pid or start time is out of range")
-    if not all(isinstance(d, dict) for d in (*state.vm.reclaim, *state.vm.host.cgroups)):
-        raise ValueError("a device or cgroup record is not an object")
+    if not all(isinstance(d, dict) and isinstance(d.get("kind"), str)
+               for d in state.vm.reclaim):
+        raise ValueError("a device record is not an object with a kind")
+    for d in state.vm.host.cgroups:
+        if not (isinstance(d, dict) and isinstance(d.get("path"), str)
+                and type(d.get("version")) is int and isinstance(d.get("made_from", ""), str)
+                and isinstance(d.get("controllers"), list)
+                and all(isinstance(c, str) for c in d["controllers"])):
+            raise ValueError("a cgroup record is malformed")
+    if not all(isinstance(v, list) for v in state.hooks.values()):
+        raise ValueError("the hooks are malformed")
 
 
 class ContainerLock:
@@ -191,13 +203,19 @@ class ContainerLock:
     def __enter__(self) -> None:
         if not self.store.is_container_dir(self.container_id):
             raise NotExistError(self.container_id)
+        lock = self.store.path(self.container_id, LOCK_FILE)
         try:
-            self.fd = os.open(self.store.path(self.container_id, LOCK_FILE),
-                              os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except (FileNotFoundError, NotADirectoryError):
+            self.fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                os.close(self.fd)
+                raise CorruptStateError(self.container_id, "its lock is not a regular file")
+        except FileNotFoundError:
+            # A removal takes the state first: a state without its lock is broken.
+            if os.path.lexists(self.store.path(self.container_id, STATE_FILE)):
+                raise CorruptStateError(self.container_id, "its lock file is missing") from None
             raise NotExistError(self.container_id) from None
         except OSError as err:
-            raise ParacellError(f"lock of container {self.container_id}: {err.strerror}") from None
+            raise CorruptStateError(self.container_id, f"its lock: {err.strerror}") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             if not os.path.exists(self.store.path(self.container_id, STATE_FILE)):
@@ -256,7 +274,7 @@ class StateStore:
         written or removed."""
         try:
             return stat.S_ISDIR(os.lstat(self.path(container_id)).st_mode)
-        except FileNotFoundError:
+        except OSError:  # missing, or a root that is not a directory
             return False
 
     def dir(self, container_id: str) -> Path:

@@ -99,8 +99,14 @@ def reclaim(record: list[dict[str, Any]]) -> None:
 
     for entry in reversed(record):
         cls = _KINDS.get(str(entry.get("kind")))
-        if cls is not None:
+        if cls is None:
+            continue
+        try:
             cls.reclaim({k: v for k, v in entry.items() if k != "kind"})
+        except (KeyError, TypeError, ValueError, OSError, ParacellError):
+            # A mangled record of one device must not keep the others, or
+            # the state, from going; what it named is found by name too.
+            continue
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,22 @@ CORRUPTIONS = {
     "deep": lambda p: p.write_text("[" * 50000 + "]" * 50000),
     "fifo": lambda p: (p.unlink(), os.mkfifo(p)),
     "directory": lambda p: (p.unlink(), p.mkdir()),
+    "symlink": lambda p: (p.unlink(), p.symlink_to("/dev/zero")),
+    "bad-cgroup-record": lambda p: p.write_text(json.dumps(_nested(
+        json.loads(p.read_text()), ["vm", "host", "cgroups"], [{"path": 5}]))),
+    "bad-device-record": lambda p: p.write_text(json.dumps(_nested(
+        json.loads(p.read_text()), ["vm", "reclaim"], [{"kind": 5}]))),
+    "bad-hooks": lambda p: p.write_text(json.dumps(_nested(
+        json.loads(p.read_text()), ["hooks"], {"poststop": 5}))),
 }
+
+
+def _nested(data: dict, path: list[str], value: object) -> dict:
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return data
 
 
 @pytest.mark.parametrize("how", sorted(CORRUPTIONS))
@@ -49,7 +64,7 @@ def test_a_broken_state_json_can_still_be_deleted(runtime, make_bundle, how):
                  ["start", "victim"]):
         began = time.monotonic()
         line = one_line(runtime(*verb, timeout=30))
-        assert "state of container victim is corrupt" in line, (verb, line)
+        assert "container victim is corrupt" in line, (verb, line)
         assert time.monotonic() - began < 20
     listed = runtime("list", "--format", "json", timeout=30)
     assert listed.returncode == 0
@@ -62,6 +77,28 @@ def test_a_broken_state_json_can_still_be_deleted(runtime, make_bundle, how):
     assert len(runtime.qemu_processes()) == 1
     assert runtime("exec", "bystander", "true").returncode == 0
     runtime("delete", "--force", "bystander", check=True)
+    runtime.assert_no_leaks()
+
+
+LOCKS = {
+    "a-directory": lambda lock: (lock.unlink(), lock.mkdir()),
+    "missing": lambda lock: lock.unlink(),
+    "a-fifo": lambda lock: (lock.unlink(), os.mkfifo(lock)),
+}
+
+
+@pytest.mark.parametrize("how", sorted(LOCKS))
+def test_a_broken_lock_refuses_changes_but_not_delete_force(runtime, make_bundle, how):
+    """`state` still reads the container; every verb that would change it
+    says why it cannot, in one line; `delete --force` removes it all."""
+    running(runtime, make_bundle, "locked")
+    LOCKS[how](runtime.root / "locked" / "lock")
+    assert json.loads(runtime("state", "locked", check=True).stdout)["status"] == "running"
+    for verb in (["kill", "locked", "TERM"], ["exec", "locked", "true"], ["pause", "locked"],
+                 ["delete", "locked"]):
+        line = one_line(runtime(*verb, timeout=30))
+        assert "container locked is corrupt" in line and "lock" in line, (verb, line)
+    assert runtime("delete", "--force", "locked", timeout=60).returncode == 0
     runtime.assert_no_leaks()
 
 
@@ -80,6 +117,8 @@ def test_a_bad_settings_file_fails_create_only(runtime, make_bundle, tmp_path, h
     config = tmp_path / "paracell.json"
     CONFIGS[how](config)
     runtime.env["PARACELL_CONFIG"] = str(config)
+    # The fixture's PARACELL_ENGINE would spare every verb the file's engine.
+    runtime.env.pop("PARACELL_ENGINE", None)
     line = one_line(runtime("create", "--bundle", str(make_bundle(["true"])), "after",
                             timeout=30))
     assert line.startswith(f"paracell: {config}"), line
@@ -97,6 +136,7 @@ def test_every_documented_setting_is_accepted(runtime, make_bundle, tmp_path):
     config = tmp_path / "paracell.json"
     config.write_text(json.dumps(documented_settings()))
     runtime.env["PARACELL_CONFIG"] = str(config)
+    runtime.env.pop("PARACELL_ENGINE", None)
     ran = runtime("run", "--bundle", str(make_bundle(["true"])), "documented")
     assert ran.returncode == 0, ran.stderr
     runtime.assert_no_leaks()
@@ -136,13 +176,18 @@ def small_root(tmp_path: Path):
     subprocess.run(["umount", "-l", str(root)], check=False)
 
 
-def fill(directory: Path) -> None:
-    with open(directory / "filler", "wb") as f:
-        try:
-            while True:
-                f.write(b"\0" * 65536)
-        except OSError:
-            pass
+def fill(directory: Path, leave: int = 0) -> None:
+    """Fills the filesystem, then gives `leave` bytes back."""
+    fd = os.open(directory / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if leave:
+        os.truncate(directory / "filler", max(0, os.path.getsize(directory / "filler") - leave))
 
 
 def test_a_full_state_filesystem(runtime, make_bundle, small_root):
@@ -163,5 +208,47 @@ def test_a_full_state_filesystem(runtime, make_bundle, small_root):
     # create with the filesystem full: the cause, in one line.
     line = one_line(runtime("create", "--bundle", str(bundle), "nospace"))
     assert "no space left on device" in line.lower(), line
+    (small_root / "filler").unlink()
+    runtime.assert_no_leaks()
+
+
+def test_a_pod_member_with_a_broken_state_is_removed_with_its_proxy(runtime, make_bundle,
+                                                                  tmp_path):
+    """The member has no QEMU to be found by: its proxy is found by the pid
+    file create wrote beside the state, and its pod runs on."""
+    from tests.conftest import cri_pod
+
+    sandbox = make_bundle(["sleep", "1000"], mutate=cri_pod("sandbox", "bpod"))
+    runtime("create", "--bundle", str(sandbox), "bpod", check=True)
+    runtime("start", "bpod", check=True)
+    pid_file = tmp_path / "member.pid"
+    member = make_bundle(["sleep", "1000"], mutate=cri_pod("container", "bpod"))
+    runtime("create", "--bundle", str(member), "--pid-file", str(pid_file), "bmember",
+            check=True)
+    runtime("start", "bmember", check=True)
+    proxy = int(pid_file.read_text())
+    (runtime.root / "bmember" / "state.json").write_text("{}")
+    assert runtime("delete", "--force", "bmember", timeout=60).returncode == 0
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{proxy}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{proxy}"), "the member's proxy outlived its delete"
+    assert not (runtime.root / "bmember").exists()
+    assert runtime("exec", "bpod", "true").returncode == 0
+    runtime("delete", "--force", "bpod", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_create_on_a_nearly_full_state_filesystem_names_the_cause(runtime, make_bundle,
+                                                                   small_root):
+    """A few KiB left: enough for state.json, not for what the shim writes."""
+    runtime.root = small_root / "state"
+    fill(small_root, leave=24 * 1024)
+    result = runtime("create", "--bundle", str(make_bundle(["sleep", "1000"])), "tight")
+    if result.returncode == 0:
+        runtime("delete", "--force", "tight", check=True)
+        pytest.skip("24 KiB sufficed for every file create writes here")
+    line = one_line(result)
+    assert "No space left on device" in line, line
     (small_root / "filler").unlink()
     runtime.assert_no_leaks()

@@ -143,6 +143,25 @@ def test_an_empty_capabilities_object_leaves_no_capability(runtime, make_bundle)
         runtime("delete", "--force", "cnone")
 
 
+def test_an_exec_process_file_without_capabilities_gets_the_containers(runtime, make_bundle,
+                                                                       tmp_path):
+    """runc gives an `exec --process` without capabilities the container's
+    own sets, not every capability and not none."""
+    bundle = make_bundle(["sleep", "1000"], capabilities={
+        k: ["CAP_KILL", "CAP_CHOWN"] for k in ("bounding", "effective", "permitted")})
+    runtime("create", "--bundle", str(bundle), "cexec", check=True)
+    runtime("start", "cexec", check=True)
+    process = tmp_path / "p.json"
+    process.write_text(json.dumps({"args": ["sh", "-c", SHOW_CAPS], "cwd": "/"}))
+    try:
+        shown = runtime("exec", "--process", str(process), "cexec", check=True).stdout.decode()
+    finally:
+        runtime("delete", "--force", "cexec")
+    masks = cap_masks(shown)
+    assert masks["CapBnd"] == masks["CapEff"] == masks["CapPrm"] == (1 << 5) | (1 << 0), shown
+    assert masks["CapInh"] == masks["CapAmb"] == 0
+
+
 def test_an_unknown_capability_is_ignored_with_a_warning(runtime, make_bundle, tmp_path):
     bundle = make_bundle(["sh", "-c", SHOW_CAPS],
                          capabilities={"bounding": ["CAP_KILL", "CAP_NOT_A_CAP"]})

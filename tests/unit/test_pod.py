@@ -164,8 +164,14 @@ def test_members_adopt_the_pod_parent_their_sandbox_made():
 @pytest.mark.parametrize("missing, named", [
     ("network", "host network"), ("ipc", "host IPC"), ("pid", "host PID")])
 def test_a_sandbox_that_asks_for_a_host_namespace_is_refused(missing: str, named: str):
-    namespaces = {"network": "/run/netns/x", "ipc": "", "pid": "", "uts": "", "mount": ""}
+    namespaces = {"network": "", "ipc": "", "pid": "", "uts": "", "mount": ""}
     pod.refuse_host_namespaces(namespaces)  # every one of its own: fine
     del namespaces[missing]
     with pytest.raises(ParacellError, match=f"^{named} is not supported by a VM runtime"):
         pod.refuse_host_namespaces(namespaces)
+
+
+def test_a_sandbox_in_the_runtimes_own_network_namespace_is_refused():
+    """runc's "host" network is also a path to the runtime's own namespace."""
+    with pytest.raises(ParacellError, match="^host network is not supported by a VM runtime"):
+        pod.refuse_host_namespaces({"network": "/proc/self/ns/net", "ipc": "", "pid": ""})
