@@ -106,26 +106,32 @@ def memory_manager_override() -> str | None:
 
 
 def guest_memory_mib() -> int:
-    raw = os.environ.get("PARACELL_GUEST_MEMORY_MIB") or file_config().get("guest_memory_mib", 256)
-    return _memory_mib(raw)
+    return _memory_mib("PARACELL_GUEST_MEMORY_MIB", "guest_memory_mib", 256)
 
 
 def pod_memory_mib() -> int:
     """A pod VM holds every container of the pod; with the Pager, RAM the pod
     does not touch costs the host nothing, so the default is generous."""
-    raw = os.environ.get("PARACELL_POD_MEMORY_MIB") or file_config().get("pod_memory_mib", 512)
-    return _memory_mib(raw)
+    return _memory_mib("PARACELL_POD_MEMORY_MIB", "pod_memory_mib", 512)
 
 
-def _memory_mib(raw: object) -> int:
+def _memory_mib(variable: str, key: str, default: int) -> int:
+    """The setting from the environment, else the file, else the default;
+    an error names where the bad value came from."""
     from paracell.errors import ParacellError
 
+    if os.environ.get(variable):
+        raw: object = os.environ[variable]
+        where = f"${variable}"
+    else:
+        raw, where = file_config().get(key, default), f'"{key}" in {config_path()}'
     try:
         value = int(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise ParacellError(f"guest memory must be a number of MiB, not {raw!r}") from None
+        raise ParacellError(f"{where}: guest memory must be a number of MiB, not "
+                            f"{str(raw)[:32]!r}") from None
     if not 64 <= value <= 65536:
-        raise ParacellError(f"guest memory of {value} MiB is outside 64..65536")
+        raise ParacellError(f"{where}: guest memory of {value} MiB is outside 64..65536")
     return value
 
 
