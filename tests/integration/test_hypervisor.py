@@ -60,6 +60,7 @@ class GuestVm:
         self.builder.attach(devices.SerialConsole(work / f"console-{tag}.log"))
         self.builder.attach(devices.DebugExit())
         self.agent = self.builder.attach(devices.AgentPort())
+        self.rootfs = rootfs
         self.builder.attach(devices.rootfs_share(rootfs, readonly=True))
         qmp = self.builder.attach(devices.QmpSocket(work / f"qmp-{tag}.sock"))
         self.hypervisor = QemuHypervisor(qmp.path)
@@ -77,7 +78,9 @@ class GuestVm:
         """What the shim sends after READY: the sandbox, then a container
         init; the guest pid."""
         channel.attach_sandbox(self.fd, sandboxspec.payload(self.builder, "restored"), 60)
-        bundle = spec.Bundle(Path("/"), default_config(["true"]), Path("/"), True, {})
+        config = default_config(["true"])
+        config["root"] = {"path": str(self.rootfs), "readonly": True}
+        bundle = spec.validate(self.rootfs.parent, config)
         channel.send(self.fd, lib.PC_SPEC, 0, spec.init_launch_spec("restored", bundle))
         return channel.expect_created(self.fd, 60)
 
