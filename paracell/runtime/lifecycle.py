@@ -220,6 +220,9 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
         if not force:
             raise
         store.remove_stale(container_id)
+        # A create of this ID killed before its directory appeared left a
+        # temporary one, which no ID names: it goes too.
+        store.sweep_abandoned()
     except CorruptStateError:
         # The lock itself is broken (a directory, missing): nothing to take.
         if not force:

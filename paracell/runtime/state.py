@@ -286,7 +286,7 @@ class StateStore:
         """Makes the container's directory appear, complete and locked. Returns
         the held lock's fd; the caller closes it to release the lock."""
         os.makedirs(self.root, mode=0o711, exist_ok=True)
-        self._sweep_abandoned()
+        self.sweep_abandoned()
         tmp = os.path.join(self.root, f"{_NEW_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
         os.mkdir(tmp, 0o700)
         lock_fd = -1
@@ -309,7 +309,7 @@ class StateStore:
             _rmtree(tmp)
             raise
 
-    def _sweep_abandoned(self) -> None:
+    def sweep_abandoned(self) -> None:
         """Temporary directories of creates that were killed before the rename."""
         try:
             names = [n for n in os.listdir(self.root) if n.startswith(_NEW_PREFIX)]
