@@ -29,7 +29,9 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = 
                            initramfs=guest.initramfs, memory_mib=256, vcpus=1,
                            kernel_args=("paracell.exit_on_boot=1",),
                            tsc_khz=hostclock.tsc_khz() if engine == "tcg" else 0))
-    vm.attach(devices.GuestRam(workdir / "raw.mem", 256))
+    # In a directory of its own: the RAM directory's lock file sits beside
+    # that directory, so inside workdir it goes with it.
+    vm.attach(devices.GuestRam(workdir / "ram" / "raw.mem", 256))
     vm.attach(devices.SerialConsole(workdir / "console.log"))
     vm.attach(devices.DebugExit())
     vm.attach(devices.AgentPort())

@@ -97,6 +97,7 @@ def work(tmp_path: Path) -> Path:
     memory.mkdir()
     yield memory
     shutil.rmtree(memory, ignore_errors=True)
+    memory.with_name(f".{memory.name}.lock").unlink(missing_ok=True)
 
 
 def test_pause_resume_and_query(work: Path, busybox_rootfs: Path):
