@@ -21,16 +21,31 @@ from typing import Any, ClassVar, TypeVar
 from paracell.errors import ParacellError
 
 # The RTC stays on: without it the kernel spends a second waiting to read the time.
-KERNEL_CMDLINE = ("console=ttyS0", "quiet", "panic=-1", "mitigations=off")
+# compaction_proactiveness=0: kcompactd would otherwise wake every 500 ms to
+# score fragmentation for huge pages, which this guest never makes (no THP),
+# and an idle VM should not wake at all (docs/benchmarks.md, bench density).
+KERNEL_CMDLINE = ("console=ttyS0", "quiet", "panic=-1", "mitigations=off",
+                  "sysctl.vm.compaction_proactiveness=0")
+# QEMU's emulated local APIC timer counts at 1 GHz (its virtual clock in ns).
+QEMU_LAPIC_TIMER_KHZ = 1_000_000
 # Under TCG only, where busy-wait calibrations are slow and hardware is exact:
-# noapictimer: the tick comes from the PIT; calibrating the LAPIC timer
-# busy-waits ~200 ms under TCG (and its check often fails there anyway).
-# no_timer_check: skip the ~20 ms test of the PIT interrupt; microvm wires it.
+# lapic_timer_khz= (guest/idle/0001): the LAPIC timer, the tick, needs no
+# calibration (100 ms of busy-waiting against the TSC; TCG has no TSC-deadline
+# mode). It used to be noapictimer and a PIT tick, but a tickless guest can
+# sleep at most 27 ms on the PIT, so an idle one woke 40 times a second.
+# no_timer_check: skip the ~20 ms test of the timer interrupt; microvm wires it.
 # noreplace-smp: keep the SMP lock prefixes rather than patching them out.
 # tsc_early_khz= (added when known): the TSC needs no calibration against the
 # PIT, which a busy host can make fail; the jiffies-based fallback then waits
-# forever on an ACPI microvm, whose PIT never ticks.
-TCG_KERNEL_CMDLINE = ("noapictimer", "no_timer_check", "noreplace-smp")
+# forever on an ACPI microvm, whose PIT never ticks; and cpu_khz is taken
+# from it too (guest/idle/0002).
+TCG_KERNEL_CMDLINE = (f"lapic_timer_khz={QEMU_LAPIC_TIMER_KHZ}", "no_timer_check",
+                      "noreplace-smp")
+# Under TCG no part of the guest needs a PIT (the LAPIC ticks and the TSC rate
+# is given), and with ACPI the guest never even stops it (hardware-reduced
+# ACPI skips the legacy timer setup): QEMU's PIT then keeps its reset-state
+# 18.2 Hz square wave going, waking QEMU's main loop 36 times a second.
+TCG_MACHINE_OPTIONS = ("pit=off",)
 # TCG's translation cache defaults to 1 GiB of host memory; containers need far less.
 TCG_TB_SIZE_MIB = 64
 
@@ -161,10 +176,6 @@ class VmBuilder:
             words += TCG_KERNEL_CMDLINE
             if m.tsc_khz:
                 words.append(f"tsc_early_khz={m.tsc_khz}")
-            if self._acpi():
-                # With ACPI, microvm's PIT does not tick: the LAPIC timer does,
-                # in TSC-deadline mode, which needs no calibration.
-                words.remove("noapictimer")
         for device in self.devices:
             words += device.kernel_args()
         return " ".join([*words, *m.kernel_args])
@@ -179,6 +190,8 @@ class VmBuilder:
         machine_opts = ["microvm", "x-option-roms=off"]
         for device in self.devices:
             machine_opts += device.machine_options
+        if m.engine == "tcg":
+            machine_opts += TCG_MACHINE_OPTIONS
         if not self._acpi():
             # Without a PCI device nothing needs ACPI, and parsing it costs boot time.
             machine_opts.append("acpi=off")

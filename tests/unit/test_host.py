@@ -68,14 +68,17 @@ def test_tcg_command_line():
     joined = " ".join(argv)
     assert argv[argv.index("-cpu") + 1] == "max"
     assert "tcg,tb-size=" in joined
-    assert "microvm,x-option-roms=off,memory-backend=mem,acpi=off" in joined
+    assert "microvm,x-option-roms=off,memory-backend=mem,pit=off,acpi=off" in joined
     assert "mem-path=/dev/shm/m,share=on" in joined
     assert "-nodefaults" in argv
     assert "virtserialport,chardev=agent,name=paracell.agent" in joined
     assert "path=/r,security_model=passthrough,readonly=on" in joined
     assert "isa-debug-exit,iobase=0xf4" in joined
     assert "hostshare" not in joined
-    assert "noapictimer" in argv[argv.index("-append") + 1]
+    # An idle guest sleeps on the LAPIC timer, told its rate, with no PIT.
+    append = argv[argv.index("-append") + 1].split()
+    assert "lapic_timer_khz=1000000" in append and "noapictimer" not in append
+    assert "sysctl.vm.compaction_proactiveness=0" in append
 
 
 def test_pager_and_balloon_devices(tmp_path):
@@ -90,7 +93,8 @@ def test_pager_and_balloon_devices(tmp_path):
     assert "memory-backend=mem,acpi=on,pcie=on" in joined and "acpi=off" not in joined
     assert "ivshmem-doorbell,chardev=pager,vectors=1" in joined
     assert "-chardev socket,id=pager,fd=" in joined
-    assert "noapictimer" not in append
+    assert "noapictimer" not in append and "lapic_timer_khz=1000000" in append
+    assert "pit=off" in joined
     assert "tsc_early_khz=2596000" in append and "paracell_pager.order=9" in append
     balloon = builder()
     balloon.attach(devices.Balloon())
@@ -101,7 +105,9 @@ def test_kvm_command_line_and_hostshare():
     argv = builder(engine="kvm", readonly=False, binds=True).command_line()
     joined = " ".join(argv)
     assert "-accel kvm -cpu host" in joined
-    assert "noapictimer" not in argv[argv.index("-append") + 1]
+    # KVM's guest has TSC-deadline mode and keeps the PIT it may need.
+    assert "lapic_timer_khz" not in argv[argv.index("-append") + 1]
+    assert "pit=off" not in joined
     assert "readonly=on" not in joined
     assert "mount_tag=hostshare" in joined
 
