@@ -10,13 +10,14 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from paracell import settings
 from paracell.cri.client import CriClient
+from paracell.vmm import memory
 from tests.conftest import PARACELL, REPO
 from tests.e2e.conftest import IMAGE, oci_image_tar, stop_containerd, wait_for
 
@@ -34,7 +35,6 @@ class Cri:
     socket: Path
     paracell_root: Path
     logs: Path
-    ram_files_before: set[str] = field(default_factory=lambda: set(Cri.ram_files()))
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
@@ -92,17 +92,14 @@ class Cri:
         assert self.qemu_pids() == []
         with open("/proc/self/mountinfo") as f:
             assert [ln for ln in f if str(self.paracell_root) in ln] == []
-        assert set(self.ram_files()) <= self.ram_files_before, "a guest RAM file was left"
+        # The pod's own RAM file, by its name (another user of the default
+        # memory directory may come and go meanwhile).
+        ram = memory.path_for(str(self.paracell_root / "k8s.io"), pod_id)
+        assert not ram.exists(), f"the pod's guest RAM file was left: {ram}"
         ports = subprocess.run(["ip", "-o", "link", "show", "master", BRIDGE],
                                capture_output=True, text=True).stdout
         assert ports.strip() == "", f"a veth was left on {BRIDGE}: {ports}"
         assert self.host_cgroups_left() == []
-
-    @staticmethod
-    def ram_files() -> list[str]:
-        """containerd strips the runtime's environment: its RAM files are in
-        the default memory directory."""
-        return [p.name for p in settings.memory_dir().glob("*.mem")]
 
     def running(self, pod_id: str, pod_config: dict[str, object],
                 *configs: dict[str, object]) -> list[str]:
