@@ -351,6 +351,27 @@ def bench_pod(rounds: int, output: str) -> None:
     click.echo(bench_pod_mod.run(_ctx(), rounds, output))
 
 
+@bench.command("density")
+@click.option("--count", default=None, type=int,
+              help="idle sandboxes per runtime [default: 20, or 5 with --quick]")
+@click.option("--window", "window_s", default=None, type=float,
+              help="seconds of idle measured once all are up [default: 30, or 10 with --quick]")
+@click.option("--rounds", default=None, type=int,
+              help="rounds, runtimes alternating first [default: 2, or 1 with --quick]")
+@click.option("--quick", is_flag=True, help="5 sandboxes, a 10 s window, one round")
+@click.option("--output", "-o", default="bench-results/density.json")
+def bench_density(count: int | None, window_s: float | None, rounds: int | None, quick: bool,
+                  output: str) -> None:
+    """N idle sandboxes: host CPU, memory and start time per sandbox, vs runc."""
+    from paracell.bench import density as bench_density_mod
+
+    count, window_s, rounds = bench_density_mod.plan(quick, count, window_s, rounds)
+    if not (1 <= count <= 200 and 0 < window_s <= 600 and 1 <= rounds <= 20):
+        raise ParacellError("paracell bench density: --count 1..200, --window in (0, 600], "
+                            "--rounds 1..20")
+    click.echo(bench_density_mod.run(_ctx(), count, window_s, rounds, output))
+
+
 @bench.command("start")
 @click.option("--runs", default=10, show_default=True)
 @click.option("--output", "-o", default="bench-results/start.json")

@@ -31,6 +31,13 @@ def page_faults(pid: int) -> int | None:
     return None if fields is None else int(fields[7]) + int(fields[9])
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """User plus system time the process has used so far, in clock ticks
+    (SC_CLK_TCK), all its threads together."""
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[11]) + int(fields[12])
+
+
 def same_process(pid: int, start_time: int) -> bool:
     return pid > 0 and process_start_time(pid) == start_time
 

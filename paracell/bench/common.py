@@ -60,6 +60,47 @@ def run_checked(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]
     return result
 
 
+def run_detached(cmd: list[str]) -> None:
+    """Runs a verb that leaves a container running (`create`, `run --detach`)
+    with stdio on /dev/null: the shim keeps what it is given open for the
+    container's life, so a pipe here would never see EOF. Its stderr goes
+    to a file, for the error message."""
+    import tempfile
+
+    with tempfile.TemporaryFile() as err:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=err)
+        if done.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"{' '.join(cmd)}: {err.read().decode(errors='replace')[-300:]}")
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and all its descendants (a shim and its QEMU); [] once it is gone."""
+    import psutil
+
+    try:
+        top = psutil.Process(pid)
+        return [top.pid, *(child.pid for child in top.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def pss_of_tree(pids: list[int]) -> int:
+    """Bytes of PSS of these processes and their descendants, each counted once,
+    so that pages they share are not counted twice."""
+    import psutil
+
+    seen = {pid for top in pids for pid in process_tree(top)}
+    total = 0
+    for pid in seen:
+        try:
+            total += psutil.Process(pid).memory_full_info().pss
+        except psutil.Error:
+            pass
+    return total
+
+
 def oci_runtime(name: str) -> str | None:
     """runc or crun from Debian, when installed, as same-run baselines."""
     return shutil.which(name)

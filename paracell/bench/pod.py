@@ -43,41 +43,6 @@ def _bundle(name: str, annotations: dict[str, str]) -> Path:
     return directory
 
 
-def _create(cmd: list[str]) -> None:
-    """The container's stdio is /dev/null: the shim keeps what it is given
-    open for the container's life, so a pipe here would never see EOF."""
-    import tempfile
-
-    with tempfile.TemporaryFile() as err:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=err)
-        if done.returncode != 0:
-            err.seek(0)
-            raise RuntimeError(f"{' '.join(cmd)}: {err.read().decode(errors='replace')[-300:]}")
-
-
-def _pss_of_tree(pids: list[int]) -> int:
-    import psutil
-
-    seen: set[int] = set()
-    total = 0
-    for pid in pids:
-        try:
-            top = psutil.Process(pid)
-            family = [top, *top.children(recursive=True)]
-        except psutil.Error:
-            continue
-        for proc in family:
-            if proc.pid in seen:
-                continue
-            seen.add(proc.pid)
-            try:
-                total += proc.memory_full_info().pss
-            except psutil.Error:
-                pass
-    return total
-
-
 def _one_pod(paracell: list[str], mode: str, size: int, tag: str) -> dict[str, float]:
     sandbox_id = f"{tag}-sandbox"
     members = [f"{tag}-c{i}" for i in range(size)]
@@ -91,7 +56,7 @@ def _one_pod(paracell: list[str], mode: str, size: int, tag: str) -> dict[str, f
     began = time.monotonic()
     try:
         for cid, bundle in bundles.items():
-            _create([*paracell, "create", "--bundle", str(bundle), cid])
+            common.run_detached([*paracell, "create", "--bundle", str(bundle), cid])
             common.run_checked([*paracell, "start", cid])
         ready_s = time.monotonic() - began
         time.sleep(IDLE_S)
@@ -99,7 +64,7 @@ def _one_pod(paracell: list[str], mode: str, size: int, tag: str) -> dict[str, f
         for cid in bundles:
             state = json.loads(common.run_checked([*paracell, "state", cid]).stdout)
             pids.append(int(state["pid"]))
-        return {"ready_s": ready_s, "host_mib": _pss_of_tree(pids) / (1 << 20)}
+        return {"ready_s": ready_s, "host_mib": common.pss_of_tree(pids) / (1 << 20)}
     finally:
         for cid in [*members, sandbox_id]:
             subprocess.run([*paracell, "delete", "--force", cid], capture_output=True)

@@ -1,0 +1,301 @@
+"""`paracell bench density`: N idle sandboxes (`sleep`) at once, and what
+each costs the host while it idles, against the same N under runc.
+
+Per sandbox: host CPU over a fixed window once all N are up (utime + stime
+from /proc/PID/stat of every process the sandbox holds: the shim and QEMU
+for ParaCell, the container's process for runc), host memory as PSS (so
+that shared pages count once), the host wakeups (context switches) that
+CPU comes from, and how long each start took with the ones before it
+running. runc has no VM and no shim: its figures are the floor. The two
+runtimes take turns, one round each, and which goes first alternates.
+
+Everything a round starts is deleted when the round ends, also after
+Ctrl-C or SIGTERM, and the state roots are removed only once they are empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paracell import procfs
+from paracell.bench import common
+from paracell.bench.plot import save_figure
+from paracell.runtime.lifecycle import Context
+from paracell.vmm import probe
+
+RUNTIMES = ("paracell", "runc")
+GOAL_CPU_PCT = 0.5  # of one core, per idle sandbox
+# After the last start, before the window: the last guest's boot-time work
+# (its first page-reporting passes, the agent's start) is not idling yet.
+SETTLE_S = 5.0
+DEFAULT_COUNT = 20
+DEFAULT_WINDOW_S = 30.0
+DEFAULT_ROUNDS = 2
+QUICK_COUNT = 5
+QUICK_WINDOW_S = 10.0
+SLEEP_ARGS = ["sleep", "1000000"]
+
+
+@dataclass
+class Sandbox:
+    cid: str
+    start_s: float
+    pids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    runtime: str
+    sandboxes: list[Sandbox]
+    cpu_pct: list[float]
+    pss_mib: list[float]
+    wakeups_per_s: list[float]
+    memory_manager: str  # ParaCell's, as its VMs ran; "unknown" for runc
+
+
+def plan(quick: bool, count: int | None, window_s: float | None,
+         rounds: int | None) -> tuple[int, float, int]:
+    """The options a run takes: what was given, else --quick's or the defaults."""
+    return (count if count is not None else QUICK_COUNT if quick else DEFAULT_COUNT,
+            window_s if window_s is not None else QUICK_WINDOW_S if quick else DEFAULT_WINDOW_S,
+            rounds if rounds is not None else 1 if quick else DEFAULT_ROUNDS)
+
+
+def _say(message: str) -> None:
+    # Progress on stderr, so that the summary on stdout stays one block.
+    print(f"density: {message}", file=sys.stderr, flush=True)
+
+
+def _context_switches(pid: int) -> int:
+    """Every thread's voluntary plus involuntary switches: how often the
+    process woke up (/proc/PID/status counts only its main thread)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/status") as f:
+            for line in f:
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
+def _ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        ticks = procfs.cpu_ticks(pid)
+        if ticks is None:
+            raise RuntimeError(f"process {pid} of an idle sandbox exited during the window")
+        total += ticks
+    return total
+
+
+def _memory_manager(pids: list[int]) -> str:
+    """What a ParaCell sandbox's VM got, read off QEMU's argv: the Pager's
+    ivshmem device, the balloon, or neither."""
+    import psutil
+
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            argv = " ".join(psutil.Process(pid).cmdline())
+            if "qemu-system" in argv:
+                return ("pager" if "ivshmem" in argv else
+                        "balloon" if "virtio-balloon" in argv else "none")
+    return "unknown"
+
+
+class Runner:
+    """Starts, finds and deletes one runtime's sandboxes."""
+
+    def __init__(self, runtime: str, cmd: list[str], bundle: Path):
+        self.runtime = runtime
+        self.cmd = cmd  # the runtime's argv up to the verb, with its --root
+        self.bundle = bundle
+
+    def start(self, cid: str) -> float:
+        return common.time_call(lambda: common.run_detached(
+            [*self.cmd, "run", "--detach", "--bundle", str(self.bundle), cid]))
+
+    def pid(self, cid: str) -> int:
+        """For ParaCell the shim, which QEMU is a child of; for runc the
+        container's process."""
+        return int(json.loads(common.run_checked([*self.cmd, "state", cid]).stdout)["pid"])
+
+    def delete(self, cid: str) -> None:
+        subprocess.run([*self.cmd, "delete", "--force", cid], stdin=subprocess.DEVNULL,
+                       capture_output=True)
+
+    def leftovers(self) -> list[str]:
+        listed = subprocess.run([*self.cmd, "list", "--quiet"], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True)
+        return listed.stdout.split()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM (a CI timeout, `kill`) cleans up as Ctrl-C does: the shims
+    are detached and would otherwise keep every VM running."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
+    sandboxes: list[Sandbox] = []
+    attempted: list[str] = []
+    try:
+        for i in range(count):
+            cid = f"{tag}-{i}"
+            attempted.append(cid)
+            took = runner.start(cid)
+            pids = common.process_tree(runner.pid(cid))
+            if not pids:
+                raise RuntimeError(f"{runner.runtime} sandbox {cid} exited right after its start")
+            sandboxes.append(Sandbox(cid, took, pids))
+            _say(f"{runner.runtime}: {i + 1}/{count} up, that start took {took:.2f} s")
+        _say(f"{runner.runtime}: all {count} up; settling {SETTLE_S:.0f} s, "
+             f"then measuring {window_s:.0f} s of idle")
+        time.sleep(SETTLE_S)
+        before = [(_ticks(s.pids), sum(map(_context_switches, s.pids))) for s in sandboxes]
+        began = time.monotonic()
+        time.sleep(window_s)
+        after = [(_ticks(s.pids), sum(map(_context_switches, s.pids))) for s in sandboxes]
+        elapsed = time.monotonic() - began
+        hz = os.sysconf("SC_CLK_TCK")
+        cpu = [(a[0] - b[0]) / hz / elapsed * 100 for a, b in zip(after, before, strict=True)]
+        wakeups = [(a[1] - b[1]) / elapsed for a, b in zip(after, before, strict=True)]
+        pss = [common.pss_of_tree([s.pids[0]]) / (1 << 20) for s in sandboxes]
+        return Round(runner.runtime, sandboxes, cpu, pss, wakeups,
+                     _memory_manager(sandboxes[0].pids))
+    finally:
+        _say(f"{runner.runtime}: deleting {len(attempted)} sandbox(es)")
+        for cid in attempted:
+            runner.delete(cid)
+
+
+def _figures(rounds: list[Round]) -> dict[str, Any]:
+    """Per-sandbox figures: the mean over a round's sandboxes (what N of
+    them cost together, divided by N), summarized over the rounds."""
+    return {
+        "cpu_pct_per_sandbox": common.summarize(
+            [statistics.mean(r.cpu_pct) for r in rounds], "pct"),
+        "pss_mib_per_sandbox": common.summarize(
+            [statistics.mean(r.pss_mib) for r in rounds], "mib"),
+        "wakeups_per_s_per_sandbox": common.summarize(
+            [statistics.mean(r.wakeups_per_s) for r in rounds], "per_s"),
+        "nth_start_s": common.summarize([r.sandboxes[-1].start_s for r in rounds]),
+        "first_start_s": common.summarize([r.sandboxes[0].start_s for r in rounds]),
+        "rounds": [{
+            "start_s": [s.start_s for s in r.sandboxes],
+            "cpu_pct": r.cpu_pct,
+            "pss_mib": r.pss_mib,
+            "wakeups_per_s": r.wakeups_per_s,
+            "pids": [s.pids for s in r.sandboxes],
+        } for r in rounds],
+    }
+
+
+def goals(results: dict[str, Any]) -> list[tuple[str, bool]]:
+    cpu = results["paracell"]["cpu_pct_per_sandbox"]["median_pct"]
+    return [(f"host CPU per idle sandbox {cpu:.3f}% of a core (goal <= {GOAL_CPU_PCT}%)",
+             cpu <= GOAL_CPU_PCT)]
+
+
+def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> str:
+    runc = common.oci_runtime("runc")
+    if runc is None:
+        raise RuntimeError("bench density needs runc (Debian's `runc`) for its floor")
+    bundle = common.example_bundle("density", SLEEP_ARGS)
+    base = Path(tempfile.mkdtemp(prefix="paracell-density-"))
+    engine = probe.choose_engine(ctx.engine, probe.probe_host()).engine
+    paracell = [common.paracell_executable(), "--root", str(base / "paracell"),
+                "--engine", engine]
+    if ctx.memory_manager:
+        paracell += ["--memory-manager", ctx.memory_manager]
+    runners = {"paracell": Runner("paracell", paracell, bundle),
+               "runc": Runner("runc", [runc, "--root", str(base / "runc")], bundle)}
+    done: dict[str, list[Round]] = {name: [] for name in RUNTIMES}
+    _say(f"{count} idle sandboxes per runtime, {rounds} round(s), state under {base}")
+    try:
+        with _sigterm_as_interrupt():
+            for r in range(rounds):
+                order = RUNTIMES if r % 2 == 0 else RUNTIMES[::-1]
+                for name in order:
+                    _say(f"round {r + 1}/{rounds}: {name}")
+                    done[name].append(_one_round(runners[name], count, window_s,
+                                                 f"density-{os.getpid()}-{r}"))
+    finally:
+        left = {name: runner.leftovers() for name, runner in runners.items()}
+        if any(left.values()):
+            # Keep the roots: removing them would orphan what still runs.
+            raise RuntimeError(f"bench density: still listed after delete: {left} (in {base})")
+        shutil.rmtree(base, ignore_errors=True)
+    results = {name: _figures(done[name]) for name in RUNTIMES}
+    met = goals(results)
+    result = {
+        "benchmark": "idle sandboxes: host CPU, memory and start time per sandbox",
+        "engine": engine,
+        "memory_manager": done["paracell"][0].memory_manager,
+        "count": count, "window_s": window_s, "rounds": rounds, "args": SLEEP_ARGS,
+        "results": results,
+        "goals": [{"goal": text, "met": ok} for text, ok in met],
+    }
+    path = common.write_result(output, result)
+    _plot(results, count, path.with_suffix(".png"))
+    lines = []
+    for name in RUNTIMES:
+        fig = results[name]
+        lines.append(
+            f"{name}: {fig['cpu_pct_per_sandbox']['median_pct']:.3f}% of a core, "
+            f"{fig['pss_mib_per_sandbox']['median_mib']:.1f} MiB PSS, "
+            f"{fig['wakeups_per_s_per_sandbox']['median_per_s']:.1f} wakeups/s per sandbox; "
+            f"start {count} took {fig['nth_start_s']['median_s']:.2f} s "
+            f"(the first {fig['first_start_s']['median_s']:.2f} s)")
+    lines += [f"{text}: {'met' if ok else 'NOT met'}" for text, ok in met]
+    return "\n".join([*lines, f"-> {path}"])
+
+
+def _plot(results: dict[str, Any], count: int, output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    colours = {"paracell": "#4c72b0", "runc": "#6c757d"}
+    for ax, key, unit, label in (
+            (axes[0], "cpu_pct_per_sandbox", "pct", "% of a core per sandbox"),
+            (axes[1], "pss_mib_per_sandbox", "mib", "MiB PSS per sandbox")):
+        values = [results[n][key][f"median_{unit}"] for n in RUNTIMES]
+        ax.bar(RUNTIMES, values, color=[colours[n] for n in RUNTIMES])
+        for i, v in enumerate(values):
+            ax.annotate(f"{v:.2f}", (i, v), ha="center", va="bottom", xytext=(0, 3),
+                        textcoords="offset points")
+        ax.set_ylabel(label)
+    axes[0].axhline(GOAL_CPU_PCT, color="#e76f51", linestyle="--", label="goal")
+    axes[0].legend()
+    for name in RUNTIMES:
+        for i, r in enumerate(results[name]["rounds"]):
+            axes[2].plot(range(1, len(r["start_s"]) + 1), r["start_s"], marker=".",
+                         color=colours[name], label=name if i == 0 else None)
+    axes[2].set_xlabel("sandbox (the ones before it running)")
+    axes[2].set_ylabel("start, s")
+    axes[2].legend()
+    fig.suptitle(f"{count} idle sandboxes")
+    return save_figure(fig, output)
