@@ -35,12 +35,15 @@ QEMU_LAPIC_TIMER_KHZ = 1_000_000
 # sleep at most 27 ms on the PIT, so an idle one woke 40 times a second.
 # no_timer_check: skip the ~20 ms test of the timer interrupt; microvm wires it.
 # noreplace-smp: keep the SMP lock prefixes rather than patching them out.
+# tsc=reliable: TCG's TSC is the host's, constant and shared by every vCPU; the
+# clocksource watchdog would otherwise check it against jiffies every 500 ms,
+# which wakes an idle guest twice a second (and a busy host can fail the check).
 # tsc_early_khz= (added when known): the TSC needs no calibration against the
 # PIT, which a busy host can make fail; the jiffies-based fallback then waits
 # forever on an ACPI microvm, whose PIT never ticks; and cpu_khz is taken
 # from it too (guest/idle/0002).
 TCG_KERNEL_CMDLINE = (f"lapic_timer_khz={QEMU_LAPIC_TIMER_KHZ}", "no_timer_check",
-                      "noreplace-smp")
+                      "noreplace-smp", "tsc=reliable")
 # Under TCG no part of the guest needs a PIT (the LAPIC ticks and the TSC rate
 # is given), and with ACPI the guest never even stops it (hardware-reduced
 # ACPI skips the legacy timer setup): QEMU's PIT then keeps its reset-state

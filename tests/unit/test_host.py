@@ -78,7 +78,7 @@ def test_tcg_command_line():
     # An idle guest sleeps on the LAPIC timer, told its rate, with no PIT.
     append = argv[argv.index("-append") + 1].split()
     assert "lapic_timer_khz=1000000" in append and "noapictimer" not in append
-    assert "sysctl.vm.compaction_proactiveness=0" in append
+    assert "sysctl.vm.compaction_proactiveness=0" in append and "tsc=reliable" in append
 
 
 def test_pager_and_balloon_devices(tmp_path):
