@@ -68,9 +68,16 @@ def run_detached(cmd: list[str]) -> None:
     import tempfile
 
     with tempfile.TemporaryFile() as err:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=err)
-        if done.returncode != 0:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err)
+        try:
+            returncode = proc.wait()
+        except KeyboardInterrupt:
+            # Killed halfway, it could leave a VM that no state records yet;
+            # finished, what it made is the caller's cleanup to delete.
+            proc.wait()
+            raise
+        if returncode != 0:
             err.seek(0)
             raise RuntimeError(f"{' '.join(cmd)}: {err.read().decode(errors='replace')[-300:]}")
 

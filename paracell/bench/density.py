@@ -79,16 +79,24 @@ def _say(message: str) -> None:
     print(f"density: {message}", file=sys.stderr, flush=True)
 
 
-def _context_switches(pid: int) -> int:
-    """Every thread's voluntary plus involuntary switches: how often the
-    process woke up (/proc/PID/status counts only its main thread)."""
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/status") as f:
-            for line in f:
-                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                    total += int(line.split()[1])
-    return total
+def _context_switches(pids: list[int]) -> dict[tuple[int, int], int]:
+    """Each thread's voluntary plus involuntary switches: how often the
+    processes woke up (/proc/PID/status counts only the main thread)."""
+    counts = {}
+    for pid in pids:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/status") as f:
+                counts[(pid, int(task))] = sum(
+                    int(line.split()[1]) for line in f
+                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")))
+    return counts
+
+
+def _switches_between(before: dict[tuple[int, int], int],
+                      after: dict[tuple[int, int], int]) -> int:
+    """Per thread, so that one that exits in between (QEMU's worker threads
+    come and go) takes nothing off: a thread born in between counts whole."""
+    return sum(count - before.get(thread, 0) for thread, count in after.items())
 
 
 def _ticks(pids: list[int]) -> int:
@@ -172,14 +180,15 @@ def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
         _say(f"{runner.runtime}: all {count} up; settling {SETTLE_S:.0f} s, "
              f"then measuring {window_s:.0f} s of idle")
         time.sleep(SETTLE_S)
-        before = [(_ticks(s.pids), sum(map(_context_switches, s.pids))) for s in sandboxes]
+        before = [(_ticks(s.pids), _context_switches(s.pids)) for s in sandboxes]
         began = time.monotonic()
         time.sleep(window_s)
-        after = [(_ticks(s.pids), sum(map(_context_switches, s.pids))) for s in sandboxes]
+        after = [(_ticks(s.pids), _context_switches(s.pids)) for s in sandboxes]
         elapsed = time.monotonic() - began
         hz = os.sysconf("SC_CLK_TCK")
         cpu = [(a[0] - b[0]) / hz / elapsed * 100 for a, b in zip(after, before, strict=True)]
-        wakeups = [(a[1] - b[1]) / elapsed for a, b in zip(after, before, strict=True)]
+        wakeups = [_switches_between(b[1], a[1]) / elapsed
+                   for a, b in zip(after, before, strict=True)]
         pss = [common.pss_of_tree([s.pids[0]]) / (1 << 20) for s in sandboxes]
         return Round(runner.runtime, sandboxes, cpu, pss, wakeups,
                      _memory_manager(sandboxes[0].pids))
