@@ -81,8 +81,9 @@ def create(
     pod's (runtime/sandbox.py). Everything the container will hold is in
     the state on disk before any of it exists; a failure at any step
     removes all of it."""
-    from paracell.runtime import hooks, pod, spec, xgates
+    from paracell.runtime import hooks, pod, spec
     from paracell.runtime.sandbox import Container, Placement, Sandbox
+    from paracell.xgate import admission
 
     store = ctx.store
     check_id(container_id)
@@ -95,7 +96,7 @@ def create(
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
-    xgates_plan = xgates.plan(bundle.annotations)
+    xgates_plan = admission.plan(bundle.annotations)
     placement: Placement = (
         pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id, xgates_plan)
         if pod_role.kind == "member" else

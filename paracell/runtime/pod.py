@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from paracell.runtime.cgroups import CgroupDir
     from paracell.runtime.lifecycle import Context
     from paracell.runtime.sandbox import Container
-    from paracell.runtime.xgates import XgatesPlan
+    from paracell.xgate.admission import XgatesPlan
 
 CONTAINER_TYPE = "io.kubernetes.cri.container-type"
 # CRI-O's, which podman gives the containers of its pods (a VM per container).
@@ -281,14 +281,15 @@ class PodSlot:
     def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
              xgates_plan: XgatesPlan) -> PodSlot:
         from paracell import settings
-        from paracell.runtime import cgroups, hostside, xgates
+        from paracell.runtime import cgroups, hostside
+        from paracell.xgate import admission
 
         store = ctx.store
         sandbox, share = _sandbox(store, sandbox_id)
         if bundle.config.get("process") is None:
             # Nothing could start it later: its VM is already running.
             raise ParacellError(f"container {container_id}: a pod member needs a process")
-        xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         # The member's own host cgroup holds its proxy, so containerd finds one
         # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
         host = hostside.plan(bundle, container_id, ctx.systemd_cgroup,

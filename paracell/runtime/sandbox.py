@@ -33,9 +33,9 @@ if TYPE_CHECKING:
     from paracell.runtime.pod import PodRole
     from paracell.runtime.spec import Bundle
     from paracell.runtime.state import VmConfig
-    from paracell.runtime.xgates import XgatesPlan
     from paracell.vmm.builder import VmBuilder
     from paracell.vmm.devices import AgentPort
+    from paracell.xgate.admission import XgatesPlan
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,9 @@ class Sandbox:
         from paracell import settings
         from paracell.guest import artifacts
         from paracell.net import netns
-        from paracell.runtime import hostside, memorymanager, pod, vmplan, xgates
+        from paracell.runtime import hostside, memorymanager, pod, vmplan
         from paracell.vmm import memory, probe
+        from paracell.xgate import admission
 
         # Host side: VM size from linux.resources, cgroup, namespaces
         # (docs/host-isolation.md). A pod's VM holds every container of the
@@ -116,10 +117,10 @@ class Sandbox:
 
             raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
         choice = probe.choose_engine(ctx.engine, facts)
-        xgates.require_support(xgates_plan, choice.engine, facts)
+        admission.require_support(xgates_plan, choice.engine, facts)
         # Before prepare_rootfs, which writes mount points into the rootfs: a
         # refused create leaves nothing behind, not even there.
-        xgates.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
         state_dir = ctx.store.dir(container_id)
         builder, agent, config = vmplan.container_vm(

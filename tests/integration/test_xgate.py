@@ -2,7 +2,7 @@
 vetting, application domains, and glibc programs, with XGates on and off.
 
 The programs come from guest/xgate/ (xgate-test runs one named check and
-prints `ok NAME ...`); paracell.bench.xgate builds them into a busybox
+prints `ok NAME ...`); paracell.xgate.rootfs builds them into a busybox
 rootfs with Debian's glibc, python3 and, at /lib/stock/, Debian's unpatched
 libc.so.6.  The rootfs holds offending files on purpose (xgate-stray, the
 stock libc), so containers here vet in warn mode: the guest kernel is what
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from paracell.bench.xgate import SOURCES, xgate_rootfs
+from paracell.xgate.rootfs import SOURCES, xgate_rootfs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,10 @@ import subprocess
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime import spec, xgates
+from paracell.runtime import spec
 from paracell.runtime.defaultspec import default_config
 from paracell.vmm.probe import HostFacts
+from paracell.xgate import admission
 from paracell.xgate.support import support
 from tests.conftest import PARACELL
 
@@ -24,12 +25,12 @@ def config_file(tmp_path, monkeypatch):
 
 
 def test_annotation_wins_over_the_config_file(config_file):
-    assert xgates.plan({}).enabled is False
+    assert admission.plan({}).enabled is False
     config_file.write_text(json.dumps({"xgates": True}))
-    assert xgates.plan({}) == xgates.XgatesPlan(True, "refuse", f'"xgates" in {config_file}')
-    assert xgates.plan({"io.paracell.xgates": "off"}).enabled is False
+    assert admission.plan({}) == admission.XgatesPlan(True, "refuse", f'"xgates" in {config_file}')
+    assert admission.plan({"io.paracell.xgates": "off"}).enabled is False
     config_file.write_text(json.dumps({"xgates": False}))
-    plan = xgates.plan({"io.paracell.xgates": "on", "io.paracell.xgates.vet": "warn"})
+    plan = admission.plan({"io.paracell.xgates": "on", "io.paracell.xgates.vet": "warn"})
     assert plan.enabled and plan.vet == "warn"
 
 
@@ -39,7 +40,7 @@ def test_annotation_wins_over_the_config_file(config_file):
 ])
 def test_other_annotation_values_are_refused_in_one_line(config_file, annotations):
     with pytest.raises(ParacellError) as err:
-        xgates.plan(annotations)
+        admission.plan(annotations)
     assert "\n" not in str(err.value) and "io.paracell.xgates" in str(err.value)
 
 
@@ -47,7 +48,7 @@ def test_other_annotation_values_are_refused_in_one_line(config_file, annotation
 def test_config_file_xgates_must_be_a_bool(config_file, value):
     config_file.write_text(json.dumps({"xgates": value}))
     with pytest.raises(ParacellError, match="mistyped setting 'xgates'"):
-        xgates.plan({})
+        admission.plan({})
 
 
 def test_a_bool_is_still_refused_for_a_number_setting(config_file):
@@ -82,11 +83,11 @@ def test_support_matrix():
 
 
 def test_create_refuses_xgates_where_unsupported():
-    plan = xgates.XgatesPlan(True, "refuse", "annotation io.paracell.xgates")
+    plan = admission.XgatesPlan(True, "refuse", "annotation io.paracell.xgates")
     with pytest.raises(ParacellError, match="unsupported with engine kvm: .*lacks pku"):
-        xgates.require_support(plan, "kvm", _facts(pku=False))
-    xgates.require_support(plan, "tcg", _facts(pku=False))
-    xgates.require_support(xgates.XgatesPlan(False, "refuse", ""), "kvm", _facts(pku=False))
+        admission.require_support(plan, "kvm", _facts(pku=False))
+    admission.require_support(plan, "tcg", _facts(pku=False))
+    admission.require_support(admission.XgatesPlan(False, "refuse", ""), "kvm", _facts(pku=False))
 
 
 def test_check_says_whether_xgates_can_run():
@@ -109,7 +110,7 @@ def test_a_rootfs_past_the_vet_bounds_is_refused_or_warned(tmp_path, monkeypatch
     for i in range(3):
         (tmp_path / f"f{i}").write_bytes(b"x")
     with pytest.raises(ParacellError, match="rootfs not vetted: .*more than 2 entries"):
-        xgates.vet_rootfs(xgates.XgatesPlan(True, "refuse", ""), tmp_path, RuntimeLog())
+        admission.vet_rootfs(admission.XgatesPlan(True, "refuse", ""), tmp_path, RuntimeLog())
     log = tmp_path / "log"
-    xgates.vet_rootfs(xgates.XgatesPlan(True, "warn", ""), tmp_path, RuntimeLog(str(log)))
+    admission.vet_rootfs(admission.XgatesPlan(True, "warn", ""), tmp_path, RuntimeLog(str(log)))
     assert "rootfs not vetted" in log.read_text()
