@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from cffi import FFI
 
-# The subset of <seccomp.h> that runtime/seccomp.py calls; cffi checks each
+# The subset of <seccomp.h> that runtime/inguest/seccomp.py calls; cffi checks each
 # declaration against the real header when it compiles the module.
 CDEF = """
 typedef void *scmp_filter_ctx;

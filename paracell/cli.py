@@ -16,8 +16,8 @@ import click
 
 from paracell import OCI_VERSION, __version__
 from paracell.errors import ParacellError
-from paracell.runtime.lifecycle import Context
 from paracell.runtime.log import RuntimeLog
+from paracell.runtime.verbs.lifecycle import Context
 from paracell.settings import DEFAULT_ROOT
 
 
@@ -71,7 +71,7 @@ def _ctx() -> Context:
 def create(bundle: str, pid_file: str | None, console_socket: str | None, no_pivot: bool,
            no_new_keyring: bool, preserve_fds: int, container_id: str) -> None:
     """Create a container: boot its VM and prepare its process."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime.verbs import lifecycle
 
     lifecycle.create(_ctx(), container_id, bundle, pid_file, console_socket)
 
@@ -80,7 +80,7 @@ def create(bundle: str, pid_file: str | None, console_socket: str | None, no_piv
 @click.argument("container_id")
 def start(container_id: str) -> None:
     """Start the process of a created container."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime.verbs import lifecycle
 
     lifecycle.start(_ctx(), container_id)
 
@@ -97,7 +97,7 @@ def start(container_id: str) -> None:
 def run(bundle: str, pid_file: str | None, console_socket: str | None, detach: bool, keep: bool,
         no_pivot: bool, no_new_keyring: bool, container_id: str) -> None:
     """Create and start a container, and wait for it unless --detach."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime.verbs import lifecycle
 
     status = lifecycle.run(_ctx(), container_id, bundle, pid_file, console_socket, detach, keep)
     sys.exit(status)
@@ -107,7 +107,7 @@ def run(bundle: str, pid_file: str | None, console_socket: str | None, detach: b
 @click.argument("container_id")
 def state(container_id: str) -> None:
     """Print the OCI state of a container."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime.verbs import lifecycle
 
     st = _ctx().store.load(container_id)
     click.echo(json.dumps(lifecycle.oci_state(st), indent=2))
@@ -119,9 +119,10 @@ def state(container_id: str) -> None:
 @click.argument("signal_name", default="SIGTERM")
 def kill(all_processes: bool, container_id: str, signal_name: str) -> None:
     """Send a signal to the container's init (or every process with --all)."""
-    from paracell.runtime import lifecycle, signals
+    from paracell.runtime.sandbox import signals
+    from paracell.runtime.verbs import kill as verb
 
-    lifecycle.kill(_ctx(), container_id, signals.parse_signal(signal_name), all_processes)
+    verb.kill(_ctx(), container_id, signals.parse_signal(signal_name), all_processes)
 
 
 @main.command()
@@ -129,7 +130,7 @@ def kill(all_processes: bool, container_id: str, signal_name: str) -> None:
 @click.argument("container_id")
 def delete(force: bool, container_id: str) -> None:
     """Delete a stopped container (any container with --force)."""
-    from paracell.runtime import lifecycle
+    from paracell.runtime.verbs import lifecycle
 
     lifecycle.delete(_ctx(), container_id, force)
 
@@ -155,7 +156,7 @@ def exec_(process_file: str | None, detach: bool, pid_file: str | None,
           cap: tuple[str, ...], preserve_fds: int, container_id: str,
           command: tuple[str, ...]) -> None:
     """Run another process inside a running container."""
-    from paracell.runtime import execproc
+    from paracell.runtime.verbs import execproc
 
     process = execproc.process_from_args(
         _ctx(), container_id, process_file, command, tty, cwd, env, user,
@@ -172,9 +173,9 @@ def exec_(process_file: str | None, detach: bool, pid_file: str | None,
 @click.argument("ps_args", nargs=-1)
 def ps(fmt: str, container_id: str, ps_args: tuple[str, ...]) -> None:
     """List the host pids that stand for the container's processes."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import query
 
-    click.echo(inspect.ps(_ctx(), container_id, fmt))
+    click.echo(query.ps(_ctx(), container_id, fmt))
 
 
 @main.command()
@@ -186,7 +187,7 @@ def events(once: bool, interval: int, container_id: str) -> None:
     """Stats of the container's VM: runc's events JSON plus a paracell section."""
     import json
 
-    from paracell.runtime import events as container_events
+    from paracell.runtime.verbs import events as container_events
 
     if once:
         click.echo(json.dumps(container_events.stats(_ctx(), container_id)))
@@ -200,35 +201,35 @@ def events(once: bool, interval: int, container_id: str) -> None:
 @click.option("--quiet", "-q", is_flag=True)
 def list_(fmt: str, quiet: bool) -> None:
     """List containers."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import query
 
-    click.echo(inspect.list_containers(_ctx(), fmt, quiet))
+    click.echo(query.list_containers(_ctx(), fmt, quiet))
 
 
 @main.command()
 @click.argument("container_id")
 def pause(container_id: str) -> None:
     """Pause every process of the container (stops its vCPUs)."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import pause as verb
 
-    inspect.pause(_ctx(), container_id)
+    verb.pause(_ctx(), container_id)
 
 
 @main.command()
 @click.argument("container_id")
 def resume(container_id: str) -> None:
     """Resume a paused container."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import pause as verb
 
-    inspect.resume(_ctx(), container_id)
+    verb.resume(_ctx(), container_id)
 
 
 @main.command()
 def features() -> None:
     """Print what this runtime supports, as runc features does."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import query
 
-    click.echo(json.dumps(inspect.features(), indent=2))
+    click.echo(json.dumps(query.features(), indent=2))
 
 
 @main.command()
@@ -236,12 +237,12 @@ def features() -> None:
 @click.option("--rootless", is_flag=True)
 def spec(bundle: str, rootless: bool) -> None:
     """Write a default config.json into the bundle."""
-    from paracell.runtime import defaultspec
+    from paracell.runtime.bundle import defaultspec
 
     defaultspec.write(bundle)
 
 
-# runc update's flags; values are checked in runtime/resize.py.
+# runc update's flags; values are checked in runtime/verbs/update.py.
 UPDATE_FLAGS = ("blkio-weight", "cpu-period", "cpu-quota", "cpu-burst", "cpu-share",
                 "cpu-rt-period", "cpu-rt-runtime", "cpuset-cpus", "cpuset-mems", "cpu-idle",
                 "memory", "memory-reservation", "memory-swap", "kernel-memory",
@@ -262,12 +263,12 @@ def _update_options(func: Callable[..., None]) -> Callable[..., None]:
 def update(resources: str | None, container_id: str, cpu_shares: str | None,
            **flags: str | None) -> None:
     """Update resource limits: the host cgroup, and guest memory by the balloon."""
-    from paracell.runtime import inspect
+    from paracell.runtime.verbs import update as verb
 
     values = {flag: flags[flag.replace("-", "_")] for flag in UPDATE_FLAGS}
     if cpu_shares is not None and values["cpu-share"] is None:
         values["cpu-share"] = cpu_shares
-    inspect.update(_ctx(), container_id, resources, values)
+    verb.update(_ctx(), container_id, resources, values)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

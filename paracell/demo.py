@@ -9,8 +9,9 @@ import time
 from pathlib import Path
 
 from paracell.guest.artifacts import REPO_ROOT
-from paracell.runtime import defaultspec, lifecycle
-from paracell.runtime.lifecycle import Context
+from paracell.runtime.bundle import defaultspec
+from paracell.runtime.verbs import lifecycle
+from paracell.runtime.verbs.lifecycle import Context
 
 EXAMPLE = REPO_ROOT / "oci" / "examples" / "hello"
 

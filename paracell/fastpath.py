@@ -39,7 +39,7 @@ def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
 
 
 def _state(root: str, rest: list[str]) -> int | None:
-    from paracell.runtime.state import StateStore, oci_state
+    from paracell.runtime.state.store import StateStore, oci_state
 
     if len(rest) != 1 or rest[0].startswith("-"):
         return None
@@ -49,14 +49,14 @@ def _state(root: str, rest: list[str]) -> int | None:
 
 
 def _kill(root: str, rest: list[str]) -> int | None:
-    from paracell.runtime import signalling
-    from paracell.runtime.signals import parse_signal
-    from paracell.runtime.state import StateStore
+    from paracell.runtime.sandbox.signals import parse_signal
+    from paracell.runtime.state.store import StateStore
+    from paracell.runtime.verbs import kill
 
     if not 1 <= len(rest) <= 2 or any(a.startswith("-") for a in rest):
         return None
     sig = parse_signal(rest[1] if len(rest) == 2 else "SIGTERM")
-    done = signalling.deliver(StateStore(root), rest[0], sig, False, None)
+    done = kill.deliver(StateStore(root), rest[0], sig, False, None)
     return 0 if done else None
 
 

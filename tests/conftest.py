@@ -18,12 +18,12 @@ REPO = Path(__file__).resolve().parents[1]
 PARACELL = str(Path(sys.executable).with_name("paracell"))
 
 sys.path.insert(0, str(REPO))
-from paracell.runtime import defaultspec  # noqa: E402
+from paracell.runtime.bundle import defaultspec  # noqa: E402
 
 
 def own_memory_cgroups() -> list[str]:
     """Sub-cgroups of this process's memory cgroup, where a container whose
-    spec has no cgroupsPath gets its own (runtime/cgroups/)."""
+    spec has no cgroupsPath gets its own (runtime/host/cgroups/)."""
     try:
         own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text()
                    .splitlines() if line.split(":")[1] == "memory")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from paracell import settings
-from paracell.runtime import defaultspec
+from paracell.runtime.bundle import defaultspec
 
 
 def time_call(fn: Callable[[], object]) -> float:

@@ -22,8 +22,8 @@ from paracell.bench import common, programs
 from paracell.bench.plot import save_figure
 from paracell.errors import ParacellError
 from paracell.procfs import page_faults
-from paracell.runtime import defaultspec
-from paracell.runtime.lifecycle import Context
+from paracell.runtime.bundle import defaultspec
+from paracell.runtime.verbs.lifecycle import Context
 
 MANAGERS = ("pager", "balloon", "none")
 GUEST_MIB = 512
@@ -76,7 +76,7 @@ def _sample(path_of: Path, out: list[tuple[float, int]], stop: threading.Event) 
 
 
 def _qemu_pid(cid: str) -> int | None:
-    from paracell.runtime.state import StateStore
+    from paracell.runtime.state.store import StateStore
 
     try:
         vm = StateStore(common.state_root()).load(cid).vm

@@ -22,8 +22,8 @@ from typing import Any
 
 from paracell.bench import common, plot, programs
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec
-from paracell.runtime.lifecycle import Context
+from paracell.runtime.bundle import defaultspec
+from paracell.runtime.verbs.lifecycle import Context
 
 HOST_ADDR, CONTAINER_ADDR, PREFIX = "10.211.0.1", "10.211.0.2", 24
 PORT = 5201

@@ -19,8 +19,8 @@ from typing import Any
 
 from paracell.bench import common
 from paracell.bench.plot import save_figure
-from paracell.runtime import pod
-from paracell.runtime.lifecycle import Context
+from paracell.runtime.pod import pod
+from paracell.runtime.verbs.lifecycle import Context
 
 # 0: the sandbox alone, an idle pod VM: what a RuntimeClass's podFixed covers.
 SIZES = (0, 1, 3)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from paracell.bench import common
-from paracell.runtime import defaultspec
+from paracell.runtime.bundle import defaultspec
 
 PYTHON = Path("/usr/bin/python3")
 SCRIPT = Path(__file__).resolve().parent / "programs" / "agent_workload.py"

@@ -18,7 +18,7 @@ from typing import Any
 
 from paracell.bench import common
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec
+from paracell.runtime.bundle import defaultspec
 from paracell.xgate.rootfs import gcc, xgate_rootfs
 
 # micro: calls per round (the pipe round trip does a tenth), rounds.

@@ -22,7 +22,7 @@ def _client(ctx: click.Context) -> Any:
 
 
 def _config(path: str) -> dict[str, Any]:
-    from paracell.runtime.spec import read_json_file
+    from paracell.runtime.bundle.spec import read_json_file
 
     value = read_json_file(path, MAX_CONFIG_BYTES)
     if not isinstance(value, dict):

@@ -25,7 +25,8 @@ from typing import Any
 from paracell import speckeys as K
 from paracell.errors import ParacellError
 from paracell.net import discover, guestconfig, mirror, netns, tap
-from paracell.vmm.builder import Device, device_kind
+from paracell.reclaim import reclaimable
+from paracell.vmm.builder import Device
 
 RECORD_FILE = "net.json"
 RECORD_MAX = 64 << 10
@@ -84,7 +85,7 @@ def new_mac() -> str:
     return ":".join(f"{b:02x}" for b in raw)
 
 
-@device_kind
+@reclaimable
 class NetworkInterfaces(Device):
     kind = "net"
 

@@ -19,7 +19,7 @@ from paracell.net import device, discover, guestconfig, mirror, netns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.runtime.state import VmConfig
+    from paracell.runtime.state.store import VmConfig
 
 
 def _take_spares(record_path: Path) -> list[tuple[str, str]]:
@@ -67,7 +67,7 @@ def start_payload(config: VmConfig) -> bytes:
     shim, the process that sits in the namespace, when `start` asks (the
     relay calls it). Only a namespace of the VM's own can gain interfaces
     after create."""
-    from paracell.runtime.spec import encode_records
+    from paracell.runtime.bundle.spec import encode_records
 
     if config.network != netns.NEW or not config.net_record or _only_ours():
         return b""

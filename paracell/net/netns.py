@@ -49,7 +49,7 @@ class NetworkPlan:
 def plan(namespaces: dict[str, str], in_pods_network: bool) -> NetworkPlan:
     """From linux.namespaces as type -> path ("" for a new one).
     in_pods_network: the container is a pod member whose namespace another
-    VM holds (runtime/pod.py decides who is one)."""
+    VM holds (runtime/pod/pod.py decides who is one)."""
     if "network" not in namespaces:
         return NetworkPlan(HOST)
     path = namespaces["network"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from paracell.errors import ParacellError
+from paracell.reclaim import Reclaimable
 
 # The RTC stays on: without it the kernel spends a second waiting to read the time.
 # compaction_proactiveness=0: kcompactd would otherwise wake every 500 ms to
@@ -53,10 +54,10 @@ TCG_MACHINE_OPTIONS = ("pit=off",)
 TCG_TB_SIZE_MIB = 64
 
 
-class Device:
-    """One device of the VM. Subclasses override what they need."""
+class Device(Reclaimable):
+    """One device of the VM. Subclasses override what they need; a subclass
+    that records facts is registered with @reclaimable (paracell/reclaim.py)."""
 
-    kind: ClassVar[str]
     # The -M microvm options the device needs (e.g. memory-backend=...).
     machine_options: ClassVar[tuple[str, ...]] = ()
 
@@ -96,35 +97,8 @@ class Device:
         whatever `reclaim` removes."""
         self.reclaim(self.facts())
 
-    @classmethod
-    def reclaim(cls, facts: dict[str, Any]) -> None:
-        """Idempotent cleanup from recorded facts, by whoever finds the owner gone."""
 
-
-_KINDS: dict[str, type[Device]] = {}
 D = TypeVar("D", bound=Device)
-
-
-def device_kind(cls: type[D]) -> type[D]:
-    """Class decorator: makes a device's recorded facts reclaimable by kind."""
-    _KINDS[cls.kind] = cls
-    return cls
-
-
-def reclaim(record: list[dict[str, Any]]) -> None:
-    """Cleans up every device of a VM whose owner is gone, from its record."""
-    import paracell.vmm.devices  # noqa: F401  (registers the device kinds)
-
-    for entry in reversed(record):
-        cls = _KINDS.get(str(entry.get("kind")))
-        if cls is None:
-            continue
-        try:
-            cls.reclaim({k: v for k, v in entry.items() if k != "kind"})
-        except (KeyError, TypeError, ValueError, OSError, ParacellError):
-            # A mangled record of one device must not keep the others, or
-            # the state, from going; what it named is found by name too.
-            continue
 
 
 @dataclass(frozen=True)

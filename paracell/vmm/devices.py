@@ -12,15 +12,16 @@ from typing import Any
 from paracell import speckeys as K
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
+from paracell.reclaim import reclaimable
 from paracell.vmm import hostshare, memory
-from paracell.vmm.builder import Device, device_kind
+from paracell.vmm.builder import Device
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.pager.server import PagerServer
 
 
-@device_kind
+@reclaimable
 class GuestRam(Device):
     """Guest RAM in a sparse tmpfs file the runtime owns and QEMU maps shared,
     so that the host can see, and the Pager release, exactly what the guest uses."""
@@ -58,7 +59,7 @@ class GuestRam(Device):
         memory.remove(Path(facts["path"]))
 
 
-@device_kind
+@reclaimable
 class SerialConsole(Device):
     """The guest's console, kept in a file that outlives the VM for diagnosis."""
 
@@ -74,7 +75,7 @@ class SerialConsole(Device):
         return {str(self.path): True}
 
 
-@device_kind
+@reclaimable
 class DebugExit(Device):
     """isa-debug-exit: a guest write makes QEMU exit at once; the agent powers off through it."""
 
@@ -86,7 +87,7 @@ class DebugExit(Device):
         return ["-device", f"isa-debug-exit,iobase={lib.PC_DEBUG_EXIT_PORT:#x},iosize=4"]
 
 
-@device_kind
+@reclaimable
 class AgentPort(Device):
     """The agent channel: a virtio-serial port backed by a socketpair whose other
     end the shim keeps (`host_end`)."""
@@ -123,7 +124,7 @@ class AgentPort(Device):
         self.host_end = self._vm_end = None
 
 
-@device_kind
+@reclaimable
 class Share(Device):
     """A host directory as a virtio-9p share, mounted by the agent by its tag."""
 
@@ -167,7 +168,7 @@ class BoundShare(Share):
         hostshare.remove_tree(Path(facts["dir"]))
 
 
-@device_kind
+@reclaimable
 class HostShare(BoundShare):
     """Bind sources from outside the rootfs, each bind-mounted into a slot of one
     share directory on the host (see paracell/vmm/hostshare.py)."""
@@ -182,10 +183,10 @@ class HostShare(BoundShare):
         hostshare.mount_binds(self.path, self.binds)
 
 
-@device_kind
+@reclaimable
 class PodShare(BoundShare):
     """A pod VM's share: each member container's rootfs and bind sources are
-    bound into a directory of it while the VM runs (paracell/runtime/pod.py)."""
+    bound into a directory of it while the VM runs (paracell/runtime/pod/pod.py)."""
 
     kind = "pod-share"
 
@@ -199,23 +200,7 @@ class PodShare(BoundShare):
         hostshare.make_shared(self.path)
 
 
-@device_kind
-class PodMemberDir(Device):
-    """Not attached to a VM: a member's directory in its pod's share, recorded
-    in the member's state so that `delete` unbinds it even after a crash."""
-
-    kind = "pod-member"
-
-    @classmethod
-    def record(cls, directory: Path) -> dict[str, str]:
-        return {"kind": cls.kind, "dir": str(directory)}
-
-    @classmethod
-    def reclaim(cls, facts: dict[str, Any]) -> None:
-        hostshare.remove_tree(Path(facts["dir"]))
-
-
-@device_kind
+@reclaimable
 class QmpSocket(Device):
     """QEMU's QMP monitor on a Unix socket that `pause`/`resume` connect to."""
 
@@ -253,7 +238,7 @@ class QmpSocket(Device):
         unixsock.unlink(Path(facts["path"]))
 
 
-@device_kind
+@reclaimable
 class PagerChannel(Device):
     """The Pager's ivshmem-doorbell device. Its server runs in this process
     (paracell/pager/server.py) and is greeted onto a socketpair before QEMU
@@ -324,7 +309,7 @@ class PagerChannel(Device):
                 pass
 
 
-@device_kind
+@reclaimable
 class Balloon(Device):
     """virtio-balloon with free page reporting: the mainstream baseline, where
     QEMU itself discards what the guest reports (2 MiB blocks, 2 s pacing)."""
@@ -333,8 +318,3 @@ class Balloon(Device):
 
     def qemu_args(self) -> list[str]:
         return ["-device", "virtio-balloon-device,free-page-reporting=on"]
-
-
-# The network interfaces live with the rest of networking; imported here so
-# that `builder.reclaim` knows their kind.
-from paracell.net.device import NetworkInterfaces  # noqa: E402, F401

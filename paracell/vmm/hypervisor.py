@@ -20,7 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from paracell.runtime.state import VmConfig
+    from paracell.runtime.state.store import VmConfig
     from paracell.vmm.builder import Vm, VmBuilder
 
 

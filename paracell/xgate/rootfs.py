@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec
+from paracell.runtime.bundle import defaultspec
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "guest" / "xgate"

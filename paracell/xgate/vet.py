@@ -146,8 +146,8 @@ class _Walker:
 def bundle_rootfs(directory: Path) -> Path | None:
     """The rootfs of an OCI bundle, or None when `directory` is not one (no
     config.json with a root object). A bundle whose root.path is a symlink or
-    missing is bad input, by runtime/spec.py's own check."""
-    from paracell.runtime import spec
+    missing is bad input, by runtime/bundle/spec.py's own check."""
+    from paracell.runtime.bundle import spec
 
     config_path = directory / "config.json"
     if not config_path.is_file():

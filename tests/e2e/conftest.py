@@ -166,7 +166,7 @@ def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: 
 
 @pytest.fixture(scope="module")
 def busybox_rootfs_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from paracell.runtime import defaultspec
+    from paracell.runtime.bundle import defaultspec
 
     return defaultspec.busybox_rootfs(tmp_path_factory.mktemp("bbrootfs") / "rootfs")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from paracell.runtime import spec
+from paracell.runtime.bundle import spec
 from tests import hostroot
 
 pytestmark = pytest.mark.integration

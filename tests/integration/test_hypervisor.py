@@ -12,8 +12,9 @@ import pytest
 from paracell._native import lib
 
 from paracell.guest import artifacts
-from paracell.runtime import channel, sandboxspec, spec
-from paracell.runtime.defaultspec import default_config
+from paracell.runtime.bundle import spec
+from paracell.runtime.bundle.defaultspec import default_config
+from paracell.runtime.sandbox import channel, sandboxspec
 from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
 from paracell.vmm.hypervisor import VmStatus

@@ -47,7 +47,7 @@ def xbundle(tmp_path: Path, rootfs: Path):
 
     def make(args: list[str], annotations: dict[str, str], env: list[str] | None = None,
              caps: list[str] | None = None) -> Path:
-        from paracell.runtime import defaultspec
+        from paracell.runtime.bundle import defaultspec
 
         bundle = tmp_path / f"b{next(counter)}"
         bundle.mkdir()

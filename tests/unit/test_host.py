@@ -12,10 +12,11 @@ import pytest
 from paracell import fastpath
 from paracell.errors import ParacellError
 from paracell.guest import cpio
-from paracell.runtime.ids import check_id
-from paracell.runtime.signals import FORWARDED, forward_mask, parse_signal
+from paracell.runtime.sandbox.reclaim import reclaim
+from paracell.runtime.sandbox.signals import FORWARDED, forward_mask, parse_signal
+from paracell.runtime.state.ids import check_id
 from paracell.vmm import devices, probe
-from paracell.vmm.builder import Machine, VmBuilder, reclaim
+from paracell.vmm.builder import Machine, VmBuilder
 from tests.conftest import PARACELL
 
 

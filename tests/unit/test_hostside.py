@@ -8,9 +8,11 @@ import os
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime import hostns, resize, resources
-from paracell.runtime.cgroups import files, hierarchy, host_resources
-from paracell.runtime.resources import MIB
+from paracell.runtime.bundle import resources
+from paracell.runtime.bundle.resources import MIB
+from paracell.runtime.host import hostns
+from paracell.runtime.host.cgroups import files, hierarchy, host_resources
+from paracell.runtime.verbs import update
 
 
 def refused(value) -> str:
@@ -249,20 +251,20 @@ def test_host_limit_leaves_room_for_the_vmm():
 
 
 def test_update_flags_and_units():
-    merged = resize.merge_flags({"cpu": {"shares": 10}},
+    merged = update.merge_flags({"cpu": {"shares": 10}},
                                 {"memory": "512m", "cpu-share": "20", "pids-limit": "-1",
                                  "cpuset-cpus": "0", "memory-swap": None})
     assert merged == {"cpu": {"shares": 20, "cpus": "0"}, "memory": {"limit": 512 * MIB},
                       "pids": {"limit": -1}}
-    assert resize.merge_flags({}, {"memory": "-1"})["memory"] == {"limit": -1, "swap": -1}
-    assert resize.ram_in_bytes("1.5g", "memory") == 3 << 29
+    assert update.merge_flags({}, {"memory": "-1"})["memory"] == {"limit": -1, "swap": -1}
+    assert update.ram_in_bytes("1.5g", "memory") == 3 << 29
     for bad in ("lots", "1e9", "-2", "1x", "9" * 40):
         with pytest.raises(ParacellError, match="invalid value for memory"):
-            resize.ram_in_bytes(bad, "memory")
+            update.ram_in_bytes(bad, "memory")
     with pytest.raises(ParacellError, match="invalid value for cpu-quota"):
-        resize.merge_flags({}, {"cpu-quota": "ten"})
+        update.merge_flags({}, {"cpu-quota": "ten"})
     with pytest.raises(ParacellError, match="Intel RDT"):
-        resize.merge_flags({}, {"l3-cache-schema": "L3:0=f"})
+        update.merge_flags({}, {"l3-cache-schema": "L3:0=f"})
 
 
 def test_namespace_paths_are_checked_by_type(tmp_path):
@@ -329,8 +331,8 @@ def test_qemu_root_holds_what_the_devices_open(tmp_path):
 
 
 def test_device_rules_reduce_as_v1_applies_them():
-    from paracell.runtime.cgroups import devicebpf
-    from paracell.runtime.resources import Device
+    from paracell.runtime.bundle.resources import Device
+    from paracell.runtime.host.cgroups import devicebpf
 
     deny_all, allow_all = Device(False, "a", -1, -1, "rwm"), Device(True, "a", -1, -1, "rwm")
     null, tty = Device(True, "c", 1, 3, "rwm"), Device(True, "c", 5, 0, "rw")

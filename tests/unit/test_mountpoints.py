@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec, spec
-from paracell.runtime.mountpoints import MountPoint, create_in_root, create_mount_points
+from paracell.runtime.bundle import defaultspec, spec
+from paracell.runtime.bundle.mountpoints import MountPoint, create_in_root, create_mount_points
 
 
 def bundle_with(tmp_path, mounts=(), *, default=True, readonly=True):
@@ -211,7 +211,7 @@ def test_locating_through_binds_in_order():
     # /x binds rootfs /src; /src itself was under a tmpfs mounted before: guest.
     points = [MountPoint("/src", True), MountPoint("/x", True, "/src/in"),
               MountPoint("/x/y", True)]
-    from paracell.runtime.mountpoints import _locate
+    from paracell.runtime.bundle.mountpoints import _locate
 
     assert _locate("/x/y", points[:2]) is None
     assert _locate("/x/y", points[1:2]) == "/src/in/y"

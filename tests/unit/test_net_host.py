@@ -17,7 +17,7 @@ from tests.netutil import route, veth
 
 
 def test_plan_follows_the_spec_and_the_pod_role(tmp_path):
-    from paracell.runtime import pod
+    from paracell.runtime.pod import pod
 
     with make_netns() as ns:
         assert netns.plan({}, False) == netns.NetworkPlan(netns.HOST)

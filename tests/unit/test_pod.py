@@ -13,9 +13,9 @@ import pytest
 
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND
-from paracell.runtime import pod
-from paracell.runtime.spec import Bundle
-from paracell.runtime.state import ContainerState
+from paracell.runtime.bundle.spec import Bundle
+from paracell.runtime.pod import pod
+from paracell.runtime.state.store import ContainerState
 from paracell.vmm import hostshare
 
 SANDBOX = {pod.CONTAINER_TYPE: "sandbox"}
@@ -147,7 +147,7 @@ def test_a_shared_pod_share_goes_with_everything_bound_below_it(tmp_path: Path):
 
 
 def test_members_adopt_the_pod_parent_their_sandbox_made():
-    from paracell.runtime.cgroups import CgroupDir, adopt_parents
+    from paracell.runtime.host.cgroups import CgroupDir, adopt_parents
 
     mem, v2, pids = "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup/pids"
     sandbox = [CgroupDir(f"{mem}/pod/sb", 1, ("memory",), f"{mem}/pod"),

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec, spec
+from paracell.runtime.bundle import defaultspec, spec
 
 
 def write(bundle, config):

@@ -8,7 +8,7 @@ import pytest
 from paracell._native import lib
 
 from paracell.errors import ParacellError
-from paracell.runtime import defaultspec, spec
+from paracell.runtime.bundle import defaultspec, spec
 from tests.unit.test_spec import records, write
 
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime import spec
-from paracell.runtime.defaultspec import default_config
+from paracell.runtime.bundle import spec
+from paracell.runtime.bundle.defaultspec import default_config
 from paracell.vmm.probe import HostFacts
 from paracell.xgate import admission
 from paracell.xgate.support import support

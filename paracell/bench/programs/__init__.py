@@ -39,7 +39,7 @@ def install(name: str, rootfs: Path) -> str:
 
 def busybox_rootfs_with(name: str, root: Path) -> Path:
     """A busybox rootfs at root (made once) holding the program `name`."""
-    from paracell.runtime import defaultspec
+    from paracell.runtime.bundle import defaultspec
 
     if not (root / "bin" / "busybox").exists():
         shutil.rmtree(root, ignore_errors=True)

@@ -33,7 +33,7 @@ from paracell.linux import (
     MS_SLAVE,
     libc,
 )
-from paracell.runtime import hostns
+from paracell.runtime.host import hostns
 
 SYS_PIVOT_ROOT = 155  # x86_64
 JAIL_DIR = "jail"

@@ -1,0 +1,1 @@
+"""The bundle and its config.json: validated once, into typed values."""

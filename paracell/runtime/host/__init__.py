@@ -1,0 +1,1 @@
+"""The host side of a container: its namespaces, cgroups and hooks."""

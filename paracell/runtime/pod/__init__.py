@@ -1,0 +1,1 @@
+"""Pods: one VM per Kubernetes pod."""

@@ -1,0 +1,339 @@
+"""Pods: one VM per Kubernetes pod.
+
+containerd's CRI plugin says which container is a pod's sandbox (the pause
+container) and which belong to it, in annotations. The sandbox boots the pod's
+VM, with a pod share attached. A member does not boot a VM: its rootfs and
+bind sources are bind-mounted into its own directory of the pod share, and a
+proxy process asks the sandbox's shim to start it in the guest, beside the
+others. The proxy's pid stands for the member as the shim's does for a VM:
+it lives as long as the member, relays its stdio and signals, exits with its
+status, and serves its `start` and `kill` on the member's own control socket.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell import speckeys as K
+from paracell import unixsock, wire
+from paracell.errors import ParacellError
+from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
+from paracell.runtime.bundle.spec import Bundle
+from paracell.runtime.sandbox import channel, spawn
+from paracell.runtime.state.ids import check_id
+from paracell.runtime.state.store import (
+    CONTROL_SOCKET,
+    ContainerState,
+    HostRecord,
+    StateStore,
+    VmRecord,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.host.cgroups import CgroupDir
+    from paracell.runtime.sandbox.sandbox import Container
+    from paracell.runtime.verbs.lifecycle import Context
+    from paracell.xgate.admission import XgatesPlan
+
+CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+# CRI-O's, which podman gives the containers of its pods (a VM per container).
+CRIO_CONTAINER_TYPE = "io.kubernetes.cri-o.ContainerType"
+SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
+# Set by containerd releases that pass the pod's limits down (1.7 on).
+SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
+GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
+# The guest namespaces a member may share with its pod, by OCI type, and the
+# launch-spec key that asks the agent to join them.
+JOINABLE = {"ipc": K.NS_IPC, "uts": K.NS_UTS, "pid": K.NS_PID}
+NS_PATH = re.compile(r"/proc/(\d{1,10})/ns/([a-z]+)")
+
+
+@dataclass(frozen=True)
+class PodRole:
+    """The one decision about a container's pod, from its annotations."""
+
+    kind: str  # "sandbox", "member" or "none"
+    sandbox_id: str = ""
+    # A container in a pod whose network namespace another VM holds: podman's
+    # pods (CRI-O's annotation), whose containers each get a VM of their own.
+    in_pods_network: bool = False
+
+
+def role(annotations: dict[str, str], container_id: str) -> PodRole:
+    kind = annotations.get(CONTAINER_TYPE)
+    if kind is None:
+        return PodRole("none", in_pods_network=annotations.get(CRIO_CONTAINER_TYPE) == "container")
+    if kind == "sandbox":
+        return PodRole("sandbox")
+    if kind != "container":
+        raise ParacellError(f"invalid annotation {CONTAINER_TYPE}={kind!r}: "
+                            "expected sandbox or container")
+    sandbox = annotations.get(SANDBOX_ID, "")
+    if not sandbox:
+        raise ParacellError(f"annotation {SANDBOX_ID} is required with {CONTAINER_TYPE}=container")
+    check_id(sandbox)
+    if sandbox == container_id:
+        raise ParacellError(f"container {container_id} names itself as its pod's sandbox")
+    return PodRole("member", sandbox)
+
+
+# What kubelet's hostNetwork, hostIPC and hostPID look like in the sandbox's
+# spec: the namespace's entry is left out, so the pause container would share
+# the host's. A pod's VM has its own kernel; it cannot share any of them.
+HOST_NAMESPACES = {"network": "host network", "ipc": "host IPC", "pid": "host PID"}
+
+
+def refuse_host_namespaces(namespaces: dict[str, str]) -> None:
+    """A pod that asks for the host's network, IPC or PID namespace fails at
+    RunPodSandbox instead of running cut off (docs/runtime.md)."""
+    from paracell.runtime.bundle import spec
+
+    wanted = [name for kind, name in HOST_NAMESPACES.items() if kind not in namespaces
+              or (kind == "network" and namespaces[kind] and spec.is_host_netns(namespaces[kind]))]
+    if wanted:
+        raise ParacellError(f"{', '.join(wanted)} is not supported by a VM runtime: "
+                            "the pod's VM has its own kernel (remove hostNetwork, hostIPC "
+                            "and hostPID, or use another RuntimeClass)")
+
+
+def pod_memory_mib(annotations: dict[str, str], default_mib: int) -> int:
+    """The pod's memory limit when containerd passes it, else the default."""
+    raw = annotations.get(SANDBOX_MEMORY, "")
+    if not raw or raw == "0":
+        return default_mib
+    if not raw.isdigit() or len(raw) > 20:
+        raise ParacellError(f"invalid annotation {SANDBOX_MEMORY}={raw[:40]!r}: not a byte count")
+    mib = -(-int(raw) // (1 << 20))
+    if not 64 <= mib <= 65536:
+        raise ParacellError(f"pod memory limit of {mib} MiB is outside 64..65536")
+    return mib
+
+
+def member_slot(container_id: str) -> str:
+    """A member's directory name in the pod share: fixed length, whatever the ID."""
+    return hashlib.sha256(container_id.encode()).hexdigest()[:16]
+
+
+def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
+    from paracell.runtime.state import status
+
+    state = store.load(sandbox_id)
+    if state.status not in (status.CREATED, status.RUNNING):
+        raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
+    if not state.vm.config.pod_share:
+        raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
+                            "it was created without the sandbox annotation")
+    return state, Path(state.vm.config.pod_share)
+
+
+def _same_netns(path: str, sandbox: ContainerState) -> bool:
+    """Whether path names the network namespace the sandbox's shim sits in:
+    the pod's, which its VM holds."""
+    try:
+        given, pods = os.stat(path), os.stat(f"/proc/{sandbox.shim_pid}/ns/net")
+    except OSError:
+        return False
+    return (given.st_dev, given.st_ino) == (pods.st_dev, pods.st_ino)
+
+
+def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
+           ) -> list[tuple[str, str]]:
+    """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
+    sandbox's pid), mapped to the guest namespaces of that container."""
+
+    owners = {sandbox.shim_pid: sandbox.id, **members}
+    records = []
+    for kind, path in bundle.namespaces.items():
+        if not path or kind in (K.MOUNT, "cgroup", "user"):
+            continue
+        if kind == "network":
+            # The VM has one network namespace, the pod's: a member can have no other.
+            if not _same_netns(path, sandbox):
+                raise ParacellError(f"network namespace {path} is not pod {sandbox.id}'s: "
+                                    "the containers of a pod VM share one network")
+            continue
+        match = NS_PATH.fullmatch(path)
+        owner = owners.get(int(match.group(1))) if match else None
+        if kind not in JOINABLE or owner is None or match.group(2) != kind:
+            raise ParacellError(f"namespace path {path} ({kind}) is not one of pod "
+                                f"{sandbox.id}'s: a pod member can only share its pod's namespaces")
+        records.append((JOINABLE[kind], owner))
+    return records
+
+
+def mount_member(bundle: Bundle, member_dir: Path) -> None:
+    """The member's rootfs and bind sources, bound into its directory of the
+    pod share, where the running VM's 9p server finds them. All or nothing."""
+    from paracell.vmm import hostshare
+
+    member_dir.mkdir(mode=0o700)
+    try:
+        root = member_dir / "rootfs"
+        root.mkdir()
+        hostshare.mount(bundle.rootfs, root, MS_BIND | MS_REC)
+        if bundle.rootfs_readonly:
+            # Read-only for QEMU too, as the rootfs share of a VM of its own is.
+            hostshare.mount(root, root, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        if bundle.host_binds:
+            hostshare.mount_binds(member_dir / "binds",
+                                  [(b.source, b.slot) for b in bundle.host_binds])
+    except BaseException:
+        hostshare.remove_tree(member_dir)
+        raise
+
+
+def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
+                   members: dict[int, str]) -> list[tuple[str, str]]:
+    slot = member_slot(container_id)
+    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
+
+
+class MemberProxy:
+    """The stand-in for a pod member's init (runtime/sandbox/standin.py), in the
+    member's own host cgroup: see the module's docstring."""
+
+    needs_commit = True
+
+    def __init__(self, sandbox_socket: Path, control_socket: Path, launch: bytes,
+                 terminal: bool, console_socket: str | None, cgroup: list[str],
+                 seccomp: bytes | None) -> None:
+        self.sandbox_socket, self.control_socket, self.launch = (sandbox_socket, control_socket,
+                                                                 launch)
+        self.terminal, self.console_socket = terminal, console_socket
+        self.cgroup, self.seccomp = cgroup, seccomp
+        self.listener: Any = None
+        self.conn: Any = None
+        self.tty_fd = -1
+
+    def open(self) -> spawn.Ready:
+        import signal
+
+        from paracell.runtime.host import cgroups
+        from paracell.runtime.sandbox import signals
+        from paracell.runtime.verbs import execproc
+        cgroups.join(self.cgroup)
+        self.listener = unixsock.listen(self.control_socket)
+        self.conn, self.tty_fd = execproc.open_process(
+            self.sandbox_socket, self.launch, self.terminal, self.console_socket, self.seccomp)
+        # From the moment the pid is published, `kill` may signal us: hold
+        # the signals until the relay's signalfd picks them up.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        return spawn.Ready(pid=os.getpid())
+
+    def run(self) -> int:
+        from paracell.runtime.verbs import execproc
+
+        return execproc.relay_status(channel.run_relay(
+            self.conn.fileno(), -1, self.tty_fd, control_fd=self.listener.fileno()))
+
+    def close(self) -> None:
+        """Closing the connection ends the member in the guest, if it still runs."""
+        if self.conn is not None:
+            self.conn.close()
+        if self.listener is not None:
+            self.listener.close()
+            unixsock.unlink(self.control_socket)
+
+
+def member_pids(store: StateStore, sandbox_id: str) -> dict[int, str]:
+    """The proxy pids of the pod's live members, whose namespaces a later
+    member may name (CRI's TARGET mode)."""
+    found = {}
+    for other in store.list_ids():
+        try:
+            state = store.load(other)
+        except ParacellError:
+            continue
+        if state.annotations.get(SANDBOX_ID) == sandbox_id and other != sandbox_id:
+            found[state.shim_pid] = other
+    return found
+
+
+def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
+    """Where exec requests for this container go: its pod's shim for a member."""
+    if state.annotations.get(CONTAINER_TYPE) != "container":
+        return None
+    sandbox_id = state.annotations.get(SANDBOX_ID, "")
+    check_id(sandbox_id)
+    return store.dir(sandbox_id) / CONTROL_SOCKET
+
+
+@dataclass
+class PodSlot:
+    """A member's place in its pod's running Sandbox (runtime/sandbox/sandbox.py's
+    Placement): its directory of the pod share, its own host cgroup, and the
+    records that join it to its pod's namespaces in the guest."""
+
+    sandbox_id: str
+    member_dir: Path
+    cgroup: list[CgroupDir]
+    bundle: Bundle
+    sandbox_socket: Path
+    control_socket: Path
+    extra: list[tuple[str, str]]
+
+    @classmethod
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
+             xgates_plan: XgatesPlan) -> PodSlot:
+        from paracell import settings
+        from paracell.runtime.host import cgroups, hostside
+        from paracell.xgate import admission
+
+        store = ctx.store
+        sandbox, share = _sandbox(store, sandbox_id)
+        if bundle.config.get("process") is None:
+            # Nothing could start it later: its VM is already running.
+            raise ParacellError(f"container {container_id}: a pod member needs a process")
+        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+        # The member's own host cgroup holds its proxy, so containerd finds one
+        # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
+        host = hostside.plan(bundle, container_id, ctx.systemd_cgroup,
+                             settings.guest_memory_mib())
+        cgroup = cgroups.adopt_parents(host.cgroup_dirs,
+                                       cgroups.from_facts(sandbox.vm.host.cgroups))
+        slot = member_slot(container_id)
+        bundle.bind_prefix = f"{GUEST_POD_DIR}/{slot}/binds"
+        extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
+        return cls(sandbox_id, share / slot, cgroup, bundle,
+                   store.dir(sandbox_id) / CONTROL_SOCKET,
+                   store.dir(container_id) / CONTROL_SOCKET, extra)
+
+    def extra_records(self) -> list[tuple[str, str]]:
+        return self.extra
+
+    def record(self) -> VmRecord:
+        from paracell.runtime.host import cgroups
+        from paracell.runtime.pod.memberdir import PodMemberDir
+
+        return VmRecord(host=HostRecord(cgroups=cgroups.facts(self.cgroup)),
+                        reclaim=[PodMemberDir.record(self.member_dir)])
+
+    def provision(self, ctx: Context) -> None:
+        from paracell.runtime.bundle import resources
+        from paracell.runtime.host import cgroups
+        mount_member(self.bundle, self.member_dir)
+        cgroups.setup(self.cgroup, resources.parse(None), ctx.log)
+
+    def describe(self) -> str:
+        return f"member of pod {self.sandbox_id}"
+
+    def spawn(self, ctx: Context, container: Container, detach: bool) -> spawn.Spawned:
+        from paracell.runtime.sandbox import standin
+
+        proxy = MemberProxy(self.sandbox_socket, self.control_socket, container.launch_spec,
+                            container.terminal, container.console_socket,
+                            [d.path for d in self.cgroup], self.bundle.seccomp)
+        return spawn.spawn(lambda handshake: standin.serve(handshake, proxy), detach,
+                           ctx.log.background_error)
+
+    def spawned(self, state: ContainerState, spawned: spawn.Spawned) -> None:
+        """A member has no QEMU of its own."""
+
+    def notices(self) -> list[str]:
+        return []

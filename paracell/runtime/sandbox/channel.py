@@ -1,0 +1,196 @@
+"""Short blocking exchanges on the agent channel, around the C relay.
+
+The per-message work of a running container happens in csrc/relay.c; this is
+only the handful of frames before and after it (READY, SANDBOX, ATTACHED,
+SPEC, CREATED, START).
+Frame types, limits and payload layouts come from proto/agent_proto.h through
+cffi (`lib.PC_*`); the Python encoders and decoders of payloads are here, once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell import unixsock
+from paracell.errors import ParacellError
+
+# Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
+# checks their sizes against the header's structs.
+SIGNAL_MSG = struct.Struct("<II")
+CREATED_MSG = struct.Struct("<I")
+READY_MSG = struct.Struct("<II")  # struct pc_ready_msg: version, caps
+
+
+@dataclass(frozen=True)
+class Frame:
+    type: int
+    chan: int
+    payload: bytes
+
+
+def send(fd: int, ftype: int, chan: int = 0, payload: bytes = b"") -> None:
+    from paracell._native import lib
+
+    if lib.pc_send_frame(fd, ftype, chan, payload, len(payload)) < 0:
+        raise ParacellError(f"agent channel: send failed: {os.strerror(_errno())}")
+
+
+def _errno() -> int:
+    from paracell._native import ffi
+
+    return ffi.errno
+
+
+def recv(fd: int, timeout_s: float, what: str) -> Frame:
+    from paracell._native import ffi, lib
+
+    ftype, chan = ffi.new("unsigned *"), ffi.new("unsigned *")
+    buf = ffi.new("char[]", lib.PC_MAX_PAYLOAD)
+    n = lib.pc_recv_frame(fd, ftype, chan, buf, lib.PC_MAX_PAYLOAD, int(timeout_s * 1000))
+    if n == -2:
+        raise ParacellError(f"{what}: the channel closed")
+    if n < 0:
+        err = _errno()
+        reason = "timed out" if err == errno.ETIMEDOUT else os.strerror(err)
+        raise ParacellError(f"{what}: {reason}")
+    return Frame(ftype[0], chan[0], bytes(ffi.buffer(buf, n)))
+
+
+def encode_signal(signo: int, all_processes: bool) -> bytes:
+    from paracell._native import lib
+
+    return SIGNAL_MSG.pack(signo, lib.PC_SIGNAL_ALL if all_processes else 0)
+
+
+def decode_created(payload: bytes) -> int:
+    """The guest pid in a CREATED payload."""
+    if len(payload) != CREATED_MSG.size:
+        raise ParacellError(f"agent protocol violation: CREATED with {len(payload)} bytes")
+    return CREATED_MSG.unpack(payload)[0]
+
+
+def expect_ready(fd: int, timeout_s: float) -> int:
+    """Waits for READY and checks that the guest speaks our protocol with the
+    capabilities we use; its capability bits."""
+    from paracell._native import lib
+
+    frame = recv(fd, timeout_s, "booting the micro-VM")
+    if frame.type != lib.PC_READY:
+        raise ParacellError(f"agent protocol violation: expected READY, got type {frame.type}")
+    if len(frame.payload) != READY_MSG.size:
+        raise ParacellError("the guest agent speaks an older protocol than this runtime "
+                            f"({lib.PC_PROTO_VERSION}): rebuild the guest (paracell guest build)")
+    version, caps = READY_MSG.unpack(frame.payload)
+    if version != lib.PC_PROTO_VERSION:
+        raise ParacellError(f"the guest agent speaks protocol {version}, this runtime "
+                            f"{lib.PC_PROTO_VERSION}: rebuild the guest (paracell guest build)")
+    if caps & lib.PC_AGENT_CAPS != lib.PC_AGENT_CAPS:
+        raise ParacellError(f"the guest agent lacks capabilities {lib.PC_AGENT_CAPS & ~caps:#x} "
+                            "that this runtime uses: rebuild the guest (paracell guest build)")
+    return caps
+
+
+def attach_sandbox(fd: int, payload: bytes, timeout_s: float) -> None:
+    """Sends SANDBOX and waits for ATTACHED, or ERROR (the reason, as our error)."""
+    from paracell._native import lib
+
+    send(fd, lib.PC_SANDBOX, 0, payload)
+    frame = recv(fd, timeout_s, "attaching the sandbox")
+    if frame.type == lib.PC_ERROR:
+        raise ParacellError(printable(frame.payload))
+    if frame.type != lib.PC_ATTACHED or frame.payload:
+        raise ParacellError(f"agent protocol violation: expected ATTACHED, got type {frame.type}")
+
+
+def expect_created(fd: int, timeout_s: float) -> int:
+    """Waits for CREATED (the guest pid) or ERROR (the reason, as our error)."""
+    from paracell._native import lib
+
+    frame = recv(fd, timeout_s, "waiting for the container process")
+    if frame.type == lib.PC_ERROR:
+        raise ParacellError(printable(frame.payload))
+    if frame.type != lib.PC_CREATED:
+        raise ParacellError(f"agent protocol violation: expected CREATED, got type {frame.type}")
+    return decode_created(frame.payload)
+
+
+@dataclass(frozen=True)
+class RelayEnd:
+    kind: int  # lib.PC_END_*
+    status: int
+    message: str
+
+
+def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
+              control_fd: int = -1, forward: Any = None,
+              start_payload: Callable[[], bytes] | None = None) -> RelayEnd:
+    """Runs the C relay over this process's stdio (or its terminal) until the
+    process exits, the channel fails, or abort_fd becomes readable.
+    control_fd: a pod member proxy's socket for its container's start and kill.
+    forward: the shim's struct pc_fwd_listeners * (paracell/net/portforward.py).
+    start_payload: the shim's, called once when `start` asks: what the init's
+    START carries; a ParacellError is the start's error."""
+    from paracell._native import ffi, lib
+    from paracell.runtime.sandbox import signals
+
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd, cfg.abort_fd = chan_fd, listen_fd, abort_fd
+    cfg.control_fd = control_fd
+    cfg.fwd = forward if forward is not None else ffi.NULL
+    callback = None
+    if start_payload is not None:
+        def fill(buf: Any, cap: int) -> int:
+            try:
+                data = start_payload()
+            except Exception as err:  # whatever it is, the start fails in one line
+                text = str(err) if isinstance(err, ParacellError) else \
+                    f"start: {type(err).__name__}: {err}"
+                data, status = text.encode()[:cap - 1] + b"\0", -1
+            else:
+                status = len(data)
+                if status > cap:
+                    return cap + 1
+            ffi.memmove(buf, data, len(data))
+            return status
+
+        # Kept alive for as long as the relay may call it.
+        callback = ffi.callback("int(char *, int)", fill, onerror=lambda *_: None, error=-2)
+        cfg.start_payload = callback
+    if tty_fd >= 0:
+        cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
+        cfg.err_fd = -1
+    else:
+        cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
+    cfg.forward_mask = signals.forward_mask()
+    res = ffi.new("struct pc_relay_result *")
+    lib.pc_relay(cfg, res)
+    del callback
+    return RelayEnd(res.end, res.status, ffi.string(res.message).decode("utf-8", "replace"))
+
+
+def printable(data: bytes, limit: int = 300) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else " " for c in text).strip() or "unknown error"
+
+
+def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None:
+    """One request to a container's shim (start, signal), answered by HOST_ACK."""
+    from paracell._native import lib
+
+    try:
+        sock = unixsock.connect(socket_path)
+    except OSError as err:
+        raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
+    with sock:
+        send(sock.fileno(), ftype, 0, payload)
+        frame = recv(sock.fileno(), 10, "waiting for the container shim")
+        if frame.type == lib.PC_ERROR:
+            raise ParacellError(printable(frame.payload))
+        if frame.type != lib.PC_HOST_ACK:
+            raise ParacellError(f"container shim answered with unexpected type {frame.type}")

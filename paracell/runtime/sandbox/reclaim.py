@@ -1,0 +1,16 @@
+"""Cleanup of everything a container's state records (paracell/reclaim.py):
+the VM's devices, its network interfaces, and a pod member's directory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reclaim(records: list[dict[str, Any]]) -> None:
+    # Importing the modules registers their kinds.
+    import paracell.net.device  # noqa: F401
+    import paracell.runtime.pod.memberdir  # noqa: F401
+    import paracell.vmm.devices  # noqa: F401
+    from paracell.reclaim import reclaim_all
+
+    reclaim_all(records)

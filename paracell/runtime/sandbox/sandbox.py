@@ -1,0 +1,178 @@
+"""Sandboxes and containers: the objects every create goes through.
+
+A **Sandbox** is one VM: its devices, shares, NICs, memory manager, engine,
+vCPUs and RAM, with the lifecycle plan -> provision -> boot -> attach ->
+stop -> reclaim. `plan` decides everything and touches nothing, so the
+state can record every host resource before any exists; `provision` makes
+the host side (cgroup, limits); the shim boots the VM and attaches it
+(READY, then SANDBOX: runtime/sandbox/shim.py); `stop` and `reclaim` undo it, from
+the recorded state alone when the shim has died (lifecycle._destroy).
+
+A **Container** is a process tree in a sandbox. A lone container is a
+Container in a Sandbox of its own; a pod member is a Container in its pod's
+running Sandbox (a `PodSlot`, runtime/pod/pod.py). Both are a `Placement`:
+`lifecycle.create` is the one create path, and asks the placement only what
+differs between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from paracell.runtime.sandbox.spawn import Spawned
+from paracell.runtime.state.store import ContainerState, VmRecord
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.net.netns import NetworkPlan
+    from paracell.runtime.bundle.spec import Bundle
+    from paracell.runtime.host.hostside import HostPlan
+    from paracell.runtime.pod.pod import PodRole
+    from paracell.runtime.sandbox.memorymanager import MemoryPlan
+    from paracell.runtime.state.store import VmConfig
+    from paracell.runtime.verbs.lifecycle import Context
+    from paracell.vmm.builder import VmBuilder
+    from paracell.vmm.devices import AgentPort
+    from paracell.xgate.admission import XgatesPlan
+
+
+@dataclass(frozen=True)
+class Container:
+    """What `create` makes, whatever holds it: the process tree's launch spec
+    and how its stdio reaches the caller."""
+
+    id: str
+    bundle: Bundle
+    launch_spec: bytes  # the init's SPEC; empty for a spec without a process
+    terminal: bool
+    console_socket: str | None
+
+
+class Placement(Protocol):
+    """Where a container's processes run: a VM of its own, or a pod's."""
+
+    def extra_records(self) -> list[tuple[str, str]]:
+        """Launch-spec records the placement adds to the init's SPEC."""
+
+    def record(self) -> VmRecord:
+        """What the state holds before anything exists."""
+
+    def provision(self, ctx: Context) -> None:
+        """The host side, once the state is on disk; undone by reclaim."""
+
+    def describe(self) -> str:
+        """The create line of the log."""
+
+    def spawn(self, ctx: Context, container: Container, detach: bool) -> Spawned:
+        """The host process that stands for the container's init."""
+
+    def spawned(self, state: ContainerState, spawned: Spawned) -> None:
+        """Records what the spawned process reported."""
+
+    def notices(self) -> list[str]:
+        """Warnings for --log once the container exists."""
+
+
+@dataclass
+class Sandbox:
+    """One VM, planned (see the module's docstring)."""
+
+    state_dir: Path
+    builder: VmBuilder
+    agent: AgentPort
+    config: VmConfig
+    host: HostPlan
+    network: NetworkPlan
+    memory: MemoryPlan
+    xgates: XgatesPlan
+    bundle: Bundle
+    engine_notice: str = ""
+
+    @classmethod
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_role: PodRole,
+             xgates_plan: XgatesPlan) -> Sandbox:
+        """Decides the VM from the bundle, the settings and the host; touches
+        nothing on the host yet."""
+        from paracell import settings
+        from paracell.guest import artifacts
+        from paracell.net import netns
+        from paracell.runtime.host import hostside
+        from paracell.runtime.pod import pod
+        from paracell.runtime.sandbox import memorymanager, vmplan
+        from paracell.vmm import memory, probe
+        from paracell.xgate import admission
+
+        # Host side: VM size from linux.resources, cgroup, namespaces
+        # (docs/host-isolation.md). A pod's VM holds every container of the
+        # pod: its default size is the pod's.
+        pod_sandbox = pod_role.kind == "sandbox"
+        default_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
+                       if pod_sandbox else settings.guest_memory_mib())
+        host = hostside.plan(bundle, container_id, ctx.systemd_cgroup, default_mib)
+        memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),
+                                           bundle.annotations, host.size.memory_mib)
+        facts = probe.probe_host()
+        if facts.qemu_path is None:
+            from paracell.errors import ParacellError
+
+            raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
+        choice = probe.choose_engine(ctx.engine, facts)
+        admission.require_support(xgates_plan, choice.engine, facts)
+        # Before prepare_rootfs, which writes mount points into the rootfs: a
+        # refused create leaves nothing behind, not even there.
+        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
+        network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
+        state_dir = ctx.store.dir(container_id)
+        builder, agent, config = vmplan.container_vm(
+            state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,
+            memory.path_for(ctx.root, container_id), host.size.memory_mib, memory_plan,
+            vcpus=host.size.vcpus, network=network, pod_share=pod_sandbox,
+            xgates=xgates_plan.enabled)
+        return cls(state_dir, builder, agent, config, host, network, memory_plan, xgates_plan,
+                   bundle, engine_notice=choice.notice)
+
+    def extra_records(self) -> list[tuple[str, str]]:
+        return []
+
+    def record(self) -> VmRecord:
+        return VmRecord(config=self.config, host=self.host.record(),
+                        reclaim=self.builder.record())
+
+    def provision(self, ctx: Context) -> None:
+        self.host.setup(self.config.engine, ctx.log, self.state_dir,
+                        Path(self.config.ram_file), self.bundle)
+
+    def describe(self) -> str:
+        size = self.host.size
+        return (f"engine {self.config.engine}, {size.memory_mib} MiB, {size.vcpus} vCPU "
+                f"({size.reason}), memory manager {self.memory.manager}, "
+                f"xgates {'on' if self.xgates.enabled else 'off'}")
+
+    def spawn(self, ctx: Context, container: Container, detach: bool) -> Spawned:
+        """The shim: it boots the VM, attaches it, and creates the init."""
+        from paracell.runtime.sandbox import shim, spawn
+        from paracell.runtime.sandbox.shim import ShimPlan
+
+        plan = ShimPlan(state_dir=self.state_dir, vm=self.builder, config=self.config,
+                        agent=self.agent, launch_spec=container.launch_spec,
+                        hostname=self.bundle.config.get("hostname") or "",
+                        console_socket=container.console_socket, terminal=container.terminal,
+                        log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
+                        isolation=self.host.isolation)
+        return spawn.spawn(
+            lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
+            detach, ctx.log.background_error,
+            pid_namespace=self.host.isolation.pid_namespace_for_child)
+
+    def spawned(self, state: ContainerState, spawned: Spawned) -> None:
+        state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start
+
+    def notices(self) -> list[str]:
+        from paracell.net import netns
+
+        found = [self.engine_notice] if self.engine_notice else []
+        if self.network.mode in netns.NOTICES:
+            found.append(netns.NOTICES[self.network.mode])
+        return found

@@ -1,0 +1,198 @@
+"""The per-container host shim: owns the VM, and its pid stands for the container.
+
+containerd and conmon wait on this pid and signal it, so it lives as long as
+the container, forwards the signals it gets, and exits with the container's
+status. While it runs, the C relay moves stdio and serves exec proxies and
+control requests (start, kill) on `shim.sock`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from paracell import unixsock
+from paracell.errors import ParacellError
+from paracell.net import device as net_device
+from paracell.net import late, netns, portforward
+from paracell.procfs import process_start_time
+from paracell.runtime.host.hostns import HostIsolation
+from paracell.runtime.log import RuntimeLog
+from paracell.runtime.sandbox import channel, console, sandboxspec, signals, standin
+from paracell.runtime.sandbox.signals import exit_status_for_signal
+from paracell.runtime.sandbox.spawn import Handshake, Ready
+from paracell.runtime.state.store import CONTROL_SOCKET, VmConfig
+from paracell.vmm import hypervisor
+from paracell.vmm.builder import Vm, VmBuilder
+from paracell.vmm.devices import AgentPort, PagerChannel
+
+BOOT_TIMEOUT_S = 60.0
+POWEROFF_GRACE_S = 5.0
+EXIT_VM_DIED = exit_status_for_signal(signal.SIGKILL)
+EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
+
+
+@dataclass
+class ShimPlan:
+    state_dir: Path
+    vm: VmBuilder
+    config: VmConfig  # as recorded: the backend that launches vm
+    agent: AgentPort  # attached to vm
+    launch_spec: bytes
+    hostname: str  # the VM's own, sent in SANDBOX
+    console_socket: str | None
+    terminal: bool
+    log: RuntimeLog
+    seccomp: bytes | None = None  # PC_SECCOMP payload, sent just before the SPEC
+    network: netns.NetworkPlan = netns.NetworkPlan(netns.HOST)
+    # Namespaces, cgroup and jail on the host (runtime/host/hostns.py).
+    isolation: HostIsolation | None = None
+
+
+class Shim:
+    """The stand-in for a VM's init (runtime/sandbox/standin.py): it owns the VM."""
+
+    needs_commit = True
+
+    def __init__(self, plan: ShimPlan, report: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.report = report
+        self.vm: Vm | None = None
+        self.listener: socket.socket | None = None
+        self.tty_fd = -1
+        self.forward: portforward.PortForward | None = None
+        self.began = time.monotonic()
+        # Set when the guest broke a protocol: it gets no say in its shutdown.
+        self.untrusted = False
+
+    def _debug(self, msg: str) -> None:
+        self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
+
+    def _agent_fd(self) -> int:
+        assert self.plan.agent.host_end is not None
+        return self.plan.agent.host_end.fileno()
+
+    def open(self) -> Ready:
+        try:
+            return self.boot()
+        except OSError as err:
+            raise ParacellError(f"starting the VM: {standin.describe(err)}") from None
+
+    def run(self) -> int:
+        status, message = self.relay()
+        if message:
+            self.report(message)
+        return status
+
+    def close(self) -> None:
+        self.shutdown()
+
+    def boot(self) -> Ready:
+        """Everything up to a created (not yet started) process."""
+        from paracell._native import lib
+        from paracell.runtime.host import hostns
+
+        plan = self.plan
+        iso = plan.isolation
+        if iso is not None:
+            iso.enter()
+            hostns.prepare_qemu_privileges()
+        self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
+        # Before QEMU exists and while we have one thread: both inherit it.
+        netns.enter(plan.network)
+        self.vm = hypervisor.for_vm(plan.config).launch(
+            plan.vm, plan.state_dir / "qemu.log",
+            before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
+            if iso else None,
+            preexec=iso.qemu_preexec if iso else None)
+        self._debug(f"qemu: {' '.join(self.vm.argv)}")
+        self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
+        fd = self._agent_fd()
+        caps = channel.expect_ready(fd, BOOT_TIMEOUT_S)
+        self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
+        channel.attach_sandbox(fd, sandboxspec.payload(plan.vm, plan.hostname), BOOT_TIMEOUT_S)
+        self._debug("sandbox attached")
+        if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
+            if plan.seccomp:
+                channel.send(fd, lib.PC_SECCOMP, 0, plan.seccomp)
+            channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
+            guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
+            self._debug(f"container process created, guest pid {guest_pid}")
+        # Still in the container's network namespace, as the shim stays.
+        self.forward = portforward.start(plan.network, plan.log)
+        if self.forward is not None:
+            self._debug("port forwarding: 127.0.0.1 and ::1, any TCP port, reach the guest")
+        if plan.terminal:
+            self.tty_fd = console.open_for_container(plan.console_socket)
+            # The caller's fds 0-2 are not the container's stdio now, and a
+            # caller may wait for EOF on them (go-runc does) before create returns.
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            os.close(devnull)
+        # From the moment the pid is published, `kill` may signal us: hold
+        # the signals until the relay's signalfd picks them up.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        if iso is not None:
+            return Ready(*iso.host_pids(self.vm.pid))
+        return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0)
+
+    def _pager(self) -> PagerChannel | None:
+        return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)
+
+    def relay(self) -> tuple[int, str]:
+        from paracell._native import lib
+
+        assert self.listener is not None
+        self._debug("relay running")
+        pager = self._pager()
+        abort_fd = pager.server.abort_fd if pager and pager.server else -1
+        end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd,
+                                forward=self.forward.listeners if self.forward else None,
+                                start_payload=lambda: late.start_payload(self.plan.config))
+        self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
+        failure = pager.server.failure() if pager and pager.server else None
+        if failure and end.kind != lib.PC_END_EXIT:
+            # The guest broke the Pager's protocol: the VM is not trusted to run on.
+            self.untrusted = True
+            return EXIT_RUNTIME_ERROR, failure
+        if end.kind == lib.PC_END_EXIT:
+            return end.status & 0xFF, ""
+        if end.kind == lib.PC_END_HANGUP and self.vm is not None:
+            code = self.vm.stop(1.0)
+            message = f"{end.message} (qemu exit {code})"
+            return (EXIT_VM_DIED if code == -signal.SIGKILL else EXIT_RUNTIME_ERROR), message
+        return EXIT_RUNTIME_ERROR, end.message
+
+    def shutdown(self) -> None:
+        """Powers the VM off and removes what only a live VM needs."""
+        from paracell._native import lib
+
+        if self.forward is not None:
+            # First: from now on a client is refused rather than left waiting.
+            self.forward.detach()
+        if self.plan.agent.host_end is not None and self.vm is not None and not self.untrusted:
+            try:
+                channel.send(self._agent_fd(), lib.PC_POWEROFF)
+            except ParacellError:
+                pass
+        if self.vm is not None:
+            # A hostile guest could sit out the grace period; it is killed at once.
+            self.vm.stop(0 if self.untrusted else POWEROFF_GRACE_S)
+            self.vm.release()
+        if self.listener is not None:
+            self.listener.close()
+        unixsock.unlink(self.plan.state_dir / CONTROL_SOCKET)
+        if self.tty_fd >= 0:
+            os.close(self.tty_fd)
+        self._debug("shut down")
+
+
+def serve(plan: ShimPlan, handshake: Handshake, report: Callable[[str], None]) -> int:
+    """Runs the shim to the end (runtime/sandbox/standin.py); returns the exit status."""
+    return standin.serve(handshake, Shim(plan, report))

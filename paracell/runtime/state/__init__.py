@@ -1,0 +1,1 @@
+"""Container state under --root: the store, the status machine, IDs."""

@@ -1,0 +1,1 @@
+"""The runc-compatible verbs: thin adapters over the sandbox and state layers."""

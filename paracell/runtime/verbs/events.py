@@ -1,0 +1,121 @@
+"""`paracell events`: runc's stats events, with memory figures the host really
+holds for the guest, plus a `paracell` section for the memory manager."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.procfs import same_process
+from paracell.runtime.state import status
+from paracell.runtime.state.store import ContainerState
+from paracell.runtime.verbs.lifecycle import Context
+
+PAGE = 4096
+
+
+def _qemu_figures(state: ContainerState) -> dict[str, int]:
+    import psutil
+
+    vm = state.vm
+    if vm is None or not vm.qemu_pid or not same_process(vm.qemu_pid, vm.qemu_start):
+        return {}
+    try:
+        proc = psutil.Process(vm.qemu_pid)
+        with proc.oneshot():
+            cpu, mem = proc.cpu_times(), proc.memory_info()
+    except psutil.Error:
+        return {}
+    return {"user_ns": int(cpu.user * 1e9), "kernel_ns": int(cpu.system * 1e9), "rss": mem.rss}
+
+
+def stats(ctx: Context, container_id: str) -> dict[str, Any]:
+    from paracell.pager import telemetry
+    from paracell.vmm import memory
+
+    state = ctx.store.load(container_id)
+    if not status.stands_for_a_process(state.status):
+        raise ParacellError(f"container {container_id} is not running")
+    if not state.vm.config.ram_file:
+        raise ParacellError(f"container {container_id} has no VM of its own: a pod member's "
+                            "figures are its sandbox's")
+    ram_path = Path(state.vm.config.ram_file)
+    resident = memory.resident_bytes(ram_path)
+    try:
+        limit = ram_path.stat().st_size
+    except OSError:
+        limit = 0
+    qemu = _qemu_figures(state)
+    pager = telemetry.read(ctx.store.dir(container_id))
+    guest = pager["guest"] if pager else {}
+    # The guest's own figures: clamped, since a hostile guest may write anything.
+    used = max(guest["total_pages"] - guest["free_pages"], 0) * PAGE if guest else None
+    paracell: dict[str, Any] = {
+        "memory_manager": state.vm.config.memory_manager,
+        "guest_ram_bytes": limit,
+        "host_resident_bytes": resident,
+        "guest_used_bytes": used,
+        # Bound guest RAM is by definition what the host holds; named as the
+        # Pager's docs name it, next to unbound.
+        "bound_bytes": resident,
+        "unbound_bytes": max(limit - resident, 0),
+        "qemu_rss_bytes": qemu.get("rss"),
+    }
+    if pager:
+        host = pager["host"]
+        paracell |= {
+            "guest_unbound_free_bytes": guest["unbound_pages"] * PAGE,
+            "unbind_batches": host["unbind_batches"],
+            "bind_batches": host["bind_batches"],
+            "unbound_total_bytes": host["unbind_pages"] * PAGE,
+            "bound_total_bytes": host["bind_pages"] * PAGE,
+            "last_reclaim_ms": host["last_reclaim_ms"],
+            "guest": guest,
+        }
+    total_ns = qemu.get("user_ns", 0) + qemu.get("kernel_ns", 0)
+    data: dict[str, Any] = {
+        "cpu": {"usage": {"total": total_ns, "user": qemu.get("user_ns", 0),
+                          "kernel": qemu.get("kernel_ns", 0)}},
+        "memory": {"usage": {"usage": resident, "limit": limit}},
+    }
+    # The host cgroup holds the shim and QEMU: runc's figures, read as runc reads them.
+    from paracell.runtime.host import cgroups
+    from paracell.runtime.host.cgroups import stats as cgroup_stats
+
+    data |= cgroup_stats.read(cgroups.from_facts(state.vm.host.cgroups))
+    data["paracell"] = paracell
+    return {"type": "stats", "id": container_id, "data": data}
+
+
+def _oom_kills(ctx: Context, container_id: str) -> int:
+    """OOM kills in the container's host cgroup so far (-1: none to read)."""
+    from paracell.runtime.host import cgroups
+    from paracell.runtime.host.cgroups import stats as cgroup_stats
+
+    try:
+        state = ctx.store.load(container_id)
+    except ParacellError:
+        return -1
+    return cgroup_stats.oom_kills(cgroups.from_facts(state.vm.host.cgroups))
+
+
+def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:
+    """One stats event per interval while the container runs, as `runc events`
+    does, and an `oom` event when the kernel's OOM killer struck in the
+    container's host cgroup (QEMU or the shim: the VM ran out of its limit)."""
+    kills = _oom_kills(ctx, container_id)
+    while True:
+        now = _oom_kills(ctx, container_id)
+        if kills >= 0 and now > kills:
+            yield json.dumps({"type": "oom", "id": container_id})
+        kills = max(kills, now)
+        try:
+            event = json.dumps(stats(ctx, container_id))
+        except ParacellError:
+            return
+        yield event
+        time.sleep(interval_s)

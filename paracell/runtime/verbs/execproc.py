@@ -1,0 +1,213 @@
+"""`paracell exec`: another process in a running container.
+
+Each exec gets a host proxy process: its pid is what --pid-file gets, it
+relays the process's stdio and the signals it receives, and it exits with the
+process's status, so containerd can reap and signal it like a runc exec.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from paracell import unixsock
+from paracell.errors import ParacellError
+from paracell.procfs import process_start_time, same_process
+from paracell.runtime.bundle import spec
+from paracell.runtime.bundle.spec import read_json_file
+from paracell.runtime.pod import pod
+from paracell.runtime.sandbox import channel, spawn, standin
+from paracell.runtime.sandbox.console import NEED_CONSOLE_SOCKET
+from paracell.runtime.sandbox.signals import SIGKILL, exit_status_for_signal
+from paracell.runtime.state import status
+from paracell.runtime.state.store import CONTROL_SOCKET
+from paracell.runtime.verbs.lifecycle import Context, wait_child, write_pid_file
+
+MAX_PROCESS_JSON = 1 << 20
+EXECS_DIR = "execs"
+CREATE_TIMEOUT_S = 60.0
+
+
+def _load_process_file(path: str) -> dict[str, Any]:
+    process = read_json_file(path, MAX_PROCESS_JSON)
+    if not isinstance(process, dict):
+        raise ParacellError(f"{path}: the process must be a JSON object")
+    return process
+
+
+def _parse_user(user: str) -> dict[str, int]:
+    uid, _, gid = user.partition(":")
+    try:
+        return {"uid": int(uid), "gid": int(gid or 0)}
+    except ValueError:
+        raise ParacellError(f"invalid --user {user!r}: use UID[:GID]") from None
+
+
+def _container_process(ctx: Context, container_id: str) -> dict[str, Any]:
+    """The container's own process object, from its bundle, or {}."""
+    state = ctx.store.load(container_id)
+    try:
+        base = read_json_file(Path(state.bundle) / "config.json", spec.MAX_CONFIG_BYTES)
+        process = base["process"]
+    except (ParacellError, KeyError, TypeError):
+        return {}
+    return process if isinstance(process, dict) else {}
+
+
+def process_from_args(
+    ctx: Context, container_id: str, process_file: str | None, command: tuple[str, ...],
+    tty: bool, cwd: str | None, env: tuple[str, ...], user: str | None,
+    additional_gids: tuple[int, ...], no_new_privs: bool, caps: tuple[str, ...],
+) -> dict[str, Any]:
+    if process_file:
+        process = _load_process_file(process_file)
+        if "capabilities" not in process:
+            # runc gives such an exec the container's own sets, not none.
+            inherited = _container_process(ctx, container_id).get("capabilities")
+            if inherited is not None:
+                process["capabilities"] = inherited
+    else:
+        if not command:
+            raise ParacellError("exec: a command or --process is required")
+        base = _container_process(ctx, container_id)
+        # runc starts from the container's own process and overrides what was given.
+        process = copy.deepcopy(base) if isinstance(base, dict) else {}
+        process["args"] = list(command)
+        process["terminal"] = tty
+        process["env"] = list(process.get("env") or []) + list(env)
+        if cwd:
+            process["cwd"] = cwd
+        if user:
+            process["user"] = _parse_user(user)
+        if additional_gids:
+            process.setdefault("user", {})["additionalGids"] = list(additional_gids)
+        if no_new_privs:
+            process["noNewPrivileges"] = True
+        if caps:
+            merged = process.setdefault("capabilities", {})
+            for kind in ("bounding", "effective", "permitted", "ambient"):
+                merged[kind] = sorted(set(merged.get(kind, [])) | set(caps))
+    for warning in spec.check_process(process):
+        ctx.log.warning(warning)
+    return process
+
+
+# The process's fate is unknown when its channel is lost: the container or
+# its VM went away under it, which for the process is death by SIGKILL.
+EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
+
+
+def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
+                 seccomp: bytes | None = None) -> tuple[socket.socket, int]:
+    """A proxy's first step: the shim makes the process in the guest from
+    `launch` (a pod member's init sends its seccomp program just before). The
+    connection and the terminal's fd (-1 without one); ParacellError or
+    OSError on failure."""
+    from paracell._native import lib
+    from paracell.runtime.sandbox import console
+
+    conn = unixsock.connect(shim_socket)
+    try:
+        if seccomp:
+            channel.send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
+        channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
+        channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+        tty_fd = console.open_for_container(console_socket) if terminal else -1
+    except BaseException:
+        conn.close()
+        raise
+    return conn, tty_fd
+
+
+def relay_status(end: channel.RelayEnd) -> int:
+    """A proxy's exit status from how its relay ended."""
+    from paracell._native import lib
+
+    return end.status & 0xFF if end.kind == lib.PC_END_EXIT else EXIT_CHANNEL_LOST
+
+
+def write_exec_marker(marker: Path, pid: int) -> None:
+    tmp = marker.with_name(f".{marker.name}.tmp")
+    tmp.write_text(str(process_start_time(pid) or 0))
+    os.replace(tmp, marker)
+
+
+def exec_marker_alive(marker: Path) -> bool:
+    """Whether the marker's pid is still the proxy that wrote it."""
+    from paracell.jsonfile import read_regular
+
+    if not marker.name.isdigit() or len(marker.name) > 10:
+        return False
+    try:
+        # Bounded and non-blocking: a FIFO or a huge file put there costs nothing.
+        start = read_regular(str(marker), 24, follow=False)
+    except (OSError, ParacellError):
+        return False
+    return start.isdigit() and len(start) <= 24 and same_process(int(marker.name), int(start))
+
+
+class ExecProxy:
+    """The stand-in for an exec'd process (runtime/sandbox/standin.py). Nothing records
+    its pid but its marker, so it never waits for a commit."""
+
+    needs_commit = False
+
+    def __init__(self, shim_socket: Path, launch: bytes, terminal: bool,
+                 console_socket: str | None, execs_dir: Path) -> None:
+        self.shim_socket, self.launch = shim_socket, launch
+        self.terminal, self.console_socket = terminal, console_socket
+        # `ps` lists the live exec proxies from these markers. Each holds its
+        # proxy's start time: a marker left by a killed proxy must not vouch
+        # for whatever process reuses its pid.
+        self.marker = execs_dir / str(os.getpid())
+        self.conn: socket.socket | None = None
+        self.tty_fd = -1
+
+    def open(self) -> spawn.Ready:
+        self.conn, self.tty_fd = open_process(self.shim_socket, self.launch, self.terminal,
+                                              self.console_socket)
+        self.marker.parent.mkdir(exist_ok=True)
+        write_exec_marker(self.marker, os.getpid())
+        return spawn.Ready(pid=os.getpid())
+
+    def run(self) -> int:
+        from paracell._native import lib
+
+        assert self.conn is not None
+        channel.send(self.conn.fileno(), lib.PC_START)
+        return relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
+
+    def close(self) -> None:
+        self.marker.unlink(missing_ok=True)
+
+
+def exec_process(
+    ctx: Context, container_id: str, process: dict[str, Any], detach: bool,
+    pid_file: str | None, console_socket: str | None,
+) -> int:
+    terminal = bool(process.get("terminal"))
+    if terminal and not console_socket and detach:
+        raise ParacellError(NEED_CONSOLE_SOCKET)
+    launch = spec.exec_launch_spec(container_id, process)
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        status.transition("exec", state.status, container_id)
+    state_dir = store.dir(container_id)
+    # A pod member's processes run in its pod's VM: its pod's shim starts them.
+    shim_socket = pod.sandbox_socket(store, state) or state_dir / CONTROL_SOCKET
+    spawned = spawn.spawn(
+        lambda handshake: standin.serve(handshake, ExecProxy(
+            shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)),
+        detach, ctx.log.background_error)
+    spawned.abandon()
+    if spawned.ready.error:
+        raise ParacellError(spawned.ready.error)
+    if pid_file:
+        write_pid_file(pid_file, spawned.pid)
+    if detach:
+        return 0
+    return wait_child(spawned.pid)
