@@ -2,5 +2,6 @@
 
 from setuptools import setup
 
-setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder"],
+setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder",
+                    "csrc/build_linux.py:ffibuilder"],
       scripts=["bin/paracell"])

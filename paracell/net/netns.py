@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from paracell.errors import ParacellError
-from paracell.linux import libc
+from paracell.linux import CLONE_NEWNET, libc
 
-CLONE_NEWNET = 0x40000000
 HOST, NEW, JOIN, POD = "host", "new", "join", "pod"
 NOTICES = {
     HOST: "the spec shares the host's network namespace, which a VM cannot: "

@@ -12,15 +12,11 @@ import os
 import struct
 
 from paracell.errors import ParacellError
+from paracell.linux import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IFNAMSIZ, TUNSETIFF
 from paracell.net.discover import TAP_PREFIX
 
-TUNSETIFF = 0x400454CA
-IFF_TAP = 0x0002
-IFF_NO_PI = 0x1000
-# QEMU finds this flag on the fd and then passes checksum and segmentation
+# QEMU finds IFF_VNET_HDR on the fd and then passes checksum and segmentation
 # offloads between the guest and the host kernel instead of doing them itself.
-IFF_VNET_HDR = 0x4000
-IFNAMSIZ = 16
 
 
 def open_tap() -> tuple[int, str]:

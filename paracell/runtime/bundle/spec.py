@@ -20,6 +20,7 @@ from paracell import wire
 from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.jsonfile import parse_json, read_regular
+from paracell.linux import MS_BIND
 from paracell.runtime.bundle import mountopts
 from paracell.runtime.bundle.configcheck import expect as _expect
 from paracell.runtime.bundle.configcheck import fail as _fail
@@ -479,10 +480,10 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> MountRecord:
     mountopts.check_type(kind, opts, where)
     data = opts.data or []
     slot = None
-    if kind == "bind" or opts.flags & mountopts.MS_BIND:
+    if kind == "bind" or opts.flags & MS_BIND:
         kind = "bind"
         source, slot = _bind_source(bundle, source, where, dest)
-        opts.flags |= mountopts.MS_BIND
+        opts.flags |= MS_BIND
     else:
         bundle.mount_points.append(MountPoint(dest, directory=True))
     if any("\x1f" in s or "\0" in s for s in (dest, kind, source, *data)):

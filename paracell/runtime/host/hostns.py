@@ -35,29 +35,36 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paracell.errors import ParacellError
-from paracell.linux import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_REC, MS_SLAVE, libc
+from paracell.linux import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWTIME,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_REC,
+    MS_SLAVE,
+    NS_GET_NSTYPE,
+    PR_CAP_AMBIENT,
+    PR_CAP_AMBIENT_CLEAR_ALL,
+    PR_CAPBSET_DROP,
+    PR_SET_NO_NEW_PRIVS,
+    libc,
+    make_readonly,
+)
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
-CLONE_NEWTIME = 0x00000080
-NS_GET_NSTYPE = 0xB703
-SYS_MOUNT_SETATTR = 442  # x86_64
-AT_FDCWD, AT_RECURSIVE = -100, 0x8000
-MOUNT_ATTR_RDONLY = 0x1
 # Host trees that neither the shim nor QEMU writes once the VM runs: read-only
 # in the jail, so a compromised QEMU (root, with CAP_DAC_OVERRIDE) cannot
 # change host binaries, configuration or keys. A tree that holds a path the
 # VM must write (its state, guest RAM, a writable rootfs, the log) is left as is.
 READONLY_TREES = ("/usr", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
                   "/libx32", "/opt", "/srv", "/root", "/home", "/var")
-PR_CAPBSET_DROP = 24
-PR_SET_NO_NEW_PRIVS = 38
-PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 
 # OCI type -> (clone flag, the name runc's nsexec uses in its messages).
 TYPES: dict[str, tuple[int, str]] = {
@@ -293,11 +300,6 @@ class HostIsolation:
             self.host_proc = -1
 
 
-class _MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-
 def _inside(path: str, tree: str) -> bool:
     return path == tree or path.startswith(tree + "/")
 
@@ -316,10 +318,7 @@ def _readonly_trees(writable: list[str]) -> list[str]:
             continue
         path = tree.encode()
         _check(lib.mount(path, path, None, MS_BIND | MS_REC, None), f"binding {tree}")
-        attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-        _check(lib.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE,
-                            ctypes.byref(attr), ctypes.sizeof(attr)),
-               f"making {tree} read-only")
+        _check(make_readonly(path), f"making {tree} read-only")
         done.append(tree)
     return done
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from paracell.guest.artifacts import GuestArtifacts
+from paracell.net.device import NetworkInterfaces
 from paracell.net.netns import JOIN, NEW, NetworkPlan
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.sandbox.memorymanager import MemoryPlan
@@ -48,6 +49,6 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         config.pod_share = str(vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR)).path)
     config.qmp_socket = str(vm.attach(devices.QmpSocket(state_dir / "qmp.sock")).path)
     if network is not None and network.mode in (JOIN, NEW):
-        net = vm.attach(devices.NetworkInterfaces(state_dir, network.path))
+        net = vm.attach(NetworkInterfaces(state_dir, network.path))
         config.net_record = str(net.record)
     return vm, agent, config

@@ -32,10 +32,11 @@ from paracell.linux import (
     MS_REMOUNT,
     MS_SLAVE,
     libc,
+    make_readonly,
+    pivot_root,
 )
 from paracell.runtime.host import hostns
 
-SYS_PIVOT_ROOT = 155  # x86_64
 JAIL_DIR = "jail"
 # Read-only, whole: QEMU's binary, libraries and firmware; what it may probe.
 SYSTEM_DIRS = ("/usr", "/sys")
@@ -108,11 +109,8 @@ def enter(plan: JailPlan) -> None:
             os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         _mount(path.encode(), target, None, MS_BIND | MS_REC, None,
                f"binding {path}")
-        if not writable:
-            attr = hostns._MountAttr(hostns.MOUNT_ATTR_RDONLY, 0, 0, 0)
-            if lib.syscall(hostns.SYS_MOUNT_SETATTR, hostns.AT_FDCWD, target.encode(),
-                            hostns.AT_RECURSIVE, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-                raise OSError(ctypes.get_errno(), f"making {path} read-only")
+        if not writable and make_readonly(target.encode()) != 0:
+            raise OSError(ctypes.get_errno(), f"making {path} read-only")
     for name, target in plan.links:
         os.symlink(target, root + name)
     os.makedirs(root + "/proc", exist_ok=True)
@@ -120,7 +118,7 @@ def enter(plan: JailPlan) -> None:
            MS_NOSUID | MS_NODEV | MS_NOEXEC, None, "mounting /proc")
     os.makedirs(root + "/.old", exist_ok=True)
     os.chdir(root)
-    if lib.syscall(SYS_PIVOT_ROOT, b".", b".old") != 0:
+    if pivot_root(b".", b".old") != 0:
         raise OSError(ctypes.get_errno(), "pivot_root")
     os.chdir("/")
     if lib.umount2(b"/.old", MNT_DETACH) != 0:

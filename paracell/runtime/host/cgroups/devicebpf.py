@@ -17,17 +17,24 @@ import os
 import struct
 
 from paracell.errors import ParacellError
-from paracell.linux import libc
+from paracell.linux import (
+    BPF_CGROUP_DEVICE,
+    BPF_DEVCG_ACC_MKNOD,
+    BPF_DEVCG_ACC_READ,
+    BPF_DEVCG_ACC_WRITE,
+    BPF_DEVCG_DEV_BLOCK,
+    BPF_DEVCG_DEV_CHAR,
+    BPF_F_ALLOW_MULTI,
+    BPF_PROG_ATTACH,
+    BPF_PROG_LOAD,
+    BPF_PROG_TYPE_CGROUP_DEVICE,
+    bpf,
+)
 from paracell.runtime.bundle.resources import Device
 
-SYS_BPF = 321  # x86_64
-BPF_PROG_LOAD, BPF_PROG_ATTACH = 5, 8
-BPF_PROG_TYPE_CGROUP_DEVICE = 15
-BPF_CGROUP_DEVICE = 6
-BPF_F_ALLOW_MULTI = 2
 # struct bpf_cgroup_dev_ctx: access_type (type | access << 16), major, minor.
-DEV_TYPE = {"b": 1, "c": 2}
-ACCESS = {"m": 1, "r": 2, "w": 4}
+DEV_TYPE = {"b": BPF_DEVCG_DEV_BLOCK, "c": BPF_DEVCG_DEV_CHAR}
+ACCESS = {"m": BPF_DEVCG_ACC_MKNOD, "r": BPF_DEVCG_ACC_READ, "w": BPF_DEVCG_ACC_WRITE}
 LOG_SIZE = 65536
 
 
@@ -87,12 +94,6 @@ def compile_rules(default: bool, exceptions: list[Device]) -> bytes:
     return b"".join(prog)
 
 
-def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:
-    syscall = libc().syscall
-    syscall.restype = ctypes.c_long
-    return int(syscall(SYS_BPF, cmd, attr, len(attr)))
-
-
 def attach(cgroup_dir: str, rules: list[Device]) -> None:
     """Loads the program and attaches it to the cgroup, where it stays until
     the cgroup is removed."""
@@ -104,7 +105,7 @@ def attach(cgroup_dir: str, rules: list[Device]) -> None:
     struct.pack_into("<IIQQIIQ", attr, 0, BPF_PROG_TYPE_CGROUP_DEVICE, len(code) // 8,
                      ctypes.addressof(insns), ctypes.addressof(license_), 1, LOG_SIZE,
                      ctypes.addressof(log))
-    prog_fd = _bpf(BPF_PROG_LOAD, attr)
+    prog_fd = bpf(BPF_PROG_LOAD, attr)
     if prog_fd < 0:
         err = ctypes.get_errno()
         detail = log.value.decode(errors="replace").strip().splitlines()
@@ -116,7 +117,7 @@ def attach(cgroup_dir: str, rules: list[Device]) -> None:
             attr = ctypes.create_string_buffer(128)
             struct.pack_into("<IIII", attr, 0, dir_fd, prog_fd, BPF_CGROUP_DEVICE,
                              BPF_F_ALLOW_MULTI)
-            if _bpf(BPF_PROG_ATTACH, attr) < 0:
+            if bpf(BPF_PROG_ATTACH, attr) < 0:
                 err = ctypes.get_errno()
                 raise ParacellError(f"attaching the devices BPF program to {cgroup_dir}: "
                                     f"{os.strerror(err)}")
