@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 deps:
 	./scripts/install-deps.sh
 
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h proto/cri/*.proto)
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h paracell/cri/api.proto)
 	$(MAKE) deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat

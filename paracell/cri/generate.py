@@ -1,4 +1,4 @@
-"""Builds the gRPC stubs for proto/cri/api.proto into paracell/cri/_gen/.
+"""Builds the gRPC stubs for paracell/cri/api.proto into paracell/cri/_gen/.
 
 Run at build time (`make venv` calls it): the stubs are generated, not kept
 in git, so the proto file stays the one definition of the CRI subset."""
@@ -9,7 +9,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-PROTO = Path(__file__).resolve().parents[2] / "proto" / "cri" / "api.proto"
+PROTO = Path(__file__).resolve().parent / "api.proto"
 OUT = Path(__file__).resolve().parent / "_gen"
 STAMP = OUT / "source.sha256"
 
