@@ -16,8 +16,8 @@ import click
 
 from paracell import OCI_VERSION, __version__
 from paracell.errors import ParacellError
+from paracell.runtime.context import Context
 from paracell.runtime.log import RuntimeLog
-from paracell.runtime.verbs.lifecycle import Context
 from paracell.settings import DEFAULT_ROOT
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from paracell.guest.artifacts import REPO_ROOT
 from paracell.runtime.bundle import defaultspec
+from paracell.runtime.context import Context
 from paracell.runtime.verbs import lifecycle
-from paracell.runtime.verbs.lifecycle import Context
 
 EXAMPLE = REPO_ROOT / "oci" / "examples" / "hello"
 

@@ -9,7 +9,7 @@ import tempfile
 from typing import Any
 
 from paracell.bench import common, plot
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.context import Context
 
 GOAL_STATE_MEDIAN_S = 0.030
 

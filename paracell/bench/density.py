@@ -33,7 +33,7 @@ from typing import Any
 from paracell import procfs
 from paracell.bench import common
 from paracell.bench.plot import save_figure
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.context import Context
 from paracell.vmm import probe
 
 RUNTIMES = ("paracell", "runc")

@@ -23,7 +23,7 @@ from paracell.bench.plot import save_figure
 from paracell.errors import ParacellError
 from paracell.procfs import page_faults
 from paracell.runtime.bundle import defaultspec
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.context import Context
 
 MANAGERS = ("pager", "balloon", "none")
 GUEST_MIB = 512

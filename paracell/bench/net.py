@@ -23,7 +23,7 @@ from typing import Any
 from paracell.bench import common, plot, programs
 from paracell.errors import ParacellError
 from paracell.runtime.bundle import defaultspec
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.context import Context
 
 HOST_ADDR, CONTAINER_ADDR, PREFIX = "10.211.0.1", "10.211.0.2", 24
 PORT = 5201

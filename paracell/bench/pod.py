@@ -19,8 +19,8 @@ from typing import Any
 
 from paracell.bench import common
 from paracell.bench.plot import save_figure
-from paracell.runtime.pod import pod
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.bundle import podrole
+from paracell.runtime.context import Context
 
 # 0: the sandbox alone, an idle pod VM: what a RuntimeClass's podFixed covers.
 SIZES = (0, 1, 3)
@@ -35,7 +35,7 @@ def _bundle(name: str, annotations: dict[str, str]) -> Path:
     directory = common.example_bundle(name, ["sleep", "1000000"])
     config = json.loads((directory / "config.json").read_text())
     config["annotations"] = annotations
-    if annotations.get(pod.CONTAINER_TYPE) == "sandbox":
+    if annotations.get(podrole.CONTAINER_TYPE) == "sandbox":
         # As CRI makes a sandbox: a network namespace of its own (a VM runtime
         # refuses a pod on the host's).
         config["linux"]["namespaces"].append({"type": "network"})
@@ -47,8 +47,8 @@ def _one_pod(paracell: list[str], mode: str, size: int, tag: str) -> dict[str, f
     sandbox_id = f"{tag}-sandbox"
     members = [f"{tag}-c{i}" for i in range(size)]
     pod_vm = mode == "pod_vm"
-    sandbox_notes = {pod.CONTAINER_TYPE: "sandbox"} if pod_vm else {}
-    member_notes = ({pod.CONTAINER_TYPE: "container", pod.SANDBOX_ID: sandbox_id}
+    sandbox_notes = {podrole.CONTAINER_TYPE: "sandbox"} if pod_vm else {}
+    member_notes = ({podrole.CONTAINER_TYPE: "container", podrole.SANDBOX_ID: sandbox_id}
                     if pod_vm else {})
     bundles = {sandbox_id: _bundle("pod-sandbox" if pod_vm else "pod-plain", sandbox_notes)}
     member_bundle = _bundle("pod-member" if pod_vm else "pod-plain", member_notes)

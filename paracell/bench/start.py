@@ -13,7 +13,7 @@ from typing import Any
 
 from paracell.bench import common, plot
 from paracell.guest import artifacts
-from paracell.runtime.verbs.lifecycle import Context
+from paracell.runtime.context import Context
 from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
 

@@ -19,7 +19,7 @@ from paracell.net import device, discover, guestconfig, mirror, netns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.runtime.state.store import VmConfig
+    from paracell.vmm.config import VmConfig
 
 
 def _take_spares(record_path: Path) -> list[tuple[str, str]]:

@@ -20,8 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from paracell.runtime.state.store import VmConfig
     from paracell.vmm.builder import Vm, VmBuilder
+    from paracell.vmm.config import VmConfig
 
 
 @dataclass(frozen=True)

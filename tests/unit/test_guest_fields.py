@@ -14,8 +14,8 @@ import pytest
 from paracell._native import lib
 
 from paracell.errors import ParacellError
-from paracell.runtime.bundle import defaultspec, mountopts, spec
-from paracell.runtime.inguest import guestfields, seccomp
+from paracell.runtime.bundle import defaultspec, spec
+from paracell.runtime.inguest import guestfields, mountopts, seccomp
 from tests.unit.test_spec import records, write
 from tests.unit.test_spec_fields import launch, linux, refused
 

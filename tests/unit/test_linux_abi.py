@@ -39,7 +39,7 @@ def test_no_other_module_types_a_linux_abi_number():
             targets = [t for target in node.targets
                        for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
             values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-            for target, value in zip(targets, values):
+            for target, value in zip(targets, values, strict=False):
                 if isinstance(target, ast.Name) and ABI_NAME.match(target.id) \
                         and _is_number(value):
                     typed.append(f"{path.relative_to(PACKAGE)}: {target.id}")

@@ -17,7 +17,7 @@ from tests.netutil import route, veth
 
 
 def test_plan_follows_the_spec_and_the_pod_role(tmp_path):
-    from paracell.runtime.pod import pod
+    from paracell.runtime.bundle import podrole
 
     with make_netns() as ns:
         assert netns.plan({}, False) == netns.NetworkPlan(netns.HOST)
@@ -27,10 +27,10 @@ def test_plan_follows_the_spec_and_the_pod_role(tmp_path):
         assert netns.plan({"network": ns.path}, True) == netns.NetworkPlan(netns.POD, ns.path)
     # Who is in a pod's network is decided once, by the pod role: podman's pod
     # members carry CRI-O's annotation; its infra container and lone ones do not.
-    crio = pod.CRIO_CONTAINER_TYPE
-    assert pod.role({crio: "container"}, "c").in_pods_network
-    assert not pod.role({crio: "sandbox"}, "c").in_pods_network
-    assert not pod.role({}, "c").in_pods_network
+    crio = podrole.CRIO_CONTAINER_TYPE
+    assert podrole.role({crio: "container"}, "c").in_pods_network
+    assert not podrole.role({crio: "sandbox"}, "c").in_pods_network
+    assert not podrole.role({}, "c").in_pods_network
     with pytest.raises(ParacellError, match="^network namespace /nonexistent: No such file"):
         netns.plan({"network": "/nonexistent"}, False)
     fifo = tmp_path / "fifo"

@@ -13,45 +13,46 @@ import pytest
 
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND
+from paracell.runtime.bundle import podrole
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.pod import pod
 from paracell.runtime.state.store import ContainerState
 from paracell.vmm import hostshare
 
-SANDBOX = {pod.CONTAINER_TYPE: "sandbox"}
+SANDBOX = {podrole.CONTAINER_TYPE: "sandbox"}
 
 
 def member(sandbox_id: str = "sb") -> dict[str, str]:
-    return {pod.CONTAINER_TYPE: "container", pod.SANDBOX_ID: sandbox_id}
+    return {podrole.CONTAINER_TYPE: "container", podrole.SANDBOX_ID: sandbox_id}
 
 
 def test_roles():
-    assert pod.role({}, "c") == pod.PodRole("none")
-    assert pod.role(SANDBOX, "sb") == pod.PodRole("sandbox")
-    assert pod.role(member(), "c") == pod.PodRole("member", "sb")
+    assert podrole.role({}, "c") == podrole.PodRole("none")
+    assert podrole.role(SANDBOX, "sb") == podrole.PodRole("sandbox")
+    assert podrole.role(member(), "c") == podrole.PodRole("member", "sb")
 
 
 @pytest.mark.parametrize("notes, error", [
-    ({pod.CONTAINER_TYPE: "pod"}, "expected sandbox or container"),
-    ({pod.CONTAINER_TYPE: "container"}, "is required"),
+    ({podrole.CONTAINER_TYPE: "pod"}, "expected sandbox or container"),
+    ({podrole.CONTAINER_TYPE: "container"}, "is required"),
     (member("../etc"), "invalid container id"),
     (member("c"), "names itself"),
 ])
 def test_bad_roles(notes, error):
     with pytest.raises(ParacellError, match=error):
-        pod.role(notes, "c")
+        podrole.role(notes, "c")
 
 
 @pytest.mark.parametrize("raw, mib", [("", 512), ("0", 512), (str(256 << 20), 256),
                                       (str((256 << 20) + 1), 257)])
 def test_pod_memory(raw, mib):
-    assert pod.pod_memory_mib({pod.SANDBOX_MEMORY: raw} if raw else {}, 512) == mib
+    assert podrole.pod_memory_mib({podrole.SANDBOX_MEMORY: raw} if raw else {}, 512) == mib
 
 
 @pytest.mark.parametrize("raw", ["-1", "1e9", "12 ", "9" * 21, str(1 << 20), str(1 << 40)])
 def test_bad_pod_memory(raw):
-    with pytest.raises(ParacellError, match=pod.SANDBOX_MEMORY + "|outside"):
-        pod.pod_memory_mib({pod.SANDBOX_MEMORY: raw}, 512)
+    with pytest.raises(ParacellError, match=podrole.SANDBOX_MEMORY + "|outside"):
+        podrole.pod_memory_mib({podrole.SANDBOX_MEMORY: raw}, 512)
 
 
 def test_member_slots_are_fixed_length_and_distinct():
@@ -165,13 +166,13 @@ def test_members_adopt_the_pod_parent_their_sandbox_made():
     ("network", "host network"), ("ipc", "host IPC"), ("pid", "host PID")])
 def test_a_sandbox_that_asks_for_a_host_namespace_is_refused(missing: str, named: str):
     namespaces = {"network": "", "ipc": "", "pid": "", "uts": "", "mount": ""}
-    pod.refuse_host_namespaces(namespaces)  # every one of its own: fine
+    podrole.refuse_host_namespaces(namespaces)  # every one of its own: fine
     del namespaces[missing]
     with pytest.raises(ParacellError, match=f"^{named} is not supported by a VM runtime"):
-        pod.refuse_host_namespaces(namespaces)
+        podrole.refuse_host_namespaces(namespaces)
 
 
 def test_a_sandbox_in_the_runtimes_own_network_namespace_is_refused():
     """runc's "host" network is also a path to the runtime's own namespace."""
     with pytest.raises(ParacellError, match="^host network is not supported by a VM runtime"):
-        pod.refuse_host_namespaces({"network": "/proc/self/ns/net", "ipc": "", "pid": ""})
+        podrole.refuse_host_namespaces({"network": "/proc/self/ns/net", "ipc": "", "pid": ""})

@@ -21,11 +21,10 @@ from paracell._native import lib
 from paracell.errors import ParacellError
 from paracell.jsonfile import parse_json, read_regular
 from paracell.linux import MS_BIND
-from paracell.runtime.bundle import mountopts
-from paracell.runtime.bundle.configcheck import expect as _expect
-from paracell.runtime.bundle.configcheck import fail as _fail
 from paracell.runtime.bundle.mountpoints import INVALID_ROOTFS, MountPoint, create_mount_points
-from paracell.runtime.inguest import guestfields, seccomp
+from paracell.runtime.configcheck import expect as _expect
+from paracell.runtime.configcheck import fail as _fail
+from paracell.runtime.inguest import guestfields, mountopts, seccomp
 
 MAX_CONFIG_BYTES = 4 << 20
 GUEST_ROOTFS = wire.text("PC_ROOTFS_DIR")

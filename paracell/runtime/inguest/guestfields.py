@@ -13,11 +13,11 @@ from typing import Any
 from paracell import speckeys as K
 from paracell._native import lib
 from paracell.errors import ParacellError
-from paracell.runtime.bundle import mountopts
-from paracell.runtime.bundle.configcheck import entries
-from paracell.runtime.bundle.configcheck import expect as _expect
-from paracell.runtime.bundle.configcheck import fail as _fail
-from paracell.runtime.bundle.configcheck import uint as _uint
+from paracell.runtime.configcheck import entries
+from paracell.runtime.configcheck import expect as _expect
+from paracell.runtime.configcheck import fail as _fail
+from paracell.runtime.configcheck import uint as _uint
+from paracell.runtime.inguest import mountopts
 
 Records = list[tuple[str, str]]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from paracell._native import lib
 from paracell.errors import ParacellError
-from paracell.runtime.bundle import configcheck
+from paracell.runtime import configcheck
 
 # Bounds on the profile itself, so that a hostile one cannot make libseccomp
 # work for long; the real limit is the program's size, checked after export.

@@ -23,6 +23,7 @@ from paracell import speckeys as K
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
+from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_ID
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.sandbox import channel, spawn
 from paracell.runtime.state.ids import check_id
@@ -36,83 +37,16 @@ from paracell.runtime.state.store import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from paracell.runtime.context import Context
     from paracell.runtime.host.cgroups import CgroupDir
     from paracell.runtime.sandbox.sandbox import Container
-    from paracell.runtime.verbs.lifecycle import Context
     from paracell.xgate.admission import XgatesPlan
 
-CONTAINER_TYPE = "io.kubernetes.cri.container-type"
-# CRI-O's, which podman gives the containers of its pods (a VM per container).
-CRIO_CONTAINER_TYPE = "io.kubernetes.cri-o.ContainerType"
-SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
-# Set by containerd releases that pass the pod's limits down (1.7 on).
-SANDBOX_MEMORY = "io.kubernetes.cri.sandbox-memory"
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
 # The guest namespaces a member may share with its pod, by OCI type, and the
 # launch-spec key that asks the agent to join them.
 JOINABLE = {"ipc": K.NS_IPC, "uts": K.NS_UTS, "pid": K.NS_PID}
 NS_PATH = re.compile(r"/proc/(\d{1,10})/ns/([a-z]+)")
-
-
-@dataclass(frozen=True)
-class PodRole:
-    """The one decision about a container's pod, from its annotations."""
-
-    kind: str  # "sandbox", "member" or "none"
-    sandbox_id: str = ""
-    # A container in a pod whose network namespace another VM holds: podman's
-    # pods (CRI-O's annotation), whose containers each get a VM of their own.
-    in_pods_network: bool = False
-
-
-def role(annotations: dict[str, str], container_id: str) -> PodRole:
-    kind = annotations.get(CONTAINER_TYPE)
-    if kind is None:
-        return PodRole("none", in_pods_network=annotations.get(CRIO_CONTAINER_TYPE) == "container")
-    if kind == "sandbox":
-        return PodRole("sandbox")
-    if kind != "container":
-        raise ParacellError(f"invalid annotation {CONTAINER_TYPE}={kind!r}: "
-                            "expected sandbox or container")
-    sandbox = annotations.get(SANDBOX_ID, "")
-    if not sandbox:
-        raise ParacellError(f"annotation {SANDBOX_ID} is required with {CONTAINER_TYPE}=container")
-    check_id(sandbox)
-    if sandbox == container_id:
-        raise ParacellError(f"container {container_id} names itself as its pod's sandbox")
-    return PodRole("member", sandbox)
-
-
-# What kubelet's hostNetwork, hostIPC and hostPID look like in the sandbox's
-# spec: the namespace's entry is left out, so the pause container would share
-# the host's. A pod's VM has its own kernel; it cannot share any of them.
-HOST_NAMESPACES = {"network": "host network", "ipc": "host IPC", "pid": "host PID"}
-
-
-def refuse_host_namespaces(namespaces: dict[str, str]) -> None:
-    """A pod that asks for the host's network, IPC or PID namespace fails at
-    RunPodSandbox instead of running cut off (docs/runtime.md)."""
-    from paracell.runtime.bundle import spec
-
-    wanted = [name for kind, name in HOST_NAMESPACES.items() if kind not in namespaces
-              or (kind == "network" and namespaces[kind] and spec.is_host_netns(namespaces[kind]))]
-    if wanted:
-        raise ParacellError(f"{', '.join(wanted)} is not supported by a VM runtime: "
-                            "the pod's VM has its own kernel (remove hostNetwork, hostIPC "
-                            "and hostPID, or use another RuntimeClass)")
-
-
-def pod_memory_mib(annotations: dict[str, str], default_mib: int) -> int:
-    """The pod's memory limit when containerd passes it, else the default."""
-    raw = annotations.get(SANDBOX_MEMORY, "")
-    if not raw or raw == "0":
-        return default_mib
-    if not raw.isdigit() or len(raw) > 20:
-        raise ParacellError(f"invalid annotation {SANDBOX_MEMORY}={raw[:40]!r}: not a byte count")
-    mib = -(-int(raw) // (1 << 20))
-    if not 64 <= mib <= 65536:
-        raise ParacellError(f"pod memory limit of {mib} MiB is outside 64..65536")
-    return mib
 
 
 def member_slot(container_id: str) -> str:
@@ -216,10 +150,9 @@ class MemberProxy:
 
         from paracell.runtime.host import cgroups
         from paracell.runtime.sandbox import signals
-        from paracell.runtime.verbs import execproc
         cgroups.join(self.cgroup)
         self.listener = unixsock.listen(self.control_socket)
-        self.conn, self.tty_fd = execproc.open_process(
+        self.conn, self.tty_fd = channel.open_process(
             self.sandbox_socket, self.launch, self.terminal, self.console_socket, self.seccomp)
         # From the moment the pid is published, `kill` may signal us: hold
         # the signals until the relay's signalfd picks them up.
@@ -227,9 +160,8 @@ class MemberProxy:
         return spawn.Ready(pid=os.getpid())
 
     def run(self) -> int:
-        from paracell.runtime.verbs import execproc
 
-        return execproc.relay_status(channel.run_relay(
+        return channel.relay_status(channel.run_relay(
             self.conn.fileno(), -1, self.tty_fd, control_fd=self.listener.fileno()))
 
     def close(self) -> None:
@@ -309,7 +241,7 @@ class PodSlot:
 
     def record(self) -> VmRecord:
         from paracell.runtime.host import cgroups
-        from paracell.runtime.pod.memberdir import PodMemberDir
+        from paracell.runtime.sandbox.memberdir import PodMemberDir
 
         return VmRecord(host=HostRecord(cgroups=cgroups.facts(self.cgroup)),
                         reclaim=[PodMemberDir.record(self.member_dir)])

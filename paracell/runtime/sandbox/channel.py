@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
+from paracell.runtime.sandbox.signals import SIGKILL, exit_status_for_signal
 
 # Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
 # checks their sizes against the header's structs.
@@ -194,3 +196,39 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
             raise ParacellError(printable(frame.payload))
         if frame.type != lib.PC_HOST_ACK:
             raise ParacellError(f"container shim answered with unexpected type {frame.type}")
+
+
+# A process a proxy opens in a running VM: an exec, or a pod member's init.
+CREATE_TIMEOUT_S = 60.0
+# The process's fate is unknown when its channel is lost: the container or
+# its VM went away under it, which for the process is death by SIGKILL.
+EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
+
+
+def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
+                 seccomp: bytes | None = None) -> tuple[socket.socket, int]:
+    """A proxy's first step: the shim makes the process in the guest from
+    `launch` (a pod member's init sends its seccomp program just before). The
+    connection and the terminal's fd (-1 without one); ParacellError or
+    OSError on failure."""
+    from paracell._native import lib
+    from paracell.runtime.sandbox import console
+
+    conn = unixsock.connect(shim_socket)
+    try:
+        if seccomp:
+            send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
+        send(conn.fileno(), lib.PC_SPEC, 0, launch)
+        expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+        tty_fd = console.open_for_container(console_socket) if terminal else -1
+    except BaseException:
+        conn.close()
+        raise
+    return conn, tty_fd
+
+
+def relay_status(end: RelayEnd) -> int:
+    """A proxy's exit status from how its relay ended."""
+    from paracell._native import lib
+
+    return end.status & 0xFF if end.kind == lib.PC_END_EXIT else EXIT_CHANNEL_LOST

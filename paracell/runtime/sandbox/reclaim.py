@@ -9,7 +9,7 @@ from typing import Any
 def reclaim(records: list[dict[str, Any]]) -> None:
     # Importing the modules registers their kinds.
     import paracell.net.device  # noqa: F401
-    import paracell.runtime.pod.memberdir  # noqa: F401
+    import paracell.runtime.sandbox.memberdir  # noqa: F401
     import paracell.vmm.devices  # noqa: F401
     from paracell.reclaim import reclaim_all
 

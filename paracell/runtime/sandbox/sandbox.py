@@ -27,13 +27,13 @@ from paracell.runtime.state.store import ContainerState, VmRecord
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.net.netns import NetworkPlan
+    from paracell.runtime.bundle.podrole import PodRole
     from paracell.runtime.bundle.spec import Bundle
+    from paracell.runtime.context import Context
     from paracell.runtime.host.hostside import HostPlan
-    from paracell.runtime.pod.pod import PodRole
     from paracell.runtime.sandbox.memorymanager import MemoryPlan
-    from paracell.runtime.state.store import VmConfig
-    from paracell.runtime.verbs.lifecycle import Context
     from paracell.vmm.builder import VmBuilder
+    from paracell.vmm.config import VmConfig
     from paracell.vmm.devices import AgentPort
     from paracell.xgate.admission import XgatesPlan
 
@@ -98,8 +98,8 @@ class Sandbox:
         from paracell import settings
         from paracell.guest import artifacts
         from paracell.net import netns
+        from paracell.runtime.bundle import podrole
         from paracell.runtime.host import hostside
-        from paracell.runtime.pod import pod
         from paracell.runtime.sandbox import memorymanager, vmplan
         from paracell.vmm import memory, probe
         from paracell.xgate import admission
@@ -108,7 +108,7 @@ class Sandbox:
         # (docs/host-isolation.md). A pod's VM holds every container of the
         # pod: its default size is the pod's.
         pod_sandbox = pod_role.kind == "sandbox"
-        default_mib = (pod.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
+        default_mib = (podrole.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
                        if pod_sandbox else settings.guest_memory_mib())
         host = hostside.plan(bundle, container_id, ctx.systemd_cgroup, default_mib)
         memory_plan = memorymanager.choose(ctx.memory_manager, settings.memory_manager_override(),

@@ -26,9 +26,10 @@ from paracell.runtime.log import RuntimeLog
 from paracell.runtime.sandbox import channel, console, sandboxspec, signals, standin
 from paracell.runtime.sandbox.signals import exit_status_for_signal
 from paracell.runtime.sandbox.spawn import Handshake, Ready
-from paracell.runtime.state.store import CONTROL_SOCKET, VmConfig
+from paracell.runtime.state.store import CONTROL_SOCKET
 from paracell.vmm import hypervisor
 from paracell.vmm.builder import Vm, VmBuilder
+from paracell.vmm.config import VmConfig
 from paracell.vmm.devices import AgentPort, PagerChannel
 
 BOOT_TIMEOUT_S = 60.0

@@ -10,9 +10,9 @@ from paracell.net.device import NetworkInterfaces
 from paracell.net.netns import JOIN, NEW, NetworkPlan
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.sandbox.memorymanager import MemoryPlan
-from paracell.runtime.state.store import VmConfig
 from paracell.vmm import devices
 from paracell.vmm.builder import Machine, VmBuilder
+from paracell.vmm.config import VmConfig
 
 SHARE_DIR = "share"
 POD_SHARE_DIR = "pod"

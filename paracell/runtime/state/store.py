@@ -18,8 +18,10 @@ import stat
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import same_process
+from paracell.record import Record
 from paracell.runtime.state import status as st
 from paracell.runtime.state.ids import check_id
+from paracell.vmm.config import VmConfig
 
 # typing, contextlib, pathlib and shutil cost more to import than `state` does to run.
 TYPE_CHECKING = False
@@ -39,55 +41,6 @@ STANDIN_PID_FILE = "standin.pid"
 # Not a valid container ID (ids.py allows [A-Za-z0-9_+.-] only), so a sweep of
 # abandoned creates can never take a real container for one.
 _NEW_PREFIX = "~new-"
-
-
-class Record:
-    """A JSON object with known fields and defaults. Plain classes, not
-    dataclasses: `state` and `kill` run on every containerd poll, and
-    dataclasses/pathlib would double their start-up."""
-
-    FIELDS: dict[str, Any] = {}
-    NESTED: dict[str, type[Record]] = {}
-
-    def __init__(self, **values: Any) -> None:
-        unknown = set(values) - set(self.FIELDS)
-        if unknown:
-            raise TypeError(f"unknown fields {sorted(unknown)}")
-        for name, default in self.FIELDS.items():
-            value = values.get(name, default)
-            if name in self.NESTED:
-                kind = self.NESTED[name]
-                value = value if isinstance(value, kind) else kind(**(value or {}))
-            elif value is default and isinstance(default, (dict, list)):
-                value = type(default)()
-            elif type(value) is not type(default):
-                raise TypeError(f"field {name} must be {type(default).__name__}")
-            setattr(self, name, value)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {name: (getattr(self, name).as_dict() if name in self.NESTED
-                       else getattr(self, name)) for name in self.FIELDS}
-
-
-class VmConfig(Record):
-    """The VM as `create` configured it, typed and recorded: what `update`,
-    `events`, `pause` and a pod's members read, and what a saved VM will be
-    rebuilt from. A pod member has no VM of its own: all defaults."""
-
-    FIELDS = {"engine": "", "memory_mib": 0, "vcpus": 0, "memory_manager": "none",
-              "xgates": False, "ram_file": "", "qmp_socket": "", "pod_share": "",
-              "network": "", "net_record": ""}
-
-    engine: str  # "kvm" or "tcg"
-    memory_mib: int  # guest RAM at boot
-    vcpus: int
-    memory_manager: str  # "pager", "balloon" or "none"
-    xgates: bool
-    ram_file: str  # the guest-RAM file on the host
-    qmp_socket: str
-    pod_share: str  # a pod sandbox's share directory; "" for any other VM
-    network: str  # the network plan's mode (paracell/net/netns.py)
-    net_record: str  # which veths the shim mirrors (paracell/net/device.py)
 
 
 class HostRecord(Record):

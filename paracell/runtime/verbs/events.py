@@ -11,9 +11,9 @@ from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.procfs import same_process
+from paracell.runtime.context import Context
 from paracell.runtime.state import status
 from paracell.runtime.state.store import ContainerState
-from paracell.runtime.verbs.lifecycle import Context
 
 PAGE = 4096
 

@@ -13,22 +13,20 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.procfs import process_start_time, same_process
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.spec import read_json_file
+from paracell.runtime.context import Context
 from paracell.runtime.pod import pod
 from paracell.runtime.sandbox import channel, spawn, standin
 from paracell.runtime.sandbox.console import NEED_CONSOLE_SOCKET
-from paracell.runtime.sandbox.signals import SIGKILL, exit_status_for_signal
 from paracell.runtime.state import status
 from paracell.runtime.state.store import CONTROL_SOCKET
-from paracell.runtime.verbs.lifecycle import Context, wait_child, write_pid_file
+from paracell.runtime.verbs.lifecycle import wait_child, write_pid_file
 
 MAX_PROCESS_JSON = 1 << 20
 EXECS_DIR = "execs"
-CREATE_TIMEOUT_S = 60.0
 
 
 def _load_process_file(path: str) -> dict[str, Any]:
@@ -95,40 +93,6 @@ def process_from_args(
     return process
 
 
-# The process's fate is unknown when its channel is lost: the container or
-# its VM went away under it, which for the process is death by SIGKILL.
-EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
-
-
-def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
-                 seccomp: bytes | None = None) -> tuple[socket.socket, int]:
-    """A proxy's first step: the shim makes the process in the guest from
-    `launch` (a pod member's init sends its seccomp program just before). The
-    connection and the terminal's fd (-1 without one); ParacellError or
-    OSError on failure."""
-    from paracell._native import lib
-    from paracell.runtime.sandbox import console
-
-    conn = unixsock.connect(shim_socket)
-    try:
-        if seccomp:
-            channel.send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
-        channel.send(conn.fileno(), lib.PC_SPEC, 0, launch)
-        channel.expect_created(conn.fileno(), CREATE_TIMEOUT_S)
-        tty_fd = console.open_for_container(console_socket) if terminal else -1
-    except BaseException:
-        conn.close()
-        raise
-    return conn, tty_fd
-
-
-def relay_status(end: channel.RelayEnd) -> int:
-    """A proxy's exit status from how its relay ended."""
-    from paracell._native import lib
-
-    return end.status & 0xFF if end.kind == lib.PC_END_EXIT else EXIT_CHANNEL_LOST
-
-
 def write_exec_marker(marker: Path, pid: int) -> None:
     tmp = marker.with_name(f".{marker.name}.tmp")
     tmp.write_text(str(process_start_time(pid) or 0))
@@ -167,7 +131,7 @@ class ExecProxy:
         self.tty_fd = -1
 
     def open(self) -> spawn.Ready:
-        self.conn, self.tty_fd = open_process(self.shim_socket, self.launch, self.terminal,
+        self.conn, self.tty_fd = channel.open_process(self.shim_socket, self.launch, self.terminal,
                                               self.console_socket)
         self.marker.parent.mkdir(exist_ok=True)
         write_exec_marker(self.marker, os.getpid())
@@ -178,7 +142,7 @@ class ExecProxy:
 
         assert self.conn is not None
         channel.send(self.conn.fileno(), lib.PC_START)
-        return relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
+        return channel.relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
 
     def close(self) -> None:
         self.marker.unlink(missing_ok=True)

@@ -20,8 +20,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from paracell.runtime.context import Context
     from paracell.runtime.state.store import ContainerState, StateStore
-    from paracell.runtime.verbs.lifecycle import Context
 
 
 def deliver(store: StateStore, container_id: str, sig: int, all_processes: bool,

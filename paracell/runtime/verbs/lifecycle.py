@@ -1,5 +1,5 @@
 """The runc-compatible verbs that make and end containers: create, start, run,
-kill, delete. Each verb takes the container's lock for as long as it changes
+delete (kill is verbs/kill.py). Each verb takes the container's lock for as long as it changes
 state, so concurrent verbs on one ID serialise instead of racing."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import kill_same, process_start_time
-from paracell.runtime.log import RuntimeLog, rfc3339_now
+from paracell.runtime.context import Context
+from paracell.runtime.log import rfc3339_now
 from paracell.runtime.sandbox import channel
 from paracell.runtime.sandbox.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.sandbox.signals import FORWARDED, SIGKILL, exit_status_for_signal
@@ -23,7 +23,6 @@ from paracell.runtime.state.store import (
     STANDIN_PID_FILE,
     ContainerState,
     CorruptStateError,
-    StateStore,
     oci_state,
     shim_alive,
 )
@@ -34,27 +33,6 @@ NO_PROCESS = "cannot start container {}: process property must not be empty"
 
 SHIM_DEATH_WAIT_S = 10.0
 
-
-
-@dataclass
-class Context:
-    root: str
-    log: RuntimeLog
-    engine_flag: str | None = None  # --engine
-    memory_manager: str | None = None  # the global flag; see runtime/sandbox/memorymanager.py
-    systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/host/cgroups/
-
-    @property
-    def engine(self) -> str:
-        """Resolved when a verb needs it: a bad settings file must not stop
-        the verbs that never use it (state, kill, list, delete)."""
-        from paracell import settings
-
-        return self.engine_flag or settings.engine_override() or "auto"
-
-    @property
-    def store(self) -> StateStore:
-        return StateStore(self.root)
 
 
 def _write_atomically(path: str | Path, text: str) -> None:
@@ -82,7 +60,7 @@ def create(
     pod's (runtime/sandbox/sandbox.py). Everything the container will hold is in
     the state on disk before any of it exists; a failure at any step
     removes all of it."""
-    from paracell.runtime.bundle import spec
+    from paracell.runtime.bundle import podrole, spec
     from paracell.runtime.host import hooks
     from paracell.runtime.pod import pod
     from paracell.runtime.sandbox.sandbox import Container, Placement, Sandbox
@@ -92,9 +70,9 @@ def create(
     check_id(container_id)
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
-    pod_role = pod.role(bundle.annotations, container_id)
+    pod_role = podrole.role(bundle.annotations, container_id)
     if pod_role.kind == "sandbox":
-        pod.refuse_host_namespaces(bundle.namespaces)
+        podrole.refuse_host_namespaces(bundle.namespaces)
     process = bundle.config.get("process")
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from paracell.runtime.context import Context
 from paracell.runtime.state import status
-from paracell.runtime.verbs.lifecycle import Context
 from paracell.vmm import hypervisor
 
 

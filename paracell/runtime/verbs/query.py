@@ -8,11 +8,12 @@ from typing import Any
 
 from paracell import OCI_VERSION
 from paracell.errors import ParacellError
-from paracell.runtime.bundle import mountopts, spec
-from paracell.runtime.inguest import seccomp
+from paracell.runtime.bundle import spec
+from paracell.runtime.context import Context
+from paracell.runtime.inguest import mountopts, seccomp
 from paracell.runtime.state import status
 from paracell.runtime.state.store import ContainerState
-from paracell.runtime.verbs.lifecycle import Context, oci_state
+from paracell.runtime.verbs.lifecycle import oci_state
 
 
 def host_pids(ctx: Context, state: ContainerState) -> list[int]:

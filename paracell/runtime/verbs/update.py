@@ -30,7 +30,7 @@ from paracell.vmm.hypervisor import Hypervisor
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.runtime.verbs.lifecycle import Context
+    from paracell.runtime.context import Context
 
 MAX_RESOURCES_BYTES = 1 << 20
 BALLOON_WAIT_S = 10.0

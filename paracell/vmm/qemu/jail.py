@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 
 from paracell.linux import (
+    CLONE_NEWNS,
     MNT_DETACH,
     MS_BIND,
     MS_NODEV,
@@ -35,7 +36,6 @@ from paracell.linux import (
     make_readonly,
     pivot_root,
 )
-from paracell.runtime.host import hostns
 
 JAIL_DIR = "jail"
 # Read-only, whole: QEMU's binary, libraries and firmware; what it may probe.
@@ -94,7 +94,7 @@ def enter(plan: JailPlan) -> None:
     """In QEMU's child before exec: a mount namespace of its own whose root is
     the plan's tmpfs. Raises OSError; the caller reports it."""
     lib = libc()
-    if lib.unshare(hostns.CLONE_NEWNS) != 0:
+    if lib.unshare(CLONE_NEWNS) != 0:
         raise OSError(ctypes.get_errno(), "unshare mount namespace")
     _mount(None, "/", None, MS_REC | MS_SLAVE, None, "making / a slave")
     root = plan.root

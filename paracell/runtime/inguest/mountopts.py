@@ -45,7 +45,7 @@ from paracell.linux import (
     MS_SYNCHRONOUS,
     MS_UNBINDABLE,
 )
-from paracell.runtime.bundle.configcheck import fail
+from paracell.runtime.configcheck import fail
 
 # option -> (bit, set it); "defaults" sets nothing, as in runc.
 FLAGS = {
