@@ -96,13 +96,32 @@ def _read_config(path: str) -> dict[str, object]:
 
 
 def engine_override() -> str | None:
-    value = os.environ.get("PARACELL_ENGINE") or file_config().get("engine")
-    return str(value) if value else None
+    from paracell.vmm.probe import ENGINES
+
+    return _choice("PARACELL_ENGINE", "engine", ENGINES, "engine")
 
 
 def memory_manager_override() -> str | None:
-    value = os.environ.get("PARACELL_MEMORY_MANAGER") or file_config().get("memory_manager")
-    return str(value) if value else None
+    from paracell.runtime.sandbox.memorymanager import MANAGERS
+
+    return _choice("PARACELL_MEMORY_MANAGER", "memory_manager", MANAGERS, "memory manager")
+
+
+def _choice(variable: str, key: str, choices: tuple[str, ...], what: str) -> str | None:
+    """The setting from the environment, else the file; an error names where
+    the bad value came from."""
+    from paracell.errors import ParacellError
+
+    if os.environ.get(variable):
+        value, where = os.environ[variable], f"${variable}"
+    else:
+        value, where = str(file_config().get(key) or ""), f'"{key}" in {config_path()}'
+    if not value:
+        return None
+    if value not in choices:
+        raise ParacellError(f"{where}: unknown {what} {value[:32]!r}: expected one of "
+                            f"{', '.join(choices)}")
+    return value
 
 
 def guest_memory_mib() -> int:

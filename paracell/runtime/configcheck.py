@@ -8,8 +8,17 @@ from typing import Any
 from paracell.errors import ParacellError
 
 
-def fail(msg: str) -> ParacellError:
-    return ParacellError(f"invalid config.json: {msg}")
+class ConfigError(ParacellError):
+    """A bad field; `detail` names it, for callers that check the same fields
+    from another source (exec --process, whose file is one process object)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"invalid config.json: {detail}")
+        self.detail = detail
+
+
+def fail(msg: str) -> ConfigError:
+    return ConfigError(msg)
 
 
 def expect(value: Any, kind: type | tuple[type, ...], where: str) -> Any:

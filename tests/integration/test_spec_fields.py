@@ -84,6 +84,13 @@ def test_oom_score_adj_of_init_and_of_an_exec(runtime, make_bundle, tmp_path):
     assert (result.returncode, result.stdout) == (0, b"300\n"), result.stderr
     result = runtime("exec", "oom", "cat", "/proc/1/oom_score_adj")
     assert (result.returncode, result.stdout) == (0, b"-500\n"), result.stderr
+    # A bad field of an exec's process is the process file's, not config.json's.
+    (tmp_path / "p.json").write_text(json.dumps({"args": ["true"], "cwd": "/",
+                                                 "oomScoreAdj": 5000}))
+    result = runtime("exec", "--process", str(tmp_path / "p.json"), "oom")
+    assert result.returncode == 1 and result.stderr.decode() == (
+        f"paracell: invalid --process {tmp_path / 'p.json'}: oomScoreAdj 5000 is out of range "
+        "(-1000 to 1000)\n"), result.stderr
     runtime("delete", "--force", "oom", check=True)
     runtime.assert_no_leaks()
 

@@ -184,7 +184,16 @@ def test_config_file_and_environment_precedence(tmp_path, monkeypatch):
     assert settings.engine_override() == "tcg" and settings.guest_memory_mib() == 512
     monkeypatch.setenv("PARACELL_ENGINE", "kvm")
     assert settings.engine_override() == "kvm"
+    monkeypatch.setenv("PARACELL_ENGINE", "warp")
+    with pytest.raises(ParacellError, match=r"^\$PARACELL_ENGINE: unknown engine 'warp'"):
+        settings.engine_override()
     monkeypatch.delenv("PARACELL_ENGINE")
+    conf.write_text('{"engine": "warp", "memory_manager": "swap"}')
+    with pytest.raises(ParacellError, match=f'^"engine" in {conf}: unknown engine'):
+        settings.engine_override()
+    monkeypatch.delenv("PARACELL_MEMORY_MANAGER", raising=False)
+    with pytest.raises(ParacellError, match=f'^"memory_manager" in {conf}: unknown memory manager'):
+        settings.memory_manager_override()
     conf.write_text('{"engin": "tcg"}')
     with pytest.raises(ParacellError, match="unknown or mistyped"):
         settings.engine_override()

@@ -17,6 +17,7 @@ from paracell.errors import ParacellError
 from paracell.procfs import process_start_time, same_process
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.spec import read_json_file
+from paracell.runtime.configcheck import ConfigError
 from paracell.runtime.context import Context
 from paracell.runtime.pod import pod
 from paracell.runtime.sandbox import channel, spawn, standin
@@ -88,7 +89,14 @@ def process_from_args(
             merged = process.setdefault("capabilities", {})
             for kind in ("bounding", "effective", "permitted", "ambient"):
                 merged[kind] = sorted(set(merged.get(kind, [])) | set(caps))
-    for warning in spec.check_process(process):
+    source = f"--process {process_file}" if process_file else "exec arguments"
+    try:
+        warnings = spec.check_process(process)
+        spec.exec_launch_spec(container_id, process)
+    except ConfigError as err:
+        # The fields are the process's, not a config.json's.
+        raise ParacellError(f"invalid {source}: {err.detail.removeprefix('process.')}") from None
+    for warning in warnings:
         ctx.log.warning(warning)
     return process
 
