@@ -41,19 +41,22 @@ def _version_text() -> str:
               help="accelerator; default auto, or $PARACELL_ENGINE")
 @click.option("--memory-manager", type=click.Choice(["pager", "balloon", "none"]), default=None,
               help="guest memory handling; default pager, or $PARACELL_MEMORY_MANAGER")
+@click.option("--no-template", is_flag=True,
+              help="boot every VM cold, never from a VM template (docs/templates.md)")
 @click.version_option(__version__, "-v", "--version", message=_version_text())
 @click.pass_context
 def main(
     ctx: click.Context, root: str, log_path: str | None, log_format: str, debug: bool,
     systemd_cgroup: bool, rootless: str, criu: str | None, engine: str | None,
-    memory_manager: str | None,
+    memory_manager: str | None, no_template: bool,
 ) -> None:
     """ParaCell: an OCI runtime that runs every container in its own micro-VM."""
     log = RuntimeLog(log_path, log_format, debug)
     # The shim leaves the caller's directory (chdir "/"): a relative root
     # would name another place there.
     ctx.obj = Context(root=os.path.abspath(root), log=log, engine_flag=engine,
-                      memory_manager=memory_manager, systemd_cgroup=systemd_cgroup)
+                      memory_manager=memory_manager, systemd_cgroup=systemd_cgroup,
+                      no_template=no_template)
 
 
 def _ctx() -> Context:
@@ -194,6 +197,40 @@ def events(once: bool, interval: int, container_id: str) -> None:
         return
     for line in container_events.stream(_ctx(), container_id, interval):
         click.echo(line)
+
+
+@main.group()
+def template() -> None:
+    """VM templates: saved VMs that creates restore instead of booting."""
+
+
+@template.command("build")
+@click.option("--for", "bundle", default=None, help="bundle whose VM shape to build (default: "
+              "the example busybox bundle)")
+def template_build(bundle: str | None) -> None:
+    """Boot a VM of the bundle's shape cold and save it as its template."""
+    from paracell.runtime.verbs import template as verb
+
+    click.echo(verb.build(_ctx(), bundle))
+
+
+@template.command("list")
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
+def template_list(fmt: str) -> None:
+    """The templates in the store, most recently used first."""
+    from paracell.runtime.verbs import template as verb
+
+    click.echo(verb.list_templates(fmt))
+
+
+@template.command("rm")
+@click.option("--all", "everything", is_flag=True, help="every template")
+@click.argument("keys", nargs=-1)
+def template_rm(keys: tuple[str, ...], everything: bool) -> None:
+    """Remove templates by key (see `template list`)."""
+    from paracell.runtime.verbs import template as verb
+
+    click.echo(verb.remove(keys, everything))
 
 
 @main.command("list")

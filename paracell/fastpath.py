@@ -9,11 +9,12 @@ import sys
 
 # Every global option of the CLI; the fast path serves only calls that use
 # none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
-FLAG_GLOBALS = ("--debug", "--systemd-cgroup")
+FLAG_GLOBALS = ("--debug", "--systemd-cgroup", "--no-template")
 VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--memory-manager", "--criu",
                   "--rootless")
-# --systemd-cgroup only matters to create: podman passes it to every verb.
-FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup"}
+# --systemd-cgroup and --no-template only matter to create: podman passes
+# its runtime flags to every verb.
+FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup", "--no-template"}
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:

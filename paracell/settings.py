@@ -12,6 +12,7 @@ DEFAULT_ROOT = "/run/paracell"
 
 
 SYSTEM_CACHE = "/var/lib/paracell/guest"
+SYSTEM_TEMPLATES = "/var/lib/paracell/templates"
 
 
 def cache_dir() -> Path:
@@ -32,6 +33,19 @@ def cache_dir() -> Path:
     return base / "paracell"
 
 
+def template_dir() -> Path:
+    """Saved VMs that creates restore instead of booting (paracell/vmm/template.py):
+    for root a system path, as the guest cache, else the user's cache."""
+    from pathlib import Path
+
+    override = os.environ.get("PARACELL_TEMPLATES")
+    if override:
+        return Path(override)
+    if os.geteuid() == 0:
+        return Path(SYSTEM_TEMPLATES)
+    return cache_dir() / "templates"
+
+
 def memory_dir() -> Path:
     """Guest RAM files must sit on tmpfs: on disk every guest write would be written back."""
     from pathlib import Path
@@ -43,7 +57,7 @@ CONFIG_FILE = "/etc/paracell/config.json"
 # Every key the file takes, with its type. docs/runtime.md lists them
 # (tests/unit/test_settings.py holds the two to each other).
 CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
-                                "pod_memory_mib": int, "xgates": bool}
+                                "pod_memory_mib": int, "templates": bool, "xgates": bool}
 MAX_CONFIG_FILE = 65536
 # Parsed once per process, unless the file changes: every getter asks.
 _loaded: tuple[tuple[object, ...], dict[str, object]] | None = None
@@ -157,3 +171,9 @@ def _memory_mib(variable: str, key: str, default: int) -> int:
 def xgates_default() -> bool:
     """XGates for containers whose bundle does not say (io.paracell.xgates)."""
     return file_config().get("xgates") is True
+
+
+def templates_default() -> bool:
+    """Whether creates restore from VM templates unless told otherwise
+    (--no-template, io.paracell.template): on unless the file says false."""
+    return file_config().get("templates") is not False

@@ -97,6 +97,30 @@ class NetworkInterfaces(Device):
         self.spares: list[Spare] = []
         self.taps: list[tuple[int, str]] = []  # (fd, name): the interfaces', then the spares'
         self._veths: list[int] = []
+        # A VM restored from a template has the template's devices, MACs and
+        # all: the interfaces' then the spares', in order. The agent finds each
+        # device by that MAC and gives it the interface's own.
+        self.device_macs: list[str] | None = None
+
+    def shape(self) -> dict[str, Any]:
+        """How many virtio-net devices: the namespace's interfaces now (the
+        shim is inside it), and the spares a namespace of our own gets."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        from paracell._native import lib
+
+        try:
+            with IPRoute() as ipr:
+                count = len(discover.interfaces(ipr))
+        except NetlinkError as err:
+            raise netlink_error(err) from None
+        return {"nics": count, "spares": 0 if self.netns_path else lib.PC_NET_MAX_SPARES}
+
+    def macs(self) -> list[str]:
+        """The devices' MACs as the guest sees them, in order."""
+        return self.device_macs or ([i.mac for i in self.interfaces]
+                                    + [s.mac for s in self.spares])
 
     def facts(self) -> dict[str, Any]:
         return {"netns": self.netns_path, "record": str(self.record)}
@@ -108,6 +132,7 @@ class NetworkInterfaces(Device):
         try:
             with IPRoute() as ipr:
                 self.interfaces = discover.interfaces(ipr)
+                self._check_restored_macs()
                 for iface in self.interfaces:
                     mirror.check_free(ipr, iface.index, iface.name)
                 self._veths = [i.index for i in self.interfaces]
@@ -123,6 +148,14 @@ class NetworkInterfaces(Device):
             self.release()
             raise
 
+    def _check_restored_macs(self) -> None:
+        from paracell._native import lib
+
+        spares = 0 if self.netns_path else lib.PC_NET_MAX_SPARES
+        if self.device_macs is not None and len(self.device_macs) != len(self.interfaces) + spares:
+            raise ParacellError("the network namespace changed while its VM was being made: "
+                                f"{len(self.interfaces)} interfaces now")
+
     def _tap(self, ipr: Any, mtu: int) -> int:
         """A new TAP, up: its ifindex."""
         fd, name = tap.open_tap()
@@ -135,22 +168,23 @@ class NetworkInterfaces(Device):
     def _add_spares(self, ipr: Any) -> None:
         from paracell._native import lib
 
-        for _ in range(lib.PC_NET_MAX_SPARES):
+        given = (self.device_macs or [])[len(self.interfaces):]
+        for n in range(lib.PC_NET_MAX_SPARES):
             self._tap(ipr, 1500)
-            self.spares.append(Spare(self.taps[-1][1], new_mac()))
+            self.spares.append(Spare(self.taps[-1][1], given[n] if given else new_mac()))
         Record(self._veths, self.spares).write(self.record)
 
     def sandbox_records(self) -> list[tuple[str, str]]:
-        return [*guestconfig.records(self.interfaces),
+        device_macs = self.device_macs[:len(self.interfaces)] if self.device_macs else None
+        return [*guestconfig.records(self.interfaces, device_macs),
                 *((K.NET_SPARE, s.mac) for s in self.spares)]
 
     def pass_fds(self) -> tuple[int, ...]:
         return tuple(fd for fd, _ in self.taps if fd >= 0)
 
     def qemu_args(self) -> list[str]:
-        macs = [i.mac for i in self.interfaces] + [s.mac for s in self.spares]
         args = []
-        for n, (mac, (fd, _)) in enumerate(zip(macs, self.taps, strict=True)):
+        for n, (mac, (fd, _)) in enumerate(zip(self.macs(), self.taps, strict=True)):
             args += ["-netdev", f"tap,id=net{n},fd={fd}",
                      "-device", f"virtio-net-device,netdev=net{n},mac={mac}"]
         return args

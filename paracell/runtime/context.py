@@ -16,6 +16,7 @@ class Context:
     engine_flag: str | None = None  # --engine
     memory_manager: str | None = None  # the global flag; see runtime/sandbox/memorymanager.py
     systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/host/cgroups/
+    no_template: bool = False  # --no-template; see runtime/sandbox/templating.py
 
     @property
     def engine(self) -> str:

@@ -86,6 +86,11 @@ class Device(Reclaimable):
         interfaces to configure. Nothing container-specific is in the argv."""
         return []
 
+    def shape(self) -> dict[str, Any]:
+        """What a VM template must match of this device (paracell/vmm/template.py):
+        what its QEMU device is, never its paths, fds or MACs."""
+        return {}
+
     def pass_fds(self) -> tuple[int, ...]:
         return ()
 
@@ -160,22 +165,39 @@ class VmBuilder:
     def _acpi(self) -> bool:
         return any(opt == "acpi=on" for d in self.devices for opt in d.machine_options)
 
+    def _machine_options(self) -> list[str]:
+        opts = ["microvm", "x-option-roms=off"]
+        for device in self.devices:
+            opts += device.machine_options
+        if self.machine.engine == "tcg":
+            opts += TCG_MACHINE_OPTIONS
+        if not self._acpi():
+            # Without a PCI device nothing needs ACPI, and parsing it costs boot time.
+            opts.append("acpi=off")
+        return opts
+
+    def shape(self) -> dict[str, Any]:
+        """Everything a VM saved from this one's twin must match to be
+        restored into it (paracell/vmm/template.py), as plain JSON."""
+        from paracell.vmm.template import binary_identity, source_identity
+
+        m = self.machine
+        return {
+            "qemu": binary_identity(m.qemu), "kernel": binary_identity(str(m.kernel)),
+            "initramfs": binary_identity(str(m.initramfs)), "vmm": source_identity(),
+            "machine": self._machine_options(), "accel": _accel(m.engine),
+            "memory_mib": m.memory_mib, "vcpus": m.vcpus, "cmdline": self.kernel_cmdline(),
+            "devices": [{"kind": d.kind, **d.shape()} for d in self.devices],
+        }
+
     def command_line(self, incoming: bool = False) -> list[str]:
         """QEMU's argv; with `incoming`, it waits for a saved state
         (Hypervisor.restore) instead of booting."""
         m = self.machine
-        machine_opts = ["microvm", "x-option-roms=off"]
-        for device in self.devices:
-            machine_opts += device.machine_options
-        if m.engine == "tcg":
-            machine_opts += TCG_MACHINE_OPTIONS
-        if not self._acpi():
-            # Without a PCI device nothing needs ACPI, and parsing it costs boot time.
-            machine_opts.append("acpi=off")
         argv = [
             m.qemu,
             "-name", "paracell",
-            "-M", ",".join(machine_opts),
+            "-M", ",".join(self._machine_options()),
             *_accel(m.engine),
             "-smp", str(m.vcpus),
             "-m", f"{m.memory_mib}M",

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from paracell import speckeys as K
 from paracell import unixsock, wire
-from paracell.errors import ParacellError
 from paracell.reclaim import reclaimable
 from paracell.vmm import hostshare, memory
 from paracell.vmm.builder import Device
@@ -30,21 +29,30 @@ class GuestRam(Device):
     BACKEND_ID = "mem"
     machine_options = (f"memory-backend={BACKEND_ID}",)
 
-    def __init__(self, path: Path, size_mib: int, existing: bool = False) -> None:
-        """existing: the file is there already, a copy of a saved VM's RAM
-        for a restore; otherwise it is made empty (sparse)."""
-        self.path, self.size_mib, self.existing = path, size_mib, existing
+    def __init__(self, path: Path, size_mib: int) -> None:
+        self.path, self.size_mib = path, size_mib
+        # For a restore: writes a saved VM's RAM into the new, empty file.
+        self.fill: Callable[[int], object] | None = None
 
     def facts(self) -> dict[str, Any]:
         return {"path": str(self.path)}
 
+    def shape(self) -> dict[str, Any]:
+        return {"size_mib": self.size_mib}
+
     def prepare(self) -> None:
-        if not self.existing:
-            memory.create_at(self.path, self.size_mib)
+        memory.create_at(self.path, self.size_mib)
+        if self.fill is None:
             return
-        st = os.lstat(self.path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != self.size_mib << 20:
-            raise ParacellError(f"{self.path}: not a {self.size_mib} MiB guest-RAM file")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                self.fill(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            memory.remove(self.path)
+            raise
 
     def host_paths(self) -> dict[str, bool]:
         return {str(self.path): True}
@@ -135,6 +143,9 @@ class Share(Device):
 
     def host_paths(self) -> dict[str, bool]:
         return {str(self.path): not self.readonly}
+
+    def shape(self) -> dict[str, Any]:
+        return {"tag": self.tag, "readonly": self.readonly, "multidevs": self.multidevs}
 
     def sandbox_records(self) -> list[tuple[str, str]]:
         return [(K.SHARE, self.tag)]

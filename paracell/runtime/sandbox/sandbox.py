@@ -88,6 +88,7 @@ class Sandbox:
     memory: MemoryPlan
     xgates: XgatesPlan
     bundle: Bundle
+    templates: bool = False  # restore from a VM template (runtime/sandbox/templating.py)
     engine_notice: str = ""
 
     @classmethod
@@ -100,7 +101,7 @@ class Sandbox:
         from paracell.net import netns
         from paracell.runtime.bundle import podrole
         from paracell.runtime.host import hostside
-        from paracell.runtime.sandbox import memorymanager, vmplan
+        from paracell.runtime.sandbox import memorymanager, templating, vmplan
         from paracell.vmm import memory, probe
         from paracell.xgate import admission
 
@@ -131,7 +132,8 @@ class Sandbox:
             vcpus=host.size.vcpus, network=network, pod_share=pod_sandbox,
             xgates=xgates_plan.enabled)
         return cls(state_dir, builder, agent, config, host, network, memory_plan, xgates_plan,
-                   bundle, engine_notice=choice.notice)
+                   bundle, templates=templating.wanted(ctx.no_template, bundle.annotations),
+                   engine_notice=choice.notice)
 
     def extra_records(self) -> list[tuple[str, str]]:
         return []
@@ -160,7 +162,7 @@ class Sandbox:
                         hostname=self.bundle.config.get("hostname") or "",
                         console_socket=container.console_socket, terminal=container.terminal,
                         log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
-                        isolation=self.host.isolation)
+                        isolation=self.host.isolation, templates=self.templates)
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
@@ -168,6 +170,7 @@ class Sandbox:
 
     def spawned(self, state: ContainerState, spawned: Spawned) -> None:
         state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start
+        state.vm.template = spawned.ready.template
 
     def notices(self) -> list[str]:
         from paracell.net import netns

@@ -26,6 +26,7 @@ from paracell.runtime.log import RuntimeLog
 from paracell.runtime.sandbox import channel, console, sandboxspec, signals, standin
 from paracell.runtime.sandbox.signals import exit_status_for_signal
 from paracell.runtime.sandbox.spawn import Handshake, Ready
+from paracell.runtime.sandbox.templating import Templating
 from paracell.runtime.state.store import CONTROL_SOCKET
 from paracell.vmm import hypervisor
 from paracell.vmm.builder import Vm, VmBuilder
@@ -53,6 +54,8 @@ class ShimPlan:
     network: netns.NetworkPlan = netns.NetworkPlan(netns.HOST)
     # Namespaces, cgroup and jail on the host (runtime/host/hostns.py).
     isolation: HostIsolation | None = None
+    # Restore from a VM template, or leave one (runtime/sandbox/templating.py).
+    templates: bool = False
 
 
 class Shim:
@@ -70,6 +73,7 @@ class Shim:
         self.began = time.monotonic()
         # Set when the guest broke a protocol: it gets no say in its shutdown.
         self.untrusted = False
+        self._jailed = False
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
@@ -106,16 +110,19 @@ class Shim:
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         # Before QEMU exists and while we have one thread: both inherit it.
         netns.enter(plan.network)
-        self.vm = hypervisor.for_vm(plan.config).launch(
-            plan.vm, plan.state_dir / "qemu.log",
-            before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
-            if iso else None,
-            preexec=iso.qemu_preexec if iso else None)
-        self._debug(f"qemu: {' '.join(self.vm.argv)}")
-        self._debug(f"qemu started, pid {self.vm.pid}; {net_device.summary(plan.vm.devices)}")
+        vmm = hypervisor.for_vm(plan.config)
+        templates = Templating(plan.vm, vmm, self._launch, plan.log.warning, self._debug)
+        self.vm = templates.restore() if plan.templates else None
+        if self.vm is None:
+            self.vm = self._launch(False)
+            self._debug(f"qemu: {' '.join(self.vm.argv)}")
+            self._debug(f"qemu started, pid {self.vm.pid}; "
+                        f"{net_device.summary(plan.vm.devices)}")
+            caps = channel.expect_ready(self._agent_fd(), BOOT_TIMEOUT_S)
+            self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
+            # Nothing of the sandbox has reached the guest yet: the moment to save it.
+            templates.save()
         fd = self._agent_fd()
-        caps = channel.expect_ready(fd, BOOT_TIMEOUT_S)
-        self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
         channel.attach_sandbox(fd, sandboxspec.payload(plan.vm, plan.hostname), BOOT_TIMEOUT_S)
         self._debug("sandbox attached")
         if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
@@ -140,8 +147,21 @@ class Shim:
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         if iso is not None:
-            return Ready(*iso.host_pids(self.vm.pid))
-        return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0)
+            return Ready(*iso.host_pids(self.vm.pid), template=templates.outcome)
+        return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,
+                     template=templates.outcome)
+
+    def _launch(self, incoming: bool) -> Vm:
+        """QEMU, booting or (incoming) waiting for a saved state. The shim's
+        jail is made once, by the first launch; a relaunch runs in it."""
+        plan, iso = self.plan, self.plan.isolation
+        first = self.vm is None and not self._jailed
+        self._jailed = True
+        return hypervisor.for_vm(plan.config).launch(
+            plan.vm, plan.state_dir / "qemu.log",
+            before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
+            if iso and first else None,
+            preexec=iso.qemu_preexec if iso else None, incoming=incoming)
 
     def _pager(self) -> PagerChannel | None:
         return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)

@@ -31,6 +31,9 @@ class Ready:
     qemu_pid: int = 0
     qemu_start: int = 0
     error: str = ""
+    # A shim's VM and its template: "restored KEY", "saved KEY" or ""
+    # (runtime/sandbox/templating.py).
+    template: str = ""
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode() + b"\n"
@@ -42,7 +45,8 @@ class Ready:
             ready = cls(**data)
             if not all(isinstance(v, int) and not isinstance(v, bool)
                        for v in (ready.pid, ready.qemu_pid, ready.qemu_start)) \
-                    or not isinstance(ready.error, str):
+                    or not isinstance(ready.error, str) or not isinstance(ready.template, str) \
+                    or len(ready.template) > 64:
                 raise TypeError
         except (ValueError, TypeError):
             return cls(error="the process died before it was ready")

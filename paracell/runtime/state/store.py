@@ -57,11 +57,13 @@ class VmRecord(Record):
     `reclaim` holds each attached device's facts, as its builder recorded
     them (paracell/reclaim.py), for cleanup by kind and nothing else."""
 
-    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "config": None, "host": None, "reclaim": []}
+    FIELDS = {"qemu_pid": 0, "qemu_start": 0, "config": None, "host": None, "reclaim": [],
+              "template": ""}
     NESTED = {"config": VmConfig, "host": HostRecord}
 
     qemu_pid: int
     qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
+    template: str  # "restored KEY", "saved KEY" or "" (runtime/sandbox/templating.py)
     config: VmConfig
     host: HostRecord
     reclaim: list[dict[str, Any]]

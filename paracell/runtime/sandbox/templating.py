@@ -1,0 +1,162 @@
+"""A sandbox's VM from a template, and a template from a VM that booted cold
+(paracell/vmm/template.py, docs/templates.md).
+
+The shim asks here for its VM. If the store holds a template of the VM's
+shape, the new QEMU waits for it (`-incoming defer`) on a copy of its RAM
+, loads its device state and runs on from the
+agent's READY: the SANDBOX that follows makes it this sandbox's. Otherwise
+the VM boots cold, and once its agent is READY, before anything of the
+sandbox reaches it, it is saved as the template for the next create.
+
+Nothing here may fail a create: a template that cannot be used is logged
+in one line, removed, and the VM boots cold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.net.device import NetworkInterfaces
+from paracell.vmm import template
+from paracell.vmm.builder import Vm, VmBuilder
+from paracell.vmm.devices import GuestRam, PagerChannel
+from paracell.vmm.hypervisor import Hypervisor
+
+ANNOTATION = "io.paracell.template"
+SWITCH = {"on": True, "off": False}
+# QEMU 7.2 cannot restore a Pager VM saved this way: with x-ignore-shared,
+# the ivshmem BAR (shared memory) is skipped, and its guest-physical address
+# is checked on load against the new VM's, where the guest has not mapped the
+# BAR yet ("Mismatched GPAs for block ...ivshmem.bar2"). Without
+# x-ignore-shared, saving reads, and restoring writes, every page of the
+# guest's RAM file, which tmpfs then allocates. So Pager VMs boot cold.
+NOT_FOR_PAGER = "the Pager's ivshmem device cannot be restored by this QEMU (docs/templates.md)"
+
+
+def wanted(no_template_flag: bool, annotations: dict[str, str]) -> bool:
+    """The annotation wins for its container, then --no-template, then the
+    operator's setting ("templates" in /etc/paracell/config.json)."""
+    from paracell import settings
+
+    value = annotations.get(ANNOTATION)
+    if value is not None:
+        if value not in SWITCH:
+            raise ParacellError(f"invalid annotation {ANNOTATION}={value[:32]!r}: expected on "
+                                "or off")
+        return SWITCH[value]
+    return not no_template_flag and settings.templates_default()
+
+
+@dataclass
+class Slot:
+    """Where this VM's template goes, or comes from."""
+
+    store: template.TemplateStore
+    key: str
+    shape: dict[str, Any]
+
+
+def _device(vm: VmBuilder, kind: type) -> Any:
+    return next((d for d in vm.devices if isinstance(d, kind)), None)
+
+
+class Templating:
+    """One VM's use of the template store, in the shim."""
+
+    def __init__(self, vm: VmBuilder, hypervisor: Hypervisor,
+                 launch: Callable[[bool], Vm], log: Callable[[str], None],
+                 debug: Callable[[str], None]) -> None:
+        self.vm, self.hypervisor, self._launch = vm, hypervisor, launch
+        self._log, self._debug = log, debug
+        self.slot: Slot | None = None
+        self.outcome = ""  # "restored KEY" or "saved KEY": what this VM did
+
+    def restore(self) -> Vm | None:
+        """The VM restored and running, or None: boot it cold (and save it)."""
+        if _device(self.vm, PagerChannel) is not None:
+            self._debug(f"templates: {NOT_FOR_PAGER}: booting cold")
+            return None
+        store = template.store()
+        try:
+            shape = self.vm.shape()
+        except (OSError, ParacellError) as err:
+            self._log(f"templates: the VM's shape cannot be read ({err}); booting cold")
+            return None
+        self.slot = Slot(store, template.key_of(shape), shape)
+        try:
+            found = store.find(self.slot.key, shape)
+        except (OSError, ParacellError) as err:
+            return self._discard(f"template {self.slot.key} cannot be used: {err}")
+        if found is None:
+            self._debug(f"no template {self.slot.key} yet: booting cold")
+            return None
+        began = time.monotonic()
+        self._arm(found)
+        vm = None
+        try:
+            vm = self._launch(True)
+            self.hypervisor.restore(found.state)
+            self.hypervisor.resume()
+        except (OSError, ParacellError) as err:
+            if vm is not None:
+                vm.proc.kill()
+                vm.stop(5)
+                vm.release()
+            self._disarm()
+            return self._discard(f"restoring from template {found.key} failed: {err}")
+        self.slot = None
+        self.outcome = f"restored {found.key}"
+        self._debug(f"restored from template {found.key} in "
+                    f"{time.monotonic() - began:.3f} s")
+        return vm
+
+    def _discard(self, why: str) -> None:
+        assert self.slot is not None
+        self._log(f"{why}; booting cold, and making it again")
+        try:
+            self.slot.store.remove(self.slot.key)
+        except OSError as err:
+            self._log(f"template {self.slot.key}: not removed: {err.strerror}")
+        return None
+
+    def _arm(self, found: template.Template) -> None:
+        """The devices start from the template: its RAM, its NICs' MACs."""
+        _device(self.vm, GuestRam).fill = found.copy_ram
+        net = _device(self.vm, NetworkInterfaces)
+        if net is not None:
+            net.device_macs = found.macs
+
+    def _disarm(self) -> None:
+        _device(self.vm, GuestRam).fill = None
+        net = _device(self.vm, NetworkInterfaces)
+        if net is not None:
+            net.device_macs = None
+
+    def save(self) -> None:
+        """At READY, on a VM that booted cold: saves it as its shape's
+        template, unless another create is saving it. The VM runs on."""
+        slot, self.slot = self.slot, None
+        if slot is None:
+            return
+        ram = _device(self.vm, GuestRam)
+        net = _device(self.vm, NetworkInterfaces)
+        capture = template.Capture(
+            save_state=self.hypervisor.save, ram=ram.path, ram_bytes=ram.size_mib << 20,
+            macs=net.macs() if net is not None else [])
+        began = time.monotonic()
+        try:
+            saved = slot.store.save(slot.key, slot.shape, capture)
+        except (OSError, ParacellError) as err:
+            self._log(f"template {slot.key} not saved: {err}")
+            saved = None
+        finally:
+            # Saving stops the vCPUs; whatever happened, the VM goes on.
+            self.hypervisor.resume()
+        if saved is not None:
+            self.outcome = f"saved {saved.key}"
+            self._debug(f"saved template {slot.key} in {time.monotonic() - began:.3f} s")
+

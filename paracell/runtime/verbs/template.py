@@ -1,0 +1,96 @@
+"""`paracell template build|list|rm`: VM templates by hand (docs/templates.md).
+
+Creates make and use templates by themselves; these verbs build one ahead of
+the first create, show what the store holds, and remove templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.runtime.context import Context
+from paracell.vmm import template
+
+BUILD_ID = "template-build"
+
+
+def build(ctx: Context, bundle: str | None) -> str:
+    """Creates a container of the bundle (the example busybox bundle without
+    one) in a private state root, so that its VM boots cold and is saved at
+    READY, then removes it. One line: the template, or why none was made."""
+    from paracell.runtime.bundle import defaultspec
+    from paracell.runtime.sandbox.templating import NOT_FOR_PAGER
+    from paracell.runtime.verbs import lifecycle
+
+    with tempfile.TemporaryDirectory(prefix="paracell-template-") as tmp:
+        if bundle is None:
+            bundle = str(defaultspec.example_bundle(Path(tmp) / "bundle", ["true"]))
+        private = dataclasses.replace(ctx, root=str(Path(tmp) / "state"), no_template=False)
+        state = lifecycle.create(private, BUILD_ID, bundle, None, None)
+        try:
+            outcome, manager = state.vm.template, state.vm.config.memory_manager
+        finally:
+            lifecycle.delete(private, BUILD_ID, force=True)
+    verb, _, key = outcome.partition(" ")
+    if verb == "saved":
+        return f"template {key}: built"
+    if verb == "restored":
+        return f"template {key}: already built"
+    if manager == "pager":
+        raise ParacellError(f"no template: {NOT_FOR_PAGER}; use --memory-manager balloon "
+                            "or none")
+    raise ParacellError("no template was made: the bundle asks for none "
+                        "(io.paracell.template), or saving failed (see --log)")
+
+
+def _summary(shape: dict[str, Any]) -> dict[str, Any]:
+    devices = shape.get("devices")
+    kinds = [d.get("kind") for d in devices if isinstance(d, dict)] \
+        if isinstance(devices, list) else []
+    nics = sum(d.get("nics", 0) + d.get("spares", 0) for d in devices or []
+               if isinstance(d, dict) and d.get("kind") == "net")
+    return {"memory_mib": shape.get("memory_mib"), "vcpus": shape.get("vcpus"),
+            "memory_manager": next((k for k in ("pager", "balloon") if k in kinds), "none"),
+            "nics": nics, "pod": "pod-share" in kinds}
+
+
+def list_templates(fmt: str) -> str:
+    entries = template.store().entries()
+    rows = [{"key": e["key"], "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                        time.gmtime(e["used"])),
+             "disk_bytes": e["disk_bytes"], **_summary(e["shape"]),
+             **({"broken": e["broken"]} if "broken" in e else {})} for e in entries]
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    lines = [f"{'KEY':<34}{'LAST USED':<22}{'DISK':>8}  {'RAM':>6} {'VCPU':>4} "
+             f"{'MANAGER':<8} {'NICS':>4}  POD"]
+    for r in rows:
+        if "broken" in r:
+            lines.append(f"{r['key']:<34}{'-':<22}{'-':>8}  unusable: {r['broken']}")
+            continue
+        lines.append(f"{r['key']:<34}{r['last_used']:<22}{r['disk_bytes'] >> 20:>6}Mi  "
+                     f"{r['memory_mib']:>4}Mi {r['vcpus']:>4} {r['memory_manager']:<8} "
+                     f"{r['nics']:>4}  {'yes' if r['pod'] else 'no'}")
+    return "\n".join(lines)
+
+
+def remove(keys: tuple[str, ...], everything: bool) -> str:
+    store = template.store()
+    if everything == bool(keys):
+        raise ParacellError("template rm: give template keys, or --all")
+    if everything:
+        keys = tuple(e["key"] for e in store.entries())
+    for key in keys:
+        if not template.KEY.fullmatch(key):
+            raise ParacellError(f"template rm: {key[:64]!r} is not a template key")
+    missing = [k for k in keys if not store.remove(k)]
+    if missing:
+        raise ParacellError(f"template rm: no template {', '.join(missing)}")
+    return f"removed {len(keys)} template{'s' if len(keys) != 1 else ''}"
+
