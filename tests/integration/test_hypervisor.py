@@ -19,37 +19,24 @@ from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
 from paracell.vmm.hypervisor import VmStatus
 from paracell.vmm.qemu import QemuHypervisor
+from paracell.vmm.template import sparse_copy
 
 pytestmark = pytest.mark.integration
 
+
+def copy(source: Path, target_fd: int) -> int:
+    """Only the data extents of the source: what the guest has touched."""
+    with open(source, "rb") as src:
+        return sparse_copy(src.fileno(), target_fd)
+
 GUEST_MIB = 256
-
-
-def sparse_copy(source: Path, target: Path) -> int:
-    """Copies only the file's data extents: what the guest has touched."""
-    copied = 0
-    with open(source, "rb") as src, open(target, "wb") as dst:
-        dst.truncate(os.fstat(src.fileno()).st_size)
-        offset = 0
-        while True:
-            try:
-                offset = os.lseek(src.fileno(), offset, os.SEEK_DATA)
-            except OSError:
-                break
-            end = os.lseek(src.fileno(), offset, os.SEEK_HOLE)
-            src.seek(offset)
-            dst.seek(offset)
-            dst.write(src.read(end - offset))
-            copied += end - offset
-            offset = end
-    return copied
 
 
 class GuestVm:
     """A VM of the project's kernel and agent, built as the shim builds one."""
 
     def __init__(self, work: Path, rootfs: Path, tag: str, ram: Path,
-                 existing_ram: bool = False) -> None:
+                 saved_ram: Path | None = None) -> None:
         facts = probe.probe_host()
         engine = probe.choose_engine("auto", facts).engine
         guest = artifacts.current()
@@ -57,7 +44,9 @@ class GuestVm:
             qemu=facts.qemu_path, engine=engine, kernel=guest.kernel,
             initramfs=guest.initramfs, memory_mib=GUEST_MIB, vcpus=1,
             tsc_khz=hostclock.tsc_khz() if engine == "tcg" else 0))
-        self.builder.attach(devices.GuestRam(ram, GUEST_MIB, existing=existing_ram))
+        guest_ram = self.builder.attach(devices.GuestRam(ram, GUEST_MIB))
+        if saved_ram is not None:
+            guest_ram.fill = lambda fd: copy(saved_ram, fd)
         self.builder.attach(devices.SerialConsole(work / f"console-{tag}.log"))
         self.builder.attach(devices.DebugExit())
         self.agent = self.builder.attach(devices.AgentPort())
@@ -125,7 +114,8 @@ def test_a_vm_saved_at_ready_restores_into_a_new_qemu(work: Path, busybox_rootfs
         # Device state only: guest RAM stays in its shared file.
         assert 0 < saved.size_bytes < 1 << 20, saved
         assert not first.hypervisor.query().running
-        copied = sparse_copy(work / "first.mem", work / "second.mem")
+        with open(work / "saved.mem", "wb") as saved_ram:
+            copied = copy(work / "first.mem", saved_ram.fileno())
         assert 0 < copied < GUEST_MIB << 20
     finally:
         first.vm.proc.kill()
@@ -133,7 +123,8 @@ def test_a_vm_saved_at_ready_restores_into_a_new_qemu(work: Path, busybox_rootfs
         first.vm.release()
     assert not (work / "first.mem").exists()
 
-    second = GuestVm(work, busybox_rootfs, "second", work / "second.mem", existing_ram=True)
+    second = GuestVm(work, busybox_rootfs, "second", work / "second.mem",
+                     saved_ram=work / "saved.mem")
     second.launch(incoming=True)
     try:
         assert second.hypervisor.query().detail == "inmigrate"
