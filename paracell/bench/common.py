@@ -6,6 +6,7 @@ import json
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,11 @@ from typing import Any
 
 from paracell import settings
 from paracell.runtime.bundle import defaultspec
+
+
+def progress(bench: str, message: str) -> None:
+    """A long run's progress, on stderr: the summary on stdout stays one block."""
+    print(f"{bench}: {message}", file=sys.stderr, flush=True)
 
 
 def time_call(fn: Callable[[], object]) -> float:
@@ -60,7 +66,7 @@ def run_checked(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]
     return result
 
 
-def run_detached(cmd: list[str]) -> None:
+def run_detached(cmd: list[str], env: dict[str, str] | None = None) -> None:
     """Runs a verb that leaves a container running (`create`, `run --detach`)
     with stdio on /dev/null: the shim keeps what it is given open for the
     container's life, so a pipe here would never see EOF. Its stderr goes
@@ -69,7 +75,7 @@ def run_detached(cmd: list[str]) -> None:
 
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err)
+                                stderr=err, env=env)
         try:
             returncode = proc.wait()
         except KeyboardInterrupt:

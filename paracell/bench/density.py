@@ -22,7 +22,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,7 +35,9 @@ from paracell.bench.plot import save_figure
 from paracell.runtime.context import Context
 from paracell.vmm import probe
 
-RUNTIMES = ("paracell", "runc")
+# With a memory manager whose VMs restore (none, balloon: docs/templates.md),
+# ParaCell runs twice: cold, and from the shape's template.
+TEMPLATED = "paracell_template"
 GOAL_CPU_PCT = 0.5  # of one core, per idle sandbox
 # After the last start, before the window: the last guest's boot-time work
 # (its first page-reporting passes, the agent's start) is not idling yet.
@@ -75,8 +76,7 @@ def plan(quick: bool, count: int | None, window_s: float | None,
 
 
 def _say(message: str) -> None:
-    # Progress on stderr, so that the summary on stdout stays one block.
-    print(f"density: {message}", file=sys.stderr, flush=True)
+    common.progress("density", message)
 
 
 def _context_switches(pids: list[int]) -> dict[tuple[int, int], int]:
@@ -126,14 +126,16 @@ def _memory_manager(pids: list[int]) -> str:
 class Runner:
     """Starts, finds and deletes one runtime's sandboxes."""
 
-    def __init__(self, runtime: str, cmd: list[str], bundle: Path):
+    def __init__(self, runtime: str, cmd: list[str], bundle: Path,
+                 env: dict[str, str] | None = None):
         self.runtime = runtime
         self.cmd = cmd  # the runtime's argv up to the verb, with its --root
         self.bundle = bundle
+        self.env = env
 
     def start(self, cid: str) -> float:
         return common.time_call(lambda: common.run_detached(
-            [*self.cmd, "run", "--detach", "--bundle", str(self.bundle), cid]))
+            [*self.cmd, "run", "--detach", "--bundle", str(self.bundle), cid], env=self.env))
 
     def pid(self, cid: str) -> int:
         """For ParaCell the shim, which QEMU is a child of; for runc the
@@ -222,8 +224,14 @@ def _figures(rounds: list[Round]) -> dict[str, Any]:
 
 def goals(results: dict[str, Any]) -> list[tuple[str, bool]]:
     cpu = results["paracell"]["cpu_pct_per_sandbox"]["median_pct"]
-    return [(f"host CPU per idle sandbox {cpu:.3f}% of a core (goal <= {GOAL_CPU_PCT}%)",
-             cpu <= GOAL_CPU_PCT)]
+    met = [(f"host CPU per idle sandbox {cpu:.3f}% of a core (goal <= {GOAL_CPU_PCT}%)",
+            cpu <= GOAL_CPU_PCT)]
+    if TEMPLATED in results:
+        cold = results["paracell"]["pss_mib_per_sandbox"]["median_mib"]
+        warm = results[TEMPLATED]["pss_mib_per_sandbox"]["median_mib"]
+        met.append((f"host memory per sandbox from a template {warm:.1f} MiB, cold {cold:.1f} "
+                    "MiB (goal: no more)", warm <= cold))
+    return met
 
 
 def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> str:
@@ -237,14 +245,20 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
                 "--engine", engine]
     if ctx.memory_manager:
         paracell += ["--memory-manager", ctx.memory_manager]
-    runners = {"paracell": Runner("paracell", paracell, bundle),
+    runners = {"paracell": Runner("paracell", [*paracell, "--no-template"], bundle),
                "runc": Runner("runc", [runc, "--root", str(base / "runc")], bundle)}
-    done: dict[str, list[Round]] = {name: [] for name in RUNTIMES}
+    if ctx.memory_manager in ("none", "balloon"):
+        # A template store of the run's own, built before the first round.
+        env = dict(os.environ, PARACELL_TEMPLATES=str(base / "templates"))
+        common.run_checked([*paracell, "template", "build", "--for", str(bundle)], env=env)
+        runners[TEMPLATED] = Runner(TEMPLATED, paracell, bundle, env)
+    names = tuple(runners)
+    done: dict[str, list[Round]] = {name: [] for name in names}
     _say(f"{count} idle sandboxes per runtime, {rounds} round(s), state under {base}")
     try:
         with _sigterm_as_interrupt():
             for r in range(rounds):
-                order = RUNTIMES if r % 2 == 0 else RUNTIMES[::-1]
+                order = names if r % 2 == 0 else names[::-1]
                 for name in order:
                     _say(f"round {r + 1}/{rounds}: {name}")
                     done[name].append(_one_round(runners[name], count, window_s,
@@ -255,7 +269,7 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
             # Keep the roots: removing them would orphan what still runs.
             raise RuntimeError(f"bench density: still listed after delete: {left} (in {base})")
         shutil.rmtree(base, ignore_errors=True)
-    results = {name: _figures(done[name]) for name in RUNTIMES}
+    results = {name: _figures(done[name]) for name in names}
     met = goals(results)
     result = {
         "benchmark": "idle sandboxes: host CPU, memory and start time per sandbox",
@@ -268,7 +282,7 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
     path = common.write_result(output, result)
     _plot(results, count, path.with_suffix(".png"))
     lines = []
-    for name in RUNTIMES:
+    for name in names:
         fig = results[name]
         lines.append(
             f"{name}: {fig['cpu_pct_per_sandbox']['median_pct']:.3f}% of a core, "
@@ -287,19 +301,20 @@ def _plot(results: dict[str, Any], count: int, output: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    colours = {"paracell": "#4c72b0", "runc": "#6c757d"}
+    colours = {"paracell": "#4c72b0", "runc": "#6c757d", TEMPLATED: "#2a9d8f"}
+    names = list(results)
     for ax, key, unit, label in (
             (axes[0], "cpu_pct_per_sandbox", "pct", "% of a core per sandbox"),
             (axes[1], "pss_mib_per_sandbox", "mib", "MiB PSS per sandbox")):
-        values = [results[n][key][f"median_{unit}"] for n in RUNTIMES]
-        ax.bar(RUNTIMES, values, color=[colours[n] for n in RUNTIMES])
+        values = [results[n][key][f"median_{unit}"] for n in names]
+        ax.bar(names, values, color=[colours[n] for n in names])
         for i, v in enumerate(values):
             ax.annotate(f"{v:.2f}", (i, v), ha="center", va="bottom", xytext=(0, 3),
                         textcoords="offset points")
         ax.set_ylabel(label)
     axes[0].axhline(GOAL_CPU_PCT, color="#e76f51", linestyle="--", label="goal")
     axes[0].legend()
-    for name in RUNTIMES:
+    for name in names:
         for i, r in enumerate(results[name]["rounds"]):
             axes[2].plot(range(1, len(r["start_s"]) + 1), r["start_s"], marker=".",
                          color=colours[name], label=name if i == 0 else None)
