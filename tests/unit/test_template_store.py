@@ -1,0 +1,154 @@
+"""The template store without VMs: what the key covers, what a reader
+refuses, and that builders of one key never meet halfway."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from paracell.errors import ParacellError
+from paracell.vmm import devices, template
+from paracell.vmm.builder import Machine, VmBuilder
+from paracell.vmm.template import Capture, TemplateError, TemplateStore
+
+RAM_MIB = 4
+
+
+def builder(tmp: Path, **machine: object) -> VmBuilder:
+    for name in ("qemu", "bzImage", "initramfs.cpio"):
+        if not (tmp / name).exists():
+            (tmp / name).write_bytes(name.encode())
+    fields = {"qemu": str(tmp / "qemu"), "engine": "tcg", "kernel": tmp / "bzImage",
+              "initramfs": tmp / "initramfs.cpio", "memory_mib": RAM_MIB, "vcpus": 1,
+              "tsc_khz": 2_000_000, **machine}
+    vm = VmBuilder(Machine(**fields))  # type: ignore[arg-type]
+    vm.attach(devices.GuestRam(tmp / "vm.mem", int(fields["memory_mib"])))  # type: ignore[call-overload]
+    vm.attach(devices.AgentPort())
+    vm.attach(devices.rootfs_share(tmp, readonly=True))
+    return vm
+
+
+def test_the_key_follows_every_input_and_no_per_sandbox_value(tmp_path: Path):
+    base = builder(tmp_path)
+    key = template.key_of(base.shape())
+    # Per sandbox: another RAM file, another rootfs directory, another state dir.
+    other = builder(tmp_path)
+    other.devices[0] = devices.GuestRam(tmp_path / "elsewhere.mem", RAM_MIB)
+    other.devices[2] = devices.rootfs_share(tmp_path / "another-rootfs", readonly=True)
+    assert template.key_of(other.shape()) == key
+    changed = [
+        builder(tmp_path, memory_mib=RAM_MIB * 2),
+        builder(tmp_path, vcpus=2),
+        builder(tmp_path, engine="kvm"),
+        builder(tmp_path, kernel_args=("paracell.debug=1",)),
+    ]
+    writable = builder(tmp_path)
+    writable.devices[2] = devices.rootfs_share(tmp_path, readonly=False)
+    changed.append(writable)
+    with_balloon = builder(tmp_path)
+    with_balloon.attach(devices.Balloon())
+    changed.append(with_balloon)
+    keys = {template.key_of(vm.shape()) for vm in changed}
+    assert key not in keys and len(keys) == len(changed)
+    # A rebuilt initramfs (the agent changed) is a new file: a new key.
+    rebuilt = tmp_path / "initramfs.cpio"
+    rebuilt.unlink()
+    rebuilt.write_bytes(b"a changed agent")
+    assert template.key_of(builder(tmp_path).shape()) != key
+
+
+def saved(store: TemplateStore, tmp_path: Path, shape: dict) -> str:
+    ram = tmp_path / "ram.src"
+    with open(ram, "wb") as f:
+        f.truncate(RAM_MIB << 20)
+        f.seek(1 << 20)
+        f.write(b"touched")
+    key = template.key_of(shape)
+    made = store.save(key, shape, Capture(lambda path: path.write_bytes(b"state"), ram,
+                                          RAM_MIB << 20, ["02:00:00:00:00:01"]))
+    assert made is not None and made.key == key
+    return key
+
+
+def test_a_saved_template_is_found_whole_and_its_ram_sparse(tmp_path: Path):
+    store = TemplateStore(tmp_path / "store")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = saved(store, tmp_path, shape)
+    found = store.find(key, shape)
+    assert found is not None and found.macs == ["02:00:00:00:00:01"]
+    assert os.stat(found.path / "ram").st_blocks * 512 < 1 << 20  # only the touched extent
+    target = tmp_path / "ram.dst"
+    with open(target, "wb+") as f:
+        f.truncate(RAM_MIB << 20)
+        assert 0 < found.copy_ram(f.fileno()) <= 1 << 20
+    assert target.read_bytes()[1 << 20:(1 << 20) + 7] == b"touched"
+    with pytest.raises(TemplateError, match="another VM shape"):
+        store.find(key, {**shape, "vcpus": 2})
+
+
+def test_another_shape_under_the_same_name_is_refused(tmp_path: Path):
+    store = TemplateStore(tmp_path / "store")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = saved(store, tmp_path, shape)
+    meta = json.loads((store.root / key / "meta.json").read_text())
+    meta["shape"]["vcpus"] = 2
+    (store.root / key / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(TemplateError, match="made for another VM shape"):
+        store.find(key, shape)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "meta.json").write_text("[" * 100000), "not valid JSON|larger than"),
+    (lambda d: (d / "meta.json").write_text('{"format": 9}'), "not format"),
+    (lambda d: os.truncate(d / "ram", 4096), "ram: 4096 bytes"),
+    (lambda d: (d / "device.state").write_bytes(b""), "device.state: empty"),
+    (lambda d: ((d / "ram").unlink(), (d / "ram").symlink_to("/etc/passwd")), "ram: "),
+    (lambda d: (d / "device.state").unlink(), "device.state: No such file"),
+])
+def test_a_reader_refuses_a_damaged_template(tmp_path: Path, damage, message):
+    store = TemplateStore(tmp_path / "store")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = saved(store, tmp_path, shape)
+    damage(store.root / key)
+    with pytest.raises(TemplateError, match=message):
+        store.find(key, shape)
+    assert store.remove(key) and not (store.root / key).exists()
+
+
+def test_a_store_that_is_a_link_is_never_followed(tmp_path: Path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "store").symlink_to(victim)
+    store = TemplateStore(tmp_path / "store")
+    with pytest.raises(ParacellError, match="is not a directory"):
+        store.find("0" * 32, {})
+    with pytest.raises(ParacellError, match="is not a directory"):
+        saved(store, tmp_path, {"memory_mib": RAM_MIB})
+    assert list(victim.iterdir()) == []
+
+
+def test_a_second_builder_of_a_key_leaves_it_to_the_first(tmp_path: Path):
+    store = TemplateStore(tmp_path / "store")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = template.key_of(shape)
+    with store._building(key) as first:
+        assert first
+        second = store.save(key, shape, Capture(lambda p: pytest.fail("saved twice"),
+                                                tmp_path, RAM_MIB << 20, []))
+        assert second is None
+    assert saved(store, tmp_path, shape) == key
+    assert store.save(key, shape, Capture(lambda p: pytest.fail("saved over"), tmp_path,
+                                          RAM_MIB << 20, [])) is None
+
+
+def test_the_store_keeps_the_most_recently_used(tmp_path: Path):
+    store = TemplateStore(tmp_path / "store")
+    keys = []
+    for n in range(template.MAX_TEMPLATES + 2):
+        keys.append(saved(store, tmp_path, {"memory_mib": RAM_MIB, "n": n}))
+        # Used in the order saved, a second apart.
+        os.utime(store.root / keys[-1] / "meta.json", (1000 + n, 1000 + n))
+    assert {e["key"] for e in store.entries()} == set(keys[2:])
