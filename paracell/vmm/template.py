@@ -283,6 +283,8 @@ class TemplateStore:
                 continue
             entry: dict[str, Any] = {"key": path.name}
             try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    raise TemplateError("not a directory")
                 meta = _read_meta(path)
                 shape = meta.get("shape") if isinstance(meta, dict) else None
                 entry.update(used=os.lstat(path / META).st_mtime,

@@ -303,3 +303,25 @@ def test_template_build_list_and_rm_on_an_empty_store(runtime, templates):
     assert runtime("template", "rm", "--all", check=True).stdout == b"removed 1 template\n"
     assert keys(templates) == []
     runtime.assert_no_leaks()
+
+
+def test_a_restored_balloon_vm_resizes_live(runtime, make_bundle, templates):
+    bundle = make_bundle(["sleep", "60"])
+    balloon = ("--memory-manager", "balloon")
+    assert runtime(*balloon, "create", "--bundle", str(bundle), "seed").returncode == 0
+    runtime("delete", "--force", "seed", check=True)
+    result = runtime(*balloon, "create", "--bundle", str(bundle), "grow")
+    assert result.returncode == 0, result.stderr
+    vm = json.loads((runtime.root / "grow" / "state.json").read_text())["vm"]
+    assert vm["template"].startswith("restored ")
+    runtime("start", "grow", check=True)
+
+    def guest_total_kib() -> int:
+        shown = runtime("exec", "grow", "grep", "MemTotal", "/proc/meminfo", check=True)
+        return int(shown.stdout.split()[1])
+
+    before = guest_total_kib()
+    assert runtime("update", "--memory", "128m", "grow").returncode == 0
+    assert before - guest_total_kib() >= 100 << 10  # the template's balloon serves this VM
+    runtime("delete", "--force", "grow", check=True)
+    runtime.assert_no_leaks()
