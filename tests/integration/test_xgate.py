@@ -169,6 +169,21 @@ def test_application_domain_data_only_through_its_gate(guest):
     ok(guest(["xgate-test", "domain"], ON), "domain")
 
 
+def test_application_domain_is_sealed_single_task_and_untraceable(guest):
+    # munmap, MAP_FIXED, mremap of/onto, mprotect, pkey_mprotect, shmat: EPERM;
+    # brk: the old break stays; madvise/process_madvise/userfaultfd: ENOSYS;
+    # no thread, vfork allowed; ptrace, /proc/PID/mem, process_vm_*: refused;
+    # the domains survive fork, sealed; gone after exec.
+    out = ok(guest(["xgate-test", "seal"], ON), "seal")
+    assert "ok seal 16 layout changes refused; pthread_create=" in out, out
+    assert "ok domain-gone: a call of domain 0 is killed, the next domain is 0" in out, out
+
+
+def test_application_domain_needs_a_lone_task(guest):
+    ok(guest(["xgate-test", "domain-busy"], ON), "domain-busy with a second thread: "
+       "Device or resource busy")
+
+
 def test_forged_sigreturn_frame_cannot_open_the_key(guest):
     ok(guest(["xgate-test", "sigreturn"], ON), "sigreturn")
 
