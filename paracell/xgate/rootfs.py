@@ -52,7 +52,7 @@ def _libs_of(binary: Path) -> list[Path]:
 
 def xgate_rootfs(rootfs: Path, python: bool = False, checks: bool = True) -> Path:
     """busybox + Debian's glibc + xgate-bench (static and dynamic) and
-    /lib/libxgate-preload.so; with checks, xgate-test, xgate-glibc (dynamic),
+    /lib/libxgate-preload.so; with checks, xgate-test, xgate-pitfalls, xgate-glibc (dynamic),
     xgate-stray (which carries a WRPKRU on purpose), bash and coreutils
     (Debian's, at /usr/bin and /bin/bash); with python, Debian's python3."""
     defaultspec.busybox_rootfs(rootfs)
@@ -62,6 +62,8 @@ def xgate_rootfs(rootfs: Path, python: bool = False, checks: bool = True) -> Pat
         gcc(bin_dir / "xgate-stray", ["xgate-stray.c"], "-static")
         gcc(bin_dir / "xgate-glibc", ["xgate-glibc.c", "libxgate.c"], "-pthread",
             "-mno-red-zone")
+        gcc(bin_dir / "xgate-pitfalls", ["xgate-pitfalls.c", "libxgate.c"], "-static",
+            "-pthread", "-mno-red-zone")
         for program in DEBIAN_PROGRAMS:
             _add_debian_program(program, rootfs)
     gcc(bin_dir / "xgate-bench-static", ["xgate-bench.c", "libxgate.c"], "-static")

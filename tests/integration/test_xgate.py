@@ -297,3 +297,57 @@ def test_domain_example(guest):
     assert lines[1] == "tool: reading the key faulted (si_code 4, SEGV_PKUERR is 4)"
     assert lines[2].split(": ")[-1] == lines[0].split(": ")[-1]
 
+
+# --- the PKU pitfalls (Connor et al. 2020, Jenny 2022), docs/xgates.md -----------------
+
+# (case, outcome for the kernel key, outcome for a domain key); None: not tried there.
+PITFALLS = [
+    ("direct-read", None, "SEGV_PKUERR"),
+    ("proc-self-mem-read", "EIO", "EIO"),
+    ("proc-self-mem-write", "EIO", "EIO"),
+    ("proc-pid-mem-read", "EIO", "EACCES"),
+    ("proc-pid-mem-write", "EIO", "EACCES"),
+    # this guest has no CROSS_MEMORY_ATTACH (tinyconfig): the syscalls do not exist
+    ("process_vm_readv", "ENOSYS", "ENOSYS"),
+    ("process_vm_writev", "ENOSYS", "ENOSYS"),
+    ("ptrace-attach", "ATTACHED", "EPERM"),
+    ("ptrace-traceme", "TRACED", "EPERM"),
+    ("ptrace-peek", "EIO", None),
+    ("ptrace-poke", "EIO", None),
+    ("ptrace-setregset-pkru", "EINVAL", None),
+    ("ptrace-tracee-after", "closed", None),
+    ("write-from", "EFAULT", "EFAULT"),
+    ("sendmsg-from", "EFAULT", "EFAULT"),
+    ("vmsplice-from", "EFAULT", "EFAULT"),
+    ("io_uring", "ENOSYS", "ENOSYS"),
+    ("read-into", "EFAULT", "EFAULT"),
+    ("sigreturn-sw-reserved", "closed", "closed"),
+    ("sigreturn-xsave-area", "killed by 11", "killed by 11"),
+    ("signal-in-gate", "closed", "closed"),
+    ("munmap", "EPERM", "EPERM"),
+    ("mmap-fixed-over", "EPERM", "EPERM"),
+    ("mremap-of", "EPERM", "EPERM"),
+    ("mremap-onto", "EPERM", "EPERM"),
+    ("mprotect", "EPERM", "EPERM"),
+    ("pkey_mprotect", "EPERM", "EPERM"),
+    ("shmat-remap-over", "EPERM", "EPERM"),
+    ("madvise-dontneed", "ENOSYS", "ENOSYS"),
+    ("process_madvise", "ENOSYS", "ENOSYS"),
+    ("userfaultfd", "ENOSYS", "ENOSYS"),
+    ("fork-child", "closed", "closed"),
+    ("clone-thread", "closed", "EPERM"),
+    ("exec", "closed", "closed"),
+]
+
+
+def test_pku_pitfalls_table(guest):
+    out = ok(guest(["xgate-pitfalls"], ON), "pitfalls")
+    seen: dict[tuple[str, str], str] = {}
+    for line in out.splitlines():
+        if line.startswith("pit "):
+            head, outcome = line[4:].split(": ", 1)
+            case, target = head.rsplit(" ", 1)
+            seen[(case, target)] = outcome
+    expected = {(case, target): outcome for case, k15, dom in PITFALLS
+                for target, outcome in (("k15", k15), ("dom", dom)) if outcome is not None}
+    assert seen == expected, out
