@@ -536,6 +536,79 @@ static void check_domain_busy(void)
         printf("ok domain-busy with a second thread: %s\n", strerror(errno));
 }
 
+/* Code runs across mapping boundaries: two pages, each clean alone, that form
+ * a WRPKRU where they touch ("0f 01" | "ef"), by mprotect and by mmap, in
+ * either order; and mremap never moves or grows code. */
+static int write_file(const char *path, const unsigned char *page)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    int ok = fd >= 0 && write(fd, page, 4096) == 4096;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void check_seam(void)
+{
+    static unsigned char lo[4096], hi[4096];
+    memset(lo, 0x90, sizeof lo);
+    memset(hi, 0x90, sizeof hi);
+    lo[4094] = 0x0f;
+    lo[4095] = 0x01;
+    hi[0] = 0xef;
+    hi[1] = 0xc3;
+    int refused = 0;
+    for (int order = 0; order < 2; order++) {
+        char *r = mmap(NULL, 3 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        mmap(r, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        memcpy(r, lo, 4096);
+        memcpy(r + 4096, hi, 4096);
+        char *first = order ? r + 4096 : r, *second = order ? r : r + 4096;
+        int a = mprotect(first, 4096, PROT_READ | PROT_EXEC);
+        errno = 0;
+        int b = mprotect(second, 4096, PROT_READ | PROT_EXEC);
+        EXPECT(a == 0 && b < 0 && errno == EPERM, "mprotect seam (order %d): %d %d %s", order, a,
+               b, strerror(errno));
+        refused += a == 0 && b < 0;
+        munmap(r, 3 * 4096);
+    }
+    EXPECT(write_file("/tmp/seam-lo", lo) && write_file("/tmp/seam-hi", hi), "files: %s",
+           strerror(errno));
+    for (int order = 0; order < 2; order++) {
+        char *r = mmap(NULL, 3 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        int flo = open("/tmp/seam-lo", O_RDONLY), fhi = open("/tmp/seam-hi", O_RDONLY);
+        void *a, *b;
+        if (!order) {
+            a = mmap(r, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, flo, 0);
+            errno = 0;
+            b = mmap(r + 4096, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fhi, 0);
+        } else {
+            a = mmap(r + 4096, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fhi, 0);
+            errno = 0;
+            b = mmap(r, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, flo, 0);
+        }
+        EXPECT(a != MAP_FAILED && b == MAP_FAILED && errno == EPERM, "mmap seam (order %d): %s",
+               order, strerror(errno));
+        refused += a != MAP_FAILED && b == MAP_FAILED;
+        close(flo);
+        close(fhi);
+        munmap(r, 3 * 4096);
+    }
+    /* mremap: growing code would map bytes nobody vetted; moving it could make a seam. */
+    int flo = open("/tmp/seam-lo", O_RDONLY);
+    char *c = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, flo, 0);
+    errno = 0;
+    void *g = mremap(c, 4096, 8192, MREMAP_MAYMOVE);
+    EXPECT(g == MAP_FAILED && errno == EPERM, "mremap grow of code: %s", strerror(errno));
+    errno = 0;
+    void *m = mremap(c, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, c + 1024 * 4096);
+    EXPECT(m == MAP_FAILED && errno == EPERM, "mremap move of code: %s", strerror(errno));
+    close(flo);
+    if (!failed)
+        printf("ok seam %d WRPKRUs across mapping boundaries refused (mprotect and mmap, both "
+               "orders); mremap of code refused\n", refused);
+}
+
 /* A frame that claims every key open: the kernel must close the protected ones. */
 static void on_usr1_forge(int sig, siginfo_t *si, void *ucv)
 {
@@ -701,6 +774,8 @@ int main(int argc, char **argv)
         check_gates();
     else if (!strcmp(check, "domain"))
         check_domain();
+    else if (!strcmp(check, "seam"))
+        check_seam();
     else if (!strcmp(check, "seal"))
         check_seal(argv[0]);
     else if (!strcmp(check, "domain-gone"))

@@ -133,6 +133,15 @@ def test_stray_wrpkru_refused_at_execve_mmap_and_mprotect(guest):
     assert "mprotect refused: WRPKRU at 0x" in out, out
 
 
+def test_wrpkru_across_a_mapping_boundary_is_refused(guest):
+    # Two pages, each clean alone, forming 0f 01 | ef where they touch: the second
+    # to become executable is refused (mprotect and mmap, both orders); code is
+    # never moved or grown by mremap. Without XGates all of it is allowed.
+    ok(guest(["xgate-test", "seam"], ON), "seam 4 WRPKRUs across mapping boundaries refused")
+    off = guest(["xgate-test", "seam"], OFF)
+    assert off.returncode == 1 and off.stdout.decode().count("FAIL seam") == 6, off.stdout
+
+
 def test_vetted_file_stays_vetted(guest):
     # A file mapped executable by an XGates process cannot be opened for writing
     # for the rest of that process's life; without XGates nothing changes.
