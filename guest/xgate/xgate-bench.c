@@ -4,7 +4,9 @@
  * syscall, and a one-byte pipe round trip to another process; ROUNDS
  * interleaved rounds of N calls each, one line per round and variant.
  * `xgate-bench idloop N`: N rounds of glibc's getpid/getppid/getuid/
- * geteuid/getgid/getegid/gettid (syscall-heavy, for LD_PRELOAD runs). */
+ * geteuid/getgid/getegid/gettid (syscall-heavy, for LD_PRELOAD runs).
+ * `xgate-bench run CMD ARG...` (the static build, so that LD_PRELOAD reaches only CMD): runs CMD (its environment passed on) and
+ * prints `run NS` (wall time, fork to exit), then CMD's exit status. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,15 +106,32 @@ static void idloop(long n)
     printf("idloop %.1f ns per round of 7 calls\n", (now_ns() - t0) / (double)n);
 }
 
+static int run(char **cmd)
+{
+    double t0 = now_ns();
+    pid_t pid = fork();
+    if (pid == 0) {
+        execvp(cmd[0], cmd);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return 1;
+    printf("run %.0f status %d\n", now_ns() - t0, WIFEXITED(st) ? WEXITSTATUS(st) : 128);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 3 && !strcmp(argv[1], "run"))
+        return run(argv + 2);
     if (argc == 4 && !strcmp(argv[1], "micro"))
         micro(atol(argv[2]), atoi(argv[3]));
     else if (argc == 3 && !strcmp(argv[1], "idloop"))
         idloop(atol(argv[2]));
     else {
-        fprintf(stderr, "usage: xgate-bench micro N ROUNDS | idloop N\n");
+        fprintf(stderr, "usage: xgate-bench micro N ROUNDS | idloop N | run CMD ARG...\n");
         return 2;
     }
     return 0;

@@ -13,7 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ipc.h>
 #include <sys/mman.h>
+#include <sys/ptrace.h>
+#include <sys/shm.h>
+#include <sys/uio.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -369,6 +373,242 @@ static void check_domain(void)
                "retag/free/proc-mem refused\n", xgate_domain_call(d, 0), code, key);
 }
 
+/* Sealing: nothing outside the handler changes a domain's layout or protection. */
+static volatile long *brk_secret;
+static long brk_handler(long arg) { return brk_secret[0] + arg; }
+static void *idle_thread(void *arg) { (void)arg; pause(); return NULL; }
+
+/* vfork in a function of its own: nothing of the caller's frame to clobber. */
+__attribute__((noinline)) static int vfork_status(void)
+{
+    int st = -1;
+    pid_t vp = vfork();
+    if (vp == 0)
+        _exit(7);
+    if (vp > 0)
+        waitpid(vp, &st, 0);
+    return st;
+}
+
+#define REFUSED(call, err, what)                                                   \
+    do {                                                                           \
+        errno = 0;                                                                 \
+        long rc_ = (long)(call);                                                   \
+        EXPECT(rc_ == -1 && errno == (err), "%s: rc %ld, %s", what, rc_, strerror(errno)); \
+        if (rc_ == -1 && errno == (err))                                           \
+            refused++;                                                             \
+    } while (0)
+
+static void check_seal(char *self)
+{
+    void *data;
+    int refused = 0;
+    int d = xgate_domain_create(8192, secret_init, secret_handler, &data);
+    EXPECT(d >= 0, "create: %s", strerror(errno));
+    if (d < 0)
+        return;
+    secret = data;
+    char *p = data;
+    char *other = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REFUSED(munmap(p, 4096), EPERM, "munmap");
+    REFUSED(munmap(p + 4096, 8192), EPERM, "munmap of its second page and beyond");
+    REFUSED(mmap(p, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0),
+            EPERM, "mmap(MAP_FIXED) over");
+    REFUSED(mmap(p - 4096, 8192, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), EPERM,
+            "mmap(MAP_FIXED) overlapping");
+    REFUSED(mremap(p, 8192, 16384, MREMAP_MAYMOVE), EPERM, "mremap grow");
+    REFUSED(mremap(p, 8192, 4096, 0), EPERM, "mremap shrink");
+    REFUSED(mremap(p, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, other), EPERM, "mremap of it");
+    REFUSED(mremap(other, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, p), EPERM, "mremap onto it");
+    REFUSED(mprotect(p, 4096, PROT_READ), EPERM, "mprotect");
+    REFUSED(mprotect(p, 8192, PROT_READ | PROT_WRITE), EPERM, "mprotect to the same rights");
+    REFUSED(syscall(SYS_pkey_mprotect, p, 4096, PROT_READ | PROT_WRITE, 0), EPERM,
+            "pkey_mprotect to key 0");
+    int shm = shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+    REFUSED(shmat(shm, p, SHM_REMAP), EPERM, "shmat(SHM_REMAP) over");
+    shmctl(shm, IPC_RMID, NULL);
+    /* Not in this kernel at all. */
+    REFUSED(syscall(SYS_madvise, p, 4096, MADV_DONTNEED), ENOSYS, "madvise");
+    REFUSED(syscall(SYS_process_madvise, 0, NULL, 0, 0, 0), ENOSYS, "process_madvise");
+    REFUSED(syscall(SYS_userfaultfd, 0), ENOSYS, "userfaultfd");
+    /* brk: a second domain at the end of the heap; shrinking the break over it fails. */
+    char *base = (char *)(((uintptr_t)sbrk(0) + 4095) & ~(uintptr_t)4095);
+    EXPECT(brk(base + 8192) == 0, "brk grow: %s", strerror(errno));
+    char *bd = mmap(base + 4096, 4096, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    long k2 = syscall(SYS_pkey_alloc, 0, 0);
+    EXPECT(bd == base + 4096 && k2 > 0 &&
+           syscall(SYS_pkey_mprotect, bd, 4096, PROT_READ | PROT_WRITE, k2) == 0,
+           "brk domain setup: %s", strerror(errno));
+    *(volatile long *)bd = 0xb4c;
+    brk_secret = (volatile long *)bd;
+    long d2 = syscall(SYS_prctl, PR_XGATE, PR_XGATE_DOMAIN, k2, (unsigned long)brk_handler, 0);
+    EXPECT(d2 > 0, "second domain: %s", strerror(errno));
+    /* The raw syscall: glibc's brk() reports success when the kernel keeps a higher break. */
+    long kept = syscall(SYS_brk, base);
+    EXPECT(kept == (long)(uintptr_t)(base + 8192), "brk shrink over the domain: break %#lx",
+           kept);
+    if (kept == (long)(uintptr_t)(base + 8192))
+        refused++;
+    /* Threads: none while a domain exists; vfork is allowed (the parent waits). */
+    pthread_t t;
+    int trc = pthread_create(&t, NULL, idle_thread, NULL);
+    EXPECT(trc != 0, "pthread_create allowed");
+    int st = vfork_status();
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 7, "vfork: status %#x", st);
+    /* No other process reads, writes or attaches. */
+    long stackvar = 0x57ac;
+    pid_t me = getpid();
+    pid_t c = fork();
+    if (c == 0) {
+        int bad = 0;
+        errno = 0;
+        if (ptrace(PTRACE_ATTACH, me, 0, 0) != -1 || errno != EPERM)
+            bad |= 1;
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%d/mem", me);
+        errno = 0;
+        if (open(path, O_RDWR) != -1 || errno != EACCES)
+            bad |= 2;
+        long got = 0;
+        struct iovec l = {&got, sizeof got}, r = {&stackvar, sizeof stackvar};
+        /* EPERM, or ENOSYS where the kernel has no CROSS_MEMORY_ATTACH (this guest) */
+        errno = 0;
+        if (process_vm_readv(me, &l, 1, &r, 1, 0) != -1 || (errno != EPERM && errno != ENOSYS))
+            bad |= 4;
+        errno = 0;
+        if (process_vm_writev(me, &l, 1, &r, 1, 0) != -1 || (errno != EPERM && errno != ENOSYS))
+            bad |= 8;
+        /* The domains came along with fork, sealed as well. */
+        if (xgate_domain_call(d, 1) != 0x5ec2e7 + 1)
+            bad |= 16;
+        if (munmap(p, 4096) != -1 || errno != EPERM)
+            bad |= 32;
+        /* exec: gone. */
+        execl("/proc/self/exe", self, "domain-gone", (char *)NULL);
+        _exit(64 | bad);
+    }
+    waitpid(c, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fork child: status %#x (bits: 1 attach, "
+           "2 proc mem, 4 readv, 8 writev, 16 call, 32 munmap, 64 exec)", st);
+    long v = xgate_domain_call(d, 0), v2 = xgate_domain_call((int)d2, 0);
+    EXPECT(v == 0x5ec2e7 && v2 == 0xb4c, "domains after: %#lx %#lx", v, v2);
+    if (!failed)
+        printf("ok seal %d layout changes refused; pthread_create=%d, vfork ok, fork child: "
+               "attach/mem/process_vm refused, domain kept and sealed, gone after exec; "
+               "data intact %#lx %#lx\n", refused, trc, v, v2);
+}
+
+/* After execve from a process with domains: none is left.  Threads work
+ * again, the domain table is empty (the next domain gets index 0), and a call
+ * of the unregistered index 0 is killed by the gate's check. */
+static void check_domain_gone(void)
+{
+    pid_t c = fork();
+    if (c == 0) {
+        xgate_domain_call(0, 0);
+        _exit(0);
+    }
+    int st;
+    waitpid(c, &st, 0);
+    EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "call of domain 0: status %#x", st);
+    void *data;
+    int d = xgate_domain_create(4096, secret_init, secret_handler, &data);
+    EXPECT(d == 0, "first domain after exec: %d", d);
+    pthread_t t;
+    int trc = pthread_create(&t, NULL, idle_thread, NULL);
+    EXPECT(trc != 0, "a thread beside the new domain: %d", trc);
+    if (!failed)
+        printf("ok domain-gone: a call of domain 0 is killed, the next domain is 0\n");
+    exit(failed);
+}
+
+/* A domain is registered by a process that is alone in its mm: else EBUSY. */
+static void check_domain_busy(void)
+{
+    pthread_t t;
+    pthread_create(&t, NULL, idle_thread, NULL);
+    void *data;
+    errno = 0;
+    int d = xgate_domain_create(4096, secret_init, secret_handler, &data);
+    EXPECT(d < 0 && errno == EBUSY, "with a second thread: %d %s", d, strerror(errno));
+    if (!failed)
+        printf("ok domain-busy with a second thread: %s\n", strerror(errno));
+}
+
+/* Code runs across mapping boundaries: two pages, each clean alone, that form
+ * a WRPKRU where they touch ("0f 01" | "ef"), by mprotect and by mmap, in
+ * either order; and mremap never moves or grows code. */
+static int write_file(const char *path, const unsigned char *page)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0755);
+    int ok = fd >= 0 && write(fd, page, 4096) == 4096;
+    if (fd >= 0)
+        close(fd);
+    return ok;
+}
+
+static void check_seam(void)
+{
+    static unsigned char lo[4096], hi[4096];
+    memset(lo, 0x90, sizeof lo);
+    memset(hi, 0x90, sizeof hi);
+    lo[4094] = 0x0f;
+    lo[4095] = 0x01;
+    hi[0] = 0xef;
+    hi[1] = 0xc3;
+    int refused = 0;
+    for (int order = 0; order < 2; order++) {
+        char *r = mmap(NULL, 3 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        mmap(r, 2 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+        memcpy(r, lo, 4096);
+        memcpy(r + 4096, hi, 4096);
+        char *first = order ? r + 4096 : r, *second = order ? r : r + 4096;
+        int a = mprotect(first, 4096, PROT_READ | PROT_EXEC);
+        errno = 0;
+        int b = mprotect(second, 4096, PROT_READ | PROT_EXEC);
+        EXPECT(a == 0 && b < 0 && errno == EPERM, "mprotect seam (order %d): %d %d %s", order, a,
+               b, strerror(errno));
+        refused += a == 0 && b < 0;
+        munmap(r, 3 * 4096);
+    }
+    EXPECT(write_file("/tmp/seam-lo", lo) && write_file("/tmp/seam-hi", hi), "files: %s",
+           strerror(errno));
+    for (int order = 0; order < 2; order++) {
+        char *r = mmap(NULL, 3 * 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        int flo = open("/tmp/seam-lo", O_RDONLY), fhi = open("/tmp/seam-hi", O_RDONLY);
+        void *a, *b;
+        if (!order) {
+            a = mmap(r, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, flo, 0);
+            errno = 0;
+            b = mmap(r + 4096, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fhi, 0);
+        } else {
+            a = mmap(r + 4096, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, fhi, 0);
+            errno = 0;
+            b = mmap(r, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE | MAP_FIXED, flo, 0);
+        }
+        EXPECT(a != MAP_FAILED && b == MAP_FAILED && errno == EPERM, "mmap seam (order %d): %s",
+               order, strerror(errno));
+        refused += a != MAP_FAILED && b == MAP_FAILED;
+        close(flo);
+        close(fhi);
+        munmap(r, 3 * 4096);
+    }
+    /* mremap: growing code would map bytes nobody vetted; moving it could make a seam. */
+    int flo = open("/tmp/seam-lo", O_RDONLY);
+    char *c = mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, flo, 0);
+    errno = 0;
+    void *g = mremap(c, 4096, 8192, MREMAP_MAYMOVE);
+    EXPECT(g == MAP_FAILED && errno == EPERM, "mremap grow of code: %s", strerror(errno));
+    errno = 0;
+    void *m = mremap(c, 4096, 4096, MREMAP_MAYMOVE | MREMAP_FIXED, c + 1024 * 4096);
+    EXPECT(m == MAP_FAILED && errno == EPERM, "mremap move of code: %s", strerror(errno));
+    close(flo);
+    if (!failed)
+        printf("ok seam %d WRPKRUs across mapping boundaries refused (mprotect and mmap, both "
+               "orders); mremap of code refused\n", refused);
+}
+
 /* A frame that claims every key open: the kernel must close the protected ones. */
 static void on_usr1_forge(int sig, siginfo_t *si, void *ucv)
 {
@@ -534,6 +774,14 @@ int main(int argc, char **argv)
         check_gates();
     else if (!strcmp(check, "domain"))
         check_domain();
+    else if (!strcmp(check, "seam"))
+        check_seam();
+    else if (!strcmp(check, "seal"))
+        check_seal(argv[0]);
+    else if (!strcmp(check, "domain-gone"))
+        check_domain_gone();
+    else if (!strcmp(check, "domain-busy"))
+        check_domain_busy();
     else if (!strcmp(check, "sigreturn"))
         check_sigreturn();
     else if (!strcmp(check, "pkru-preserved"))

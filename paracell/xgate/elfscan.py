@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from paracell.xgate.elfheaders import BadElf, read_headers
-from paracell.xgate.rule import LONGEST, PATTERN, Hit, classify
+from paracell.xgate.rule import LONGEST, LOOKAHEAD, PATTERN, Hit, classify
 
 PAGE = 4096
 CHUNK = 64 << 20  # bytes per read: bounds memory on huge segments
@@ -77,11 +77,15 @@ def scan_fd(fd: int, size: int) -> ElfScan:
 def _scan_run(fd: int, lo: int, hi: int) -> Iterator[Hit]:
     """File bytes [lo, hi), read CHUNK bytes at a time. Each read starts LONGEST
     bytes early, so an encoding cut by the previous read's end is found whole,
-    REX prefix included; matches that end inside that overlap were already found."""
+    REX prefix included; matches that end inside that overlap were already found.
+    Each read also takes LOOKAHEAD bytes past its end (past hi too, as the kernel
+    reads a pkey_set site's tail from the file), for classify only: a match must
+    lie inside [lo, hi)."""
     for pos in range(lo, hi, CHUNK):
         start = max(lo, pos - LONGEST)
-        data = os.pread(fd, min(CHUNK, hi - pos) + pos - start, start)
-        for match in PATTERN.finditer(data):
+        stop = min(pos + CHUNK, hi)
+        data = os.pread(fd, stop - start + LOOKAHEAD, start)
+        for match in PATTERN.finditer(data, 0, min(len(data), stop - start)):
             if start + match.end() > pos:
                 yield classify(match, data, start)
 

@@ -1,10 +1,11 @@
-"""The rootfs that XGates guests run in tests and benchmarks: busybox, glibc,
-and the guest-side XGates programs (guest/xgate/) built from source.
+"""The rootfs that XGates guests run in tests and benchmarks: busybox, the
+host's own Debian 12 binaries and libraries copied in unmodified (glibc and
+its loader, python3 with its standard library, bash and coreutils), and the
+guest-side XGates programs (guest/xgate/) built from source against them.
 
-Debian's libc.so.6 carries a WRPKRU in pkey_set(); an XGates guest refuses to
-map it, so the rootfs gets a copy whose WRPKRU encodings in executable
-segments are replaced by UD2+NOP (pkey_set() then traps, which no program
-here calls)."""
+Debian's libc.so.6 carries a WRPKRU in pkey_set(); the XGates guest kernel
+maps that one site as a trap it emulates with the protected keys closed
+(docs/xgates.md, "glibc's pkey_set"), so the libc goes in as Debian ships it."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from paracell.runtime.bundle import defaultspec
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCES = REPO / "guest" / "xgate"
-WRPKRU = b"\x0f\x01\xef"
-UD2_NOP = b"\x0f\x0b\x90"
 LOADER = Path("/lib64/ld-linux-x86-64.so.2")
 LIBDIR = Path("/lib/x86_64-linux-gnu")
 PYTHON = Path("/usr/bin/python3")
+# Debian's own dynamically linked programs, copied to the same paths.
+DEBIAN_PROGRAMS = [Path("/bin/bash"), *(Path("/usr/bin") / n for n in (
+    "ls", "cat", "sort", "wc", "sha256sum", "head", "tr", "seq", "env", "id", "stat"))]
 PY_STDLIB_SKIP = {"test", "idlelib", "tkinter", "lib2to3", "ensurepip", "turtledemo",
                   "dist-packages", "site-packages", "config-3.11-x86_64-linux-gnu"}
 
@@ -36,31 +38,10 @@ def gcc(out: Path, sources: list[str], *flags: str) -> None:
         raise ParacellError(f"building {out.name} failed: {result.stderr.strip()[-300:]}")
 
 
-def _patched_libc(src: Path, dest: Path) -> int:
-    """src with every WRPKRU in an executable PT_LOAD replaced; how many there were."""
-    from elftools.elf.elffile import ELFFile
-
-    data = bytearray(src.read_bytes())
-    count = 0
-    with src.open("rb") as f:
-        for seg in ELFFile(f).iter_segments():
-            if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
-                continue
-            lo, hi = seg["p_offset"], seg["p_offset"] + seg["p_filesz"]
-            for m in re.finditer(re.escape(WRPKRU), bytes(data[lo:hi])):
-                data[lo + m.start():lo + m.start() + 3] = UD2_NOP
-                count += 1
-    dest.write_bytes(bytes(data))
-    dest.chmod(0o755)
-    return count
-
-
 def _copy_lib(path: Path, rootfs: Path) -> None:
     target = rootfs / str(path).lstrip("/")
     target.parent.mkdir(parents=True, exist_ok=True)
-    if path.name.startswith("libc.so"):
-        _patched_libc(path.resolve(), target)
-    elif not target.exists():
+    if not target.exists():
         shutil.copy2(path.resolve(), target)
 
 
@@ -70,14 +51,21 @@ def _libs_of(binary: Path) -> list[Path]:
 
 
 def xgate_rootfs(rootfs: Path, python: bool = False, checks: bool = True) -> Path:
-    """busybox + glibc (patched) + xgate-bench (static and dynamic) and
-    /lib/libxgate-preload.so; with checks, xgate-test and xgate-stray (which
-    carries a WRPKRU on purpose); with python, Debian's python3."""
+    """busybox + Debian's glibc + xgate-bench (static and dynamic) and
+    /lib/libxgate-preload.so; with checks, xgate-test, xgate-pitfalls, xgate-glibc (dynamic),
+    xgate-stray (which carries a WRPKRU on purpose), bash and coreutils
+    (Debian's, at /usr/bin and /bin/bash); with python, Debian's python3."""
     defaultspec.busybox_rootfs(rootfs)
     bin_dir = rootfs / "bin"
     if checks:
         gcc(bin_dir / "xgate-test", ["xgate-test.c", "libxgate.c"], "-static", "-pthread")
         gcc(bin_dir / "xgate-stray", ["xgate-stray.c"], "-static")
+        gcc(bin_dir / "xgate-glibc", ["xgate-glibc.c", "libxgate.c"], "-pthread",
+            "-mno-red-zone")
+        gcc(bin_dir / "xgate-pitfalls", ["xgate-pitfalls.c", "libxgate.c"], "-static",
+            "-pthread", "-mno-red-zone")
+        for program in DEBIAN_PROGRAMS:
+            _add_debian_program(program, rootfs)
     gcc(bin_dir / "xgate-bench-static", ["xgate-bench.c", "libxgate.c"], "-static")
     gcc(bin_dir / "xgate-bench", ["xgate-bench.c", "libxgate.c"])
     (rootfs / "lib").mkdir(exist_ok=True)
@@ -88,6 +76,18 @@ def xgate_rootfs(rootfs: Path, python: bool = False, checks: bool = True) -> Pat
     if python:
         _add_python(rootfs)
     return rootfs
+
+
+def _add_debian_program(program: Path, rootfs: Path) -> None:
+    """The host's program at its own path (bash replaces busybox's /bin/bash link)."""
+    target = rootfs / str(program).lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_symlink():
+        target.unlink()
+    if not target.exists():
+        shutil.copy2(program.resolve(), target)
+    for lib in _libs_of(program):
+        _copy_lib(lib, rootfs)
 
 
 def _add_python(rootfs: Path) -> None:

@@ -4,8 +4,14 @@ This is the ONE place the rule lives; the guest kernel's vetting
 (docs/xgates.md) applies the same one, and both change together.
 
 - WRPKRU (0f 01 ef) writes PKRU from user mode. Only the kernel's gate page may
-  hold one, and no file ever contains the gate page, so every WRPKRU found in a
-  file is an offence.
+  run one, and no file ever contains the gate page, so a WRPKRU found in a file
+  is an offence, with one exception:
+- a pkey_set site: WRPKRU followed by `xor eax, eax; ret` (31 c0 c3), the end of
+  glibc's pkey_set() since 2.27. The guest kernel maps it with its first byte
+  replaced by INT3 and emulates it as a WRPKRU with the kernel key and every
+  domain key forced closed (docs/xgates.md, "glibc's pkey_set"). The bytes that
+  follow are read from the file, as the kernel reads them, even past the end of
+  the executable segment. Reported for information.
 - XRSTOR (0f ae /5, memory operand) could load PKRU if XCR0 enabled the PKRU
   state component for user XRSTOR; the XGates guest kernel keeps PKRU out of what
   user-mode XRSTOR can load, so it cannot open the kernel key. glibc's ld.so
@@ -26,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 WRPKRU = "wrpkru"
+PKEY_SET = "wrpkru-pkey_set"
 XRSTOR = "xrstor"
 XRSTORS = "xrstors"
 
@@ -33,6 +40,8 @@ OFFENCES = frozenset({WRPKRU})
 
 WHY = {
     WRPKRU: "WRPKRU outside the kernel's gate page",
+    PKEY_SET: "glibc pkey_set()'s WRPKRU: the guest kernel maps it as INT3 and emulates it "
+              "with the kernel key and the domain keys forced closed",
     XRSTOR: "XRSTOR cannot load PKRU: the guest kernel keeps PKRU out of user XRSTOR's reach",
     XRSTORS: "XRSTORS faults outside ring 0",
 }
@@ -46,6 +55,8 @@ PATTERN = re.compile(
     rb"\x0f(?:(\x01\xef)|(\xae" + _REG5_MEM + rb")|(\xc7" + _REG3_MEM + rb"))"
 )
 LONGEST = 3  # bytes of the longest pattern, for scans across segment joins
+SITE_TAIL = b"\x31\xc0\xc3"  # xor eax, eax; ret: after a WRPKRU, a pkey_set site
+LOOKAHEAD = len(SITE_TAIL)  # bytes past a match that classify may read
 
 
 @dataclass(frozen=True)
@@ -65,10 +76,12 @@ class Hit:
 
 def classify(match: re.Match[bytes], buf: bytes | memoryview | object, base: int) -> Hit:
     """Names one PATTERN match; `base` maps buffer positions to file offsets.
+    A WRPKRU is a pkey_set site when buf holds SITE_TAIL right after it.
     A REX.W prefix just before XRSTOR/XRSTORS makes it the 64-bit form."""
     start = match.start()
     if match.group(1) is not None:
-        return Hit(base + start, WRPKRU, match.group(0))
+        tail = bytes(buf[match.end():match.end() + LOOKAHEAD])  # type: ignore[index]
+        return Hit(base + start, PKEY_SET if tail == SITE_TAIL else WRPKRU, match.group(0))
     name = XRSTOR if match.group(2) is not None else XRSTORS
     if start > 0:
         prefix = buf[start - 1]  # type: ignore[index]

@@ -1,17 +1,17 @@
 """XGates in real guests (TCG): the kernel domain, the gates, the PKRU policy,
 vetting, application domains, and glibc programs, with XGates on and off.
 
-The programs come from guest/xgate/ (xgate-test runs one named check and
-prints `ok NAME ...`); paracell.xgate.rootfs builds them into a busybox
-rootfs with Debian's glibc, python3 and, at /lib/stock/, Debian's unpatched
-libc.so.6.  The rootfs holds offending files on purpose (xgate-stray, the
-stock libc), so containers here vet in warn mode: the guest kernel is what
-is under test."""
+The rootfs (paracell.xgate.rootfs) is busybox plus the host's own Debian 12
+binaries and libraries copied in unmodified: glibc and its loader, python3,
+bash and coreutils, with the programs of guest/xgate/ built against them
+(xgate-test is static and runs one named check, printing `ok NAME ...`;
+xgate-glibc is dynamic and uses Debian's libc.so.6 with its pkey_set WRPKRU).
+The rootfs holds an offending file on purpose (xgate-stray), so containers
+here vet in warn mode: the guest kernel is what is under test."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,9 +30,8 @@ SIGKILL_STATUS = 137
 @pytest.fixture(scope="module")
 def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = xgate_rootfs(tmp_path_factory.mktemp("xgate") / "rootfs", python=True)
-    stock = root / "lib" / "stock"
-    stock.mkdir()
-    shutil.copy2(Path("/lib/x86_64-linux-gnu/libc.so.6").resolve(), stock / "libc.so.6")
+    libc = Path("/lib/x86_64-linux-gnu/libc.so.6").resolve()
+    assert (root / "lib/x86_64-linux-gnu/libc.so.6").read_bytes() == libc.read_bytes()
     example = REPO / "oci" / "examples" / "xgate-domain" / "agent-secret.c"
     subprocess.run(["gcc", "-static", "-O2", "-Wall", "-Werror", f"-I{SOURCES}", "-o",
                     str(root / "bin" / "agent-secret"), str(example), str(SOURCES / "libxgate.c")],
@@ -134,6 +133,15 @@ def test_stray_wrpkru_refused_at_execve_mmap_and_mprotect(guest):
     assert "mprotect refused: WRPKRU at 0x" in out, out
 
 
+def test_wrpkru_across_a_mapping_boundary_is_refused(guest):
+    # Two pages, each clean alone, forming 0f 01 | ef where they touch: the second
+    # to become executable is refused (mprotect and mmap, both orders); code is
+    # never moved or grown by mremap. Without XGates all of it is allowed.
+    ok(guest(["xgate-test", "seam"], ON), "seam 4 WRPKRUs across mapping boundaries refused")
+    off = guest(["xgate-test", "seam"], OFF)
+    assert off.returncode == 1 and off.stdout.decode().count("FAIL seam") == 6, off.stdout
+
+
 def test_vetted_file_stays_vetted(guest):
     # A file mapped executable by an XGates process cannot be opened for writing
     # for the rest of that process's life; without XGates nothing changes.
@@ -168,6 +176,21 @@ def test_gate_calls_equal_syscalls(guest):
 
 def test_application_domain_data_only_through_its_gate(guest):
     ok(guest(["xgate-test", "domain"], ON), "domain")
+
+
+def test_application_domain_is_sealed_single_task_and_untraceable(guest):
+    # munmap, MAP_FIXED, mremap of/onto, mprotect, pkey_mprotect, shmat: EPERM;
+    # brk: the old break stays; madvise/process_madvise/userfaultfd: ENOSYS;
+    # no thread, vfork allowed; ptrace, /proc/PID/mem, process_vm_*: refused;
+    # the domains survive fork, sealed; gone after exec.
+    out = ok(guest(["xgate-test", "seal"], ON), "seal")
+    assert "ok seal 16 layout changes refused; pthread_create=" in out, out
+    assert "ok domain-gone: a call of domain 0 is killed, the next domain is 0" in out, out
+
+
+def test_application_domain_needs_a_lone_task(guest):
+    ok(guest(["xgate-test", "domain-busy"], ON), "domain-busy with a second thread: "
+       "Device or resource busy")
 
 
 def test_forged_sigreturn_frame_cannot_open_the_key(guest):
@@ -211,13 +234,66 @@ def test_ld_preload_routes_glibc_calls_through_gates(guest):
     assert "idloop" in out
 
 
-def test_stock_debian_libc_is_refused(guest):
-    # Debian's libc.so.6 holds a WRPKRU (pkey_set): an XGates guest will not map it.
-    result = guest(["/lib64/ld-linux-x86-64.so.2", "--library-path", "/lib/stock",
-                    "/bin/xgate-bench", "idloop", "1"], ON)
-    assert result.returncode != 0
-    assert b"idloop" not in result.stdout
-    assert b"libc.so.6" in result.stdout + result.stderr
+# --- Debian's glibc, unmodified: its pkey_set WRPKRU is trapped and emulated ----------
+
+
+def test_stock_libc_pkey_set_site_is_trapped(guest):
+    assert "ok site trapped (cc 01 ef 31 c0 c3)" in ok(guest(["xgate-glibc", "site"], ON), "site")
+    assert "ok site plain (0f 01 ef 31 c0 c3)" in ok(guest(["xgate-glibc", "site"], OFF), "site")
+
+
+def test_pkeys_1_to_14_behave_the_same_with_xgates_on_and_off(guest):
+    on = ok(guest(["xgate-glibc", "pkeys"], ON), "pkeys")
+    off = ok(guest(["xgate-glibc", "pkeys"], OFF), "pkeys")
+    assert on == off
+    assert "allocated 14 keys: 1 2 3 4 5 6 7 8 9 10 11 12 13 14\n" in on
+    # PKEY_DISABLE_WRITE: reads work, writes fault with SEGV_PKUERR (4); 0 opens again.
+    assert "key 14: pkey_mprotect=0 | set(2)=0 get=2 read=0 write=4 | set(1)=0 get=1 read=4 " \
+           "write=4 | set(3)=0 get=3 read=4 write=4 | set(0)=0 get=0 read=0 write=0\n" in on
+    assert "pkey_set(16, 0)=-1 errno=22\npkey_set(1, 4)=-1 errno=22\n" in on
+
+
+def test_pkey_set_cannot_open_key_15_or_a_domain_key(guest):
+    out = ok(guest(["xgate-glibc", "protected"], ON), "protected")
+    # pkey_set(15, 0) "succeeds" as glibc returns 0, but key 15 stays AD|WD
+    assert "pkey_set(15,0)=0 -> 0x" in out and "read si_code=4" in out
+
+
+def test_pkey_set_site_with_ecx_set_faults_as_wrpkru_does(guest):
+    on = ok(guest(["xgate-glibc", "gp"], ON), "gp")
+    assert on == ok(guest(["xgate-glibc", "gp"], OFF), "gp")
+    assert "signal 11 si_code 0x80" in on  # SI_KERNEL, the #GP of WRPKRU with ECX != 0
+
+
+def test_pkey_set_site_mapped_by_hand(guest):
+    out = ok(guest(["xgate-glibc", "maps"], ON), "maps xgates=1")
+    assert "near miss -1/Operation not permitted" in out
+    assert "MREMAP_DONTUNMAP Operation not permitted" in out
+    off = ok(guest(["xgate-glibc", "maps"], OFF), "maps xgates=0")
+    assert "MREMAP_DONTUNMAP Success" in off  # the refusal is XGates', not the kernel's
+
+
+BASH = ("for i in 3 1 2; do echo $((i * i)); done | /usr/bin/sort -n | /usr/bin/tr '\\n' ' '; "
+        "/usr/bin/seq 1 100 | /usr/bin/wc -l; /usr/bin/ls /usr/bin | /usr/bin/head -1; "
+        "/usr/bin/sha256sum /etc/passwd | /usr/bin/wc -c; /usr/bin/cat /etc/group; "
+        "/usr/bin/id -u; /usr/bin/stat -c %s /etc/passwd; echo bash=$BASH_VERSION")
+
+
+def test_debian_bash_and_coreutils_run_unmodified_with_xgates_on(guest):
+    on = guest(["/bin/bash", "-c", BASH], ON)
+    off = guest(["/bin/bash", "-c", BASH], OFF)
+    assert on.returncode == 0, on.stdout.decode() + on.stderr.decode()[-500:]
+    assert on.stdout == off.stdout
+    assert on.stdout.decode().startswith("1 4 9 100\n"), on.stdout
+    assert "bash=5." in on.stdout.decode()
+
+
+def test_ld_preload_in_debian_userland_after_fork_setuid_and_threads(guest):
+    out = ok(guest(["sh", "-c", "LD_PRELOAD=/lib/libxgate-preload.so xgate-glibc preload"],
+                   ON, caps=SETID), "preload")
+    assert "getpid from libxgate-preload.so xgates=1" in out
+    out = ok(guest(["xgate-glibc", "preload"], ON, caps=SETID), "preload")
+    assert "getpid from libc.so.6 xgates=1" in out
 
 
 def test_domain_example(guest):
@@ -229,3 +305,58 @@ def test_domain_example(guest):
     assert lines[0].startswith("agent: request 42 signed: ")
     assert lines[1] == "tool: reading the key faulted (si_code 4, SEGV_PKUERR is 4)"
     assert lines[2].split(": ")[-1] == lines[0].split(": ")[-1]
+
+
+# --- the PKU pitfalls (Connor et al. 2020, Jenny 2022), docs/xgates.md -----------------
+
+# (case, outcome for the kernel key, outcome for a domain key); None: not tried there.
+PITFALLS = [
+    ("direct-read", None, "SEGV_PKUERR"),
+    ("proc-self-mem-read", "EIO", "EIO"),
+    ("proc-self-mem-write", "EIO", "EIO"),
+    ("proc-pid-mem-read", "EIO", "EACCES"),
+    ("proc-pid-mem-write", "EIO", "EACCES"),
+    # this guest has no CROSS_MEMORY_ATTACH (tinyconfig): the syscalls do not exist
+    ("process_vm_readv", "ENOSYS", "ENOSYS"),
+    ("process_vm_writev", "ENOSYS", "ENOSYS"),
+    ("ptrace-attach", "ATTACHED", "EPERM"),
+    ("ptrace-traceme", "TRACED", "EPERM"),
+    ("ptrace-peek", "EIO", None),
+    ("ptrace-poke", "EIO", None),
+    ("ptrace-setregset-pkru", "EINVAL", None),
+    ("ptrace-tracee-after", "closed", None),
+    ("write-from", "EFAULT", "EFAULT"),
+    ("sendmsg-from", "EFAULT", "EFAULT"),
+    ("vmsplice-from", "EFAULT", "EFAULT"),
+    ("io_uring", "ENOSYS", "ENOSYS"),
+    ("read-into", "EFAULT", "EFAULT"),
+    ("sigreturn-sw-reserved", "closed", "closed"),
+    ("sigreturn-xsave-area", "killed by 11", "killed by 11"),
+    ("signal-in-gate", "closed", "closed"),
+    ("munmap", "EPERM", "EPERM"),
+    ("mmap-fixed-over", "EPERM", "EPERM"),
+    ("mremap-of", "EPERM", "EPERM"),
+    ("mremap-onto", "EPERM", "EPERM"),
+    ("mprotect", "EPERM", "EPERM"),
+    ("pkey_mprotect", "EPERM", "EPERM"),
+    ("shmat-remap-over", "EPERM", "EPERM"),
+    ("madvise-dontneed", "ENOSYS", "ENOSYS"),
+    ("process_madvise", "ENOSYS", "ENOSYS"),
+    ("userfaultfd", "ENOSYS", "ENOSYS"),
+    ("fork-child", "closed", "closed"),
+    ("clone-thread", "closed", "EPERM"),
+    ("exec", "closed", "closed"),
+]
+
+
+def test_pku_pitfalls_table(guest):
+    out = ok(guest(["xgate-pitfalls"], ON), "pitfalls")
+    seen: dict[tuple[str, str], str] = {}
+    for line in out.splitlines():
+        if line.startswith("pit "):
+            head, outcome = line[4:].split(": ", 1)
+            case, target = head.rsplit(" ", 1)
+            seen[(case, target)] = outcome
+    expected = {(case, target): outcome for case, k15, dom in PITFALLS
+                for target, outcome in (("k15", k15), ("dom", dom)) if outcome is not None}
+    assert seen == expected, out
