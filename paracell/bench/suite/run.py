@@ -189,6 +189,9 @@ class Suite:
     def _run(self, began: float) -> dict[str, Any]:
         _say("the Debian image (built once, then cached)")
         self.rootfs = self._image() if self._image else _default_image()
+        # The /bench mount point, made once here rather than by each runtime
+        # inside the cached image at its first mount.
+        (self.rootfs / "bench").mkdir(exist_ok=True)
         for w in self.plan.workloads:
             (self.base / "files" / w).mkdir(parents=True, exist_ok=True)
             write_files(self.base / "files" / w, WORKLOADS[w].files(self.plan.size))
