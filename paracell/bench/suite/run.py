@@ -464,7 +464,8 @@ def run(ctx: Any, plan: Plan, output_dir: str) -> str:
     out = Path(output_dir)
     suite = Suite(plan, engine, out)
     _say(f"{len(plan.workloads)} workload(s) x {len(plan.runtimes)} runtime(s), "
-         f"{plan.rounds} round(s), {'quick' if plan.quick else 'full'}; state under {suite.base}")
+         f"{plan.rounds} round(s), {'quick' if plan.quick else 'full'} (pid {os.getpid()}); "
+         f"state under {suite.base}")
     result = suite.run()
     summary = report.write(result, out)
     return summary
