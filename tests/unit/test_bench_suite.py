@@ -221,3 +221,15 @@ def test_an_image_without_its_marker_or_packages_is_not_valid(tmp_path):
     (root / debian.MARKER).write_text(json.dumps({"packages": ["git", "nginx"]}))
     assert not debian.is_valid(root, ["git", "nginx"])  # nginx not installed
     assert debian._missing(Path(tmp_path / "nowhere"), ["git"]) == ["git"]
+
+
+def test_time_left_uses_the_same_run_earlier_then_the_workload_then_the_mean():
+    from paracell.bench.suite.run import GUESS_RUN_S, Progress
+
+    progress = Progress(6)
+    assert progress.left_s([("http", "pager")]) == GUESS_RUN_S
+    progress.finish("http", "runc", 2.0)
+    progress.finish("http", "pager", 10.0)
+    progress.finish("swe", "pager", 30.0)
+    assert progress.left_s([("http", "pager"), ("http", "balloon"), ("sqlite", "none")]) == (
+        pytest.approx(10.0 + 6.0 + 14.0))

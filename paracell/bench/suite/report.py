@@ -128,7 +128,7 @@ def _span(values: list[tuple[str, float]]) -> str:
 def paper_table(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     lat = _reductions(summary, "pager", "none", primary)
     lat_x = _reductions(summary, "xgates", "none", primary)
-    vm_cost = [(w, -v) for w, v in _reductions(summary, "pager", "runc", primary)]
+    vm_cost = [(w, 1 - v / 100) for w, v in _reductions(summary, "pager", "runc", primary)]
     agents = [w for w in summary if w in ("swe", "skills")]
     mem = _reductions({w: summary[w] for w in agents}, "pager", "balloon",
                       lambda w, e: e.get("mean_host_mib"))
@@ -159,8 +159,9 @@ def paper_table(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         + " | XGates replace syscall-path world switches, which exist only under PVM; under TCG "
         "a WRPKRU is one more emulated instruction. |",
         "| Latency vs PVM | up to 57% / 79% lower | not measured: no PVM host kernel and no PVM "
-        "guest kernel here. For scale, what a VM costs over runc (Pager vs runc): "
-        f"{_span(vm_cost) if vm_cost else 'not measured'} | No. `kvm_pvm` is loaded but "
+        "guest kernel here. For scale, a VM's latency or run time over runc's (Pager vs runc): "
+        + (", ".join(f"{w} {x:.0f}x" for w, x in vm_cost) if vm_cost else "not measured")
+        + " | No. `kvm_pvm` is loaded but "
         "needs a PVM-enabled guest kernel; without it no PVM guest runs, so a PVM baseline "
         "cannot be measured. The VM-over-runc figure bounds what any VM runtime costs here. |",
         "| Memory vs HyperAlloc, agent workloads | up to 35.6% less | Pager vs balloon with "

@@ -134,23 +134,31 @@ class Progress:
         self.total = total
         self.done = 0
         self.began = time.monotonic()
-        self.took: dict[str, list[float]] = {}
+        self.took: dict[tuple[str, str], float] = {}
 
-    def left_s(self, pending: list[str]) -> float:
-        every = [t for ts in self.took.values() for t in ts]
-        fallback = sum(every) / len(every) if every else GUESS_RUN_S
-        return sum(sum(self.took[w]) / len(self.took[w]) if self.took.get(w) else fallback
-                   for w in pending)
+    def left_s(self, pending: list[tuple[str, str]]) -> float:
+        """Each pending (workload, runtime) run at what it took in an earlier
+        round, else what that workload took under the other runtimes so far,
+        else the mean run so far."""
+        def mean(values: list[float]) -> float | None:
+            return sum(values) / len(values) if values else None
+
+        overall = mean(list(self.took.values())) or GUESS_RUN_S
+        total = 0.0
+        for w, r in pending:
+            total += (self.took.get((w, r))
+                      or mean([t for (w2, _), t in self.took.items() if w2 == w]) or overall)
+        return total
 
     def start(self, workload: str, runtime: str, rnd: int, rounds: int,
-              pending: list[str]) -> None:
+              pending: list[tuple[str, str]]) -> None:
         left = self.left_s(pending)
         _say(f"[{self.done + 1}/{self.total}] {workload} on {runtime}, round {rnd + 1}/{rounds}; "
              f"elapsed {self._fmt(time.monotonic() - self.began)}, about {self._fmt(left)} left")
 
-    def finish(self, workload: str, took: float) -> None:
+    def finish(self, workload: str, runtime: str, took: float) -> None:
         self.done += 1
-        self.took.setdefault(workload, []).append(took)
+        self.took[(workload, runtime)] = took
 
     @staticmethod
     def _fmt(seconds: float) -> str:
@@ -209,10 +217,10 @@ class Suite:
         order = self.order(active)
         progress = Progress(len(order))
         for i, (rnd, w, r) in enumerate(order):
-            progress.start(w, r, rnd, self.plan.rounds, [x[1] for x in order[i:]])
+            progress.start(w, r, rnd, self.plan.rounds, [(x[1], x[2]) for x in order[i:]])
             t0 = time.monotonic()
             sample = self.run_one(WORKLOADS[w], RUNTIMES[r], rnd)
-            progress.finish(w, time.monotonic() - t0)
+            progress.finish(w, r, time.monotonic() - t0)
             self.samples.append(sample)
             if sample.error:
                 _say(f"  {w} on {r} failed: {sample.error}")
