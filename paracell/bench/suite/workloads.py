@@ -19,6 +19,7 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -509,7 +510,7 @@ def _run_client(cmd: list[str]) -> str:
 
 
 def wait_listening(address: str, port: int, deadline_s: float,
-                   alive: Any = lambda: True) -> float:
+                   alive: Callable[[], bool] = lambda: True) -> float:
     """Until a TCP connect succeeds (bounded by deadline_s and by alive());
     returns when it did, time.monotonic()."""
     end = time.monotonic() + deadline_s
