@@ -192,6 +192,7 @@ def test_report_from_a_saved_result_has_every_table_and_plot(tmp_path):
         assert heading in text
     assert "up to 35.6% less" in text and "+60.0% (skills)" in text  # 120 vs 300 MiB
     assert "+50.0% (redis)" in text  # pager's 1 ms p50 against none's 2 ms
+    assert "One round: a single sample" in text
     saved = json.loads((tmp_path / "suite.json").read_text())
     assert len(saved["samples"]) == len(samples)
     assert saved["summary"]["redis"]["pager"]["errors"] == ["exited 1: boom"]

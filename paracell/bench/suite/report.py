@@ -127,6 +127,30 @@ def _span(values: list[tuple[str, float]]) -> str:
             + ", ".join(f"{w} {v:+.1f}%" for w, v in values))
 
 
+def noise_note(result: dict[str, Any]) -> str:
+    """How far one runtime's own primary figure moves between rounds: the
+    yardstick a latency ratio has to clear on this machine."""
+    if result["rounds"] < 2:
+        return (" One round: a single sample per runtime and workload, which on this "
+                "noisy machine cannot tell a ratio from noise; more rounds narrow it.")
+    spreads = []
+    for w in result["workloads"]:
+        for r in result["active"]:
+            if r == "runc":
+                continue
+            vals = [v for v in (primary(w, {**flatten(s["metrics"]), "run_s": s["run_s"]})
+                                for s in result["samples"] if s["workload"] == w
+                                and s["runtime"] == r and not s["error"]) if v]
+            if len(vals) >= 2:
+                spreads.append(((max(vals) - min(vals)) / statistics.median(vals) * 100, w, r))
+    if not spreads:
+        return ""
+    worst = max(spreads)
+    return (f" Between rounds, one runtime's own figure moved by up to {worst[0]:.0f}% "
+            f"({worst[1]} under {worst[2]}; median spread "
+            f"{statistics.median(x[0] for x in spreads):.0f}%).")
+
+
 def paper_table(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     lat = _reductions(summary, "pager", "none", primary)
     lat_x = _reductions(summary, "xgates", "none", primary)
@@ -146,7 +170,8 @@ def paper_table(result: dict[str, Any], summary: dict[str, Any]) -> list[str]:
         "platform, and why |",
         "|---|---|---|---|",
         "| Latency vs RunV, bare metal | up to 33% lower | Pager vs no memory manager, p50 "
-        f"latency or run time, lower by: {_span(lat)} | Partly. RunV's model is run here as the "
+        f"latency or run time, lower by: {_span(lat)}.{noise_note(result)} | Partly. RunV's "
+        "model is run here as the "
         "same QEMU VM with no memory manager, so this ratio isolates what ParaCell adds on top "
         "of a VM per container. The paper's latency gains come from PVM (guest page-table "
         "updates without exits) and XGates (no world switch per user/kernel transition). Under "
