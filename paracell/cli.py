@@ -464,6 +464,33 @@ def bench_xgate(output: str) -> None:
     click.echo(bench_xgate_mod.run(_ctx(), output))
 
 
+def _names(value: str | None) -> list[str] | None:
+    """A comma-separated list (repeatable option values are joined first)."""
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")]
+    if not all(names) or len(value) > 200:
+        raise ParacellError("paracell bench suite: a list of names, separated by commas")
+    return names
+
+
+@bench.command("suite")
+@click.option("--quick", is_flag=True, help="fewer rounds and smaller loads (under 10 min)")
+@click.option("--runtimes", default=None,
+              help="comma-separated subset of runc,none,pager,balloon,xgates")
+@click.option("--workloads", default=None,
+              help="comma-separated subset of http,redis,memcached,sqlite,build,swe,skills")
+@click.option("--rounds", type=int, default=None, help="default 1 with --quick, else 3")
+@click.option("--output-dir", "-o", default="bench-results/suite", show_default=True)
+def bench_suite(quick: bool, runtimes: str | None, workloads: str | None, rounds: int | None,
+                output_dir: str) -> None:
+    """Real applications under runc and ParaCell's memory managers, with a report."""
+    from paracell.bench.suite import run as suite_run
+
+    plan = suite_run.make_plan(quick, _names(runtimes), _names(workloads), rounds)
+    click.echo(suite_run.run(_ctx(), plan, output_dir))
+
+
 @main.command()
 def demo() -> None:
     """Run the bundled example container in a micro-VM and show memory figures."""

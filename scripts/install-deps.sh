@@ -7,6 +7,7 @@ packages=(
     python3 python3-venv python3-dev
     containerd runc crun podman conmon containernetworking-plugins iptables
     iproute2 nftables conntrack socat bindfs fuse3
+    mmdebstrap wrk redis-tools
 )
 missing=()
 for p in "${packages[@]}"; do

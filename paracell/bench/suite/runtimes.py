@@ -1,0 +1,65 @@
+"""The runtimes the suite sets side by side, and how each is invoked."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Runtime:
+    name: str
+    label: str
+    vm: bool
+    memory_manager: str | None = None
+    xgates: bool = False
+
+
+RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
+    Runtime("runc", "runc (no VM)", vm=False),
+    Runtime("none", "ParaCell, no memory manager (RunV's model)", vm=True, memory_manager="none"),
+    Runtime("pager", "ParaCell + Pager (default)", vm=True, memory_manager="pager"),
+    Runtime("balloon", "ParaCell + balloon, free page reporting", vm=True,
+            memory_manager="balloon"),
+    Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
+)}
+XGATES_ANNOTATION = "io.paracell.xgates"
+
+
+class Invoker:
+    """Each runtime's argv up to the verb, with a state root of the suite's own."""
+
+    def __init__(self, base: Path, paracell: str, runc: str | None, engine: str):
+        self.base = base
+        self.paracell = paracell
+        self.runc = runc
+        self.engine = engine
+
+    def argv(self, runtime: Runtime) -> list[str]:
+        if not runtime.vm:
+            if self.runc is None:
+                raise RuntimeError("runc is not installed")
+            return [self.runc, "--root", str(self.base / "runc")]
+        return [self.paracell, "--root", str(self.base / "paracell"), "--engine", self.engine,
+                "--memory-manager", str(runtime.memory_manager)]
+
+    def kill(self, runtime: Runtime, cid: str) -> None:
+        subprocess.run([*self.argv(runtime), "kill", cid, "KILL"], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=60)
+
+    def delete(self, runtime: Runtime, cid: str) -> None:
+        subprocess.run([*self.argv(runtime), "delete", "--force", cid],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=120)
+
+    def listed(self) -> dict[str, list[str]]:
+        """Containers still listed under the suite's roots, per runtime family."""
+        out = {}
+        for family, runtime in (("paracell", RUNTIMES["pager"]), ("runc", RUNTIMES["runc"])):
+            if family == "runc" and self.runc is None:
+                continue
+            res = subprocess.run([*self.argv(runtime), "list", "--quiet"],
+                                 stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                 timeout=60)
+            out[family] = res.stdout.split()
+        return out
