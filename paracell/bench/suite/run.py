@@ -287,7 +287,7 @@ class Suite:
 
     def _bundle(self, cid: str, args: list[str], netns_path: str | None, xgates: bool,
                 files: Path | None) -> Path:
-        from paracell.runtime import defaultspec
+        from paracell.runtime.bundle import defaultspec
 
         assert self.rootfs is not None
         bundle = self.base / "bundles" / cid
