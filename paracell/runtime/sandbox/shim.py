@@ -155,8 +155,7 @@ class Shim:
         """QEMU, booting or (incoming) waiting for a saved state. The shim's
         jail is made once, by the first launch; a relaunch runs in it."""
         plan, iso = self.plan, self.plan.isolation
-        first = self.vm is None and not self._jailed
-        self._jailed = True
+        first, self._jailed = not self._jailed, True
         return hypervisor.for_vm(plan.config).launch(
             plan.vm, plan.state_dir / "qemu.log",
             before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
