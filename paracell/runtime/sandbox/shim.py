@@ -153,13 +153,17 @@ class Shim:
 
     def _launch(self, incoming: bool) -> Vm:
         """QEMU, booting or (incoming) waiting for a saved state. The shim's
-        jail is made once, by the first launch; a relaunch runs in it."""
+        jail is made once, by the first launch that gets that far; a
+        relaunch (a restore that failed) runs in it."""
         plan, iso = self.plan, self.plan.isolation
-        first, self._jailed = not self._jailed, True
+
+        def jail() -> None:
+            if iso is not None and not self._jailed:
+                iso.jail(plan.vm.host_paths(), str(plan.state_dir))
+                self._jailed = True
+
         return hypervisor.for_vm(plan.config).launch(
-            plan.vm, plan.state_dir / "qemu.log",
-            before_start=(lambda: iso.jail(plan.vm.host_paths(), str(plan.state_dir)))
-            if iso and first else None,
+            plan.vm, plan.state_dir / "qemu.log", before_start=jail,
             preexec=iso.qemu_preexec if iso else None, incoming=incoming)
 
     def _pager(self) -> PagerChannel | None:
