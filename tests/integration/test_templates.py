@@ -325,3 +325,25 @@ def test_a_restored_balloon_vm_resizes_live(runtime, make_bundle, templates):
     assert before - guest_total_kib() >= 100 << 10  # the template's balloon serves this VM
     runtime("delete", "--force", "grow", check=True)
     runtime.assert_no_leaks()
+
+
+def test_a_pod_vm_restores_and_its_members_join_it(runtime, make_bundle, templates):
+    from tests.conftest import cri_pod
+
+    outcomes = []
+    for pod in ("pod1", "pod2"):
+        pause = make_bundle(["sleep", "60"], mutate=cri_pod("sandbox", pod))
+        outcomes.append(created(runtime, pause, pod)["template"])
+        runtime("start", pod, check=True)
+        member = f"{pod}-app"
+        app = make_bundle(["sleep", "60"], mutate=cri_pod("container", pod))
+        result = runtime(*MANAGER, "create", "--bundle", str(app), member)
+        assert result.returncode == 0, result.stderr
+        runtime("start", member, check=True)
+        shown = runtime("exec", member, "sh", "-c", "echo in-$(hostname)-pod; ls /")
+        assert shown.returncode == 0 and shown.stdout.startswith(b"in-"), shown.stderr
+        assert len(runtime.qemu_processes()) == 1
+        for cid in (member, pod):
+            runtime("delete", "--force", cid, check=True)
+    assert outcomes[0].startswith("saved ") and outcomes[1] == f"restored {outcomes[0][6:]}"
+    runtime.assert_no_leaks()
