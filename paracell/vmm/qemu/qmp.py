@@ -9,7 +9,6 @@ calls, and a QEMU that died simply refuses the connection.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,10 @@ class Command:
 def run(socket_path: Path, *commands: Command) -> list[Any]:
     """Runs the commands in one session; their return values, in order.
     Any failure is one ParacellError naming the command."""
+    # Here, not at the top: asyncio costs every VM's shim about 40 ms to
+    # import, and a shim that never talks to QMP need not pay it.
+    import asyncio
+
     from qemu.qmp import QMPClient
 
     from paracell import unixsock
