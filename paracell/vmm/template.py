@@ -156,9 +156,22 @@ class Capture:
 class TemplateStore:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._pinned = False
+
+    def pin(self) -> None:
+        """Makes the store, opens it, and goes through that directory fd from
+        now on (/proc/self/fd/N). The shim pins it before it jails itself:
+        the jail makes /var read-only in the shim's mount namespace, and an
+        fd opened before still reaches the store's own, writable mount. Only
+        the shim holds it (close-on-exec: QEMU never does)."""
+        self._check_root(create=True)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.root, self._pinned = Path(f"/proc/self/fd/{fd}"), True
 
     def _check_root(self, create: bool) -> bool:
         """Whether the store exists; it is a real directory, never a link."""
+        if self._pinned:
+            return True
         try:
             st = os.lstat(self.root)
         except FileNotFoundError:

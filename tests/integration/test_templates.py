@@ -347,3 +347,22 @@ def test_a_pod_vm_restores_and_its_members_join_it(runtime, make_bundle, templat
             runtime("delete", "--force", cid, check=True)
     assert outcomes[0].startswith("saved ") and outcomes[1] == f"restored {outcomes[0][6:]}"
     runtime.assert_no_leaks()
+
+
+def test_the_shim_saves_into_a_store_that_its_jail_makes_read_only(runtime, make_bundle,
+                                                                   tmp_path):
+    # The default store is under /var, which the shim's jail binds read-only
+    # (runtime/host/hostns.py, READONLY_TREES): the save must still land.
+    store = Path("/var/tmp") / f"paracell-test-templates-{os.getpid()}-{tmp_path.name}"
+    runtime.env["PARACELL_TEMPLATES"] = str(store)
+    try:
+        bundle = make_bundle(["true"])
+        assert created(runtime, bundle, "jailed")["template"].startswith("saved ")
+        runtime("delete", "--force", "jailed", check=True)
+        assert created(runtime, bundle, "again")["template"].startswith("restored ")
+        runtime("delete", "--force", "again", check=True)
+    finally:
+        import shutil
+
+        shutil.rmtree(store, ignore_errors=True)
+    runtime.assert_no_leaks()

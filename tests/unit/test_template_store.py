@@ -152,3 +152,16 @@ def test_the_store_keeps_the_most_recently_used(tmp_path: Path):
         # Used in the order saved, a second apart.
         os.utime(store.root / keys[-1] / "meta.json", (1000 + n, 1000 + n))
     assert {e["key"] for e in store.entries()} == set(keys[2:])
+
+
+def test_a_pinned_store_is_reached_through_its_fd_whatever_its_path_becomes(tmp_path: Path):
+    # As in the shim's jail, where the store's path turns read-only after the pin.
+    store = TemplateStore(tmp_path / "store")
+    store.pin()
+    (tmp_path / "store").rename(tmp_path / "moved")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = saved(store, tmp_path, shape)
+    assert (tmp_path / "moved" / key / "meta.json").is_file()
+    assert store.find(key, shape) is not None
+    assert [e["key"] for e in store.entries()] == [key]
+    assert store.remove(key) and not (tmp_path / "moved" / key).exists()

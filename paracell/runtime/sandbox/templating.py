@@ -82,6 +82,11 @@ class Templating:
             return None
         store = template.store()
         try:
+            store.pin()
+        except (OSError, ParacellError) as err:
+            self._log(f"templates: the store cannot be opened ({err}); booting cold")
+            return None
+        try:
             shape = self.vm.shape()
         except (OSError, ParacellError) as err:
             self._log(f"templates: the VM's shape cannot be read ({err}); booting cold")
