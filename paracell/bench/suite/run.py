@@ -37,6 +37,7 @@ from paracell.bench.suite.workloads import (
     QUICK,
     READY_TIMEOUT_S,
     WORKLOADS,
+    ServerWorkload,
     Size,
     Workload,
     wait_listening,
@@ -212,7 +213,7 @@ class Suite:
         for name, why in self.skipped.items():
             _say(f"skipping {name}: {why}")
         active = [r for r in self.plan.runtimes if r not in self.skipped]
-        if any(WORKLOADS[w].kind == "server" for w in self.plan.workloads):
+        if any(isinstance(WORKLOADS[w], ServerWorkload) for w in self.plan.workloads):
             self.net.open()
         order = self.order(active)
         progress = Progress(len(order))
@@ -311,7 +312,7 @@ class Suite:
 
         sample = Sample(wl.name, rt.name, rnd)
         cid = self._cid()
-        attachment = self.net.attach() if wl.kind == "server" else None
+        attachment = self.net.attach() if isinstance(wl, ServerWorkload) else None
         lines: list[tuple[float, str]] = []
         ready, ended = threading.Event(), threading.Event()
         stop = threading.Event()
@@ -344,7 +345,7 @@ class Suite:
                 raise ParacellError(f"no `ready` from the container in {READY_TIMEOUT_S} s"
                                     f"{_stderr_tail(err)}")
             sample.cold_start_s = at
-            if wl.kind == "server":
+            if isinstance(wl, ServerWorkload):
                 assert attachment is not None
                 listening = wait_listening(attachment.address, wl.port, READY_TIMEOUT_S,
                                            alive=lambda: proc is not None and proc.poll() is None)

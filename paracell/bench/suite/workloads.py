@@ -19,6 +19,7 @@ import re
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,27 +66,32 @@ FULL = Size(http_s=8, redis_n=10000, memcached_n=3000, sqlite_tx=1000, build_fil
             swe_scale=3, skills_rounds=6, skills_items=60000)
 
 
-class Workload:
+class Workload(ABC):
     name = ""
     title = ""
-    kind = "batch"  # or "server"
     agent = False  # host memory over time is sampled
-    port = 0
 
     def files(self, size: Size) -> dict[str, str | bytes]:
         """Paths under /bench and their contents."""
         return {}
 
+    @abstractmethod
     def args(self, size: Size) -> list[str]:
-        raise NotImplementedError
-
-    def client(self, address: str, size: Size) -> dict[str, Any]:
-        """Servers: the load from the host; returns the metrics."""
-        raise NotImplementedError
+        """The container's command."""
 
     def parse(self, results: dict[str, list[str]]) -> dict[str, Any]:
         """Batch: checks the `result` lines (KEY -> words) and returns metrics."""
         return {}
+
+
+class ServerWorkload(Workload):
+    """A server in the container, loaded from the host over the suite's bridge."""
+
+    port = 0
+
+    @abstractmethod
+    def client(self, address: str, size: Size) -> dict[str, Any]:
+        """The load from the host; returns the metrics."""
 
 
 def _sh(script: str) -> list[str]:
@@ -145,8 +151,8 @@ def parse_wrk(out: str) -> dict[str, Any]:
             "errors": errors + (int(non2xx.group(1)) if non2xx else 0)}
 
 
-class Http(Workload):
-    name, title, kind, port = "http", "nginx: static page and 1 MiB file (wrk)", "server", 80
+class Http(ServerWorkload):
+    name, title, port = "http", "nginx: static page and 1 MiB file (wrk)", 80
 
     def files(self, size: Size) -> dict[str, str | bytes]:
         return {"nginx.conf": NGINX_CONF, "index.html": INDEX_HTML}
@@ -187,8 +193,8 @@ def parse_redis_csv(out: str) -> dict[str, dict[str, float]]:
     return tests
 
 
-class Redis(Workload):
-    name, title, kind, port = "redis", "redis-server (redis-benchmark GET/SET)", "server", 6379
+class Redis(ServerWorkload):
+    name, title, port = "redis", "redis-server (redis-benchmark GET/SET)", 6379
 
     def args(self, size: Size) -> list[str]:
         return _sh("echo ready; exec redis-server --port 6379 --bind 0.0.0.0 "
@@ -243,8 +249,8 @@ def memcached_ops(address: str, port: int, count: int, value_size: int = 512,
     return out
 
 
-class Memcached(Workload):
-    name, title, kind, port = "memcached", "memcached (SET/GET client)", "server", 11211
+class Memcached(ServerWorkload):
+    name, title, port = "memcached", "memcached (SET/GET client)", 11211
 
     def args(self, size: Size) -> list[str]:
         return _sh("echo ready; exec memcached -u root -l 0.0.0.0 -p 11211 -U 0 -m 64 -t 1")
