@@ -2,18 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from paracell import settings
 from paracell.runtime.bundle import defaultspec
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """A SIGTERM (a CI timeout, `kill`) cleans up as Ctrl-C does: shims are
+    detached and would otherwise keep their VMs running after the bench."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def progress(bench: str, message: str) -> None:

@@ -19,12 +19,10 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,20 +150,6 @@ class Runner:
         return listed.stdout.split()
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """A SIGTERM (a CI timeout, `kill`) cleans up as Ctrl-C does: the shims
-    are detached and would otherwise keep every VM running."""
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
     sandboxes: list[Sandbox] = []
     attempted: list[str] = []
@@ -256,7 +240,7 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
     done: dict[str, list[Round]] = {name: [] for name in names}
     _say(f"{count} idle sandboxes per runtime, {rounds} round(s), state under {base}")
     try:
-        with _sigterm_as_interrupt():
+        with common.sigterm_as_interrupt():
             for r in range(rounds):
                 order = names if r % 2 == 0 else names[::-1]
                 for name in order:

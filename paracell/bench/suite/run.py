@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -104,19 +103,7 @@ def make_plan(quick: bool, runtimes: list[str] | None, workloads: list[str] | No
 
 
 def _say(message: str) -> None:
-    print(f"suite: {message}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _signals_as_interrupt() -> Iterator[None]:
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    common.progress("suite", message)
 
 
 @contextlib.contextmanager
@@ -189,7 +176,7 @@ class Suite:
     def run(self) -> dict[str, Any]:
         began = time.time()
         try:
-            with _signals_as_interrupt():
+            with common.sigterm_as_interrupt():
                 return self._run(began)
         finally:
             with _shielded():
