@@ -34,32 +34,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "xgate-check.h"
 #include "xgate.h"
 #include "xgate_abi.h"
-
-static const char *check = "";
-static int failed;
-
-#define FAIL(...)                                       \
-    do {                                                \
-        printf("FAIL %s: ", check);                     \
-        printf(__VA_ARGS__);                            \
-        printf("\n");                                   \
-        fflush(stdout);                                 \
-        failed = 1;                                     \
-    } while (0)
-#define EXPECT(cond, ...)                               \
-    do {                                                \
-        if (!(cond))                                    \
-            FAIL(__VA_ARGS__);                          \
-    } while (0)
-
-static unsigned rdpkru(void)
-{
-    unsigned eax, edx;
-    __asm__ volatile(".byte 0x0f, 0x01, 0xee" : "=a"(eax), "=d"(edx) : "c"(0));
-    return eax;
-}
 
 /* The site's bytes, compared through a volatile array: as a literal, the
  * compiler folds them into a cmp immediate, a WRPKRU in our own text. */
@@ -74,43 +51,6 @@ static int site_at(const unsigned char *p, int from)
 }
 
 static unsigned key_bits(unsigned pkru, int key) { return (pkru >> (2 * key)) & 3; }
-
-static sigjmp_buf jb;
-static volatile int seg_sig, seg_code, seg_pkey;
-
-static void on_fault(int sig, siginfo_t *si, void *uc)
-{
-    (void)uc;
-    seg_sig = sig;
-    seg_code = si->si_code;
-    seg_pkey = sig == SIGSEGV && si->si_code == SEGV_PKUERR ? (int)si->si_pkey : -1;
-    siglongjmp(jb, 1);
-}
-
-static void catch_faults(int on)
-{
-    struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO | SA_NODEFER};
-    if (!on)
-        sa.sa_handler = SIG_DFL;
-    sigaction(SIGSEGV, &sa, NULL);
-    sigaction(SIGTRAP, &sa, NULL);
-    sigaction(SIGILL, &sa, NULL);
-}
-
-/* 0 when the access worked, else the si_code of its SIGSEGV. */
-static int touch(volatile int *p, int write)
-{
-    catch_faults(1);
-    seg_code = 0;
-    if (!sigsetjmp(jb, 1)) {
-        if (write)
-            *p = 1;
-        else
-            (void)*p;
-    }
-    catch_faults(0);
-    return seg_code;
-}
 
 /* glibc's pkey_set WRPKRU, as mapped: "0f 01 ef 31 c0 c3" without XGates,
  * "cc 01 ef 31 c0 c3" (trapped) with. */

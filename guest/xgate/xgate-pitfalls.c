@@ -33,6 +33,7 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "xgate-check.h"
 #include "xgate.h"
 #include "xgate_abi.h"
 
@@ -43,13 +44,6 @@ static volatile long *victim;      /* the protected page under attack */
 static long victim_value;          /* what it holds (read through a gate for the domain) */
 static int domain = -1;
 static unsigned domain_bits;       /* AD|WD of the domain key */
-
-static unsigned rdpkru(void)
-{
-    unsigned eax, edx;
-    __asm__ volatile(".byte 0x0f, 0x01, 0xee" : "=a"(eax), "=d"(edx) : "c"(0));
-    return eax;
-}
 
 static unsigned protected_bits(void) { return XGATE_KEY_BITS | domain_bits; }
 static int all_closed(unsigned pkru) { return (pkru & protected_bits()) == protected_bits(); }
@@ -99,17 +93,6 @@ static void judge(const char *name, long rc, int err, const long *got)
         snprintf(buf, sizeof buf, "rc=%ld", rc);
         report(name, buf);
     }
-}
-
-static sigjmp_buf jb;
-static volatile int seg_code, seg_pkey;
-static void on_segv(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    seg_code = si->si_code;
-    seg_pkey = si->si_code == SEGV_PKUERR ? (int)si->si_pkey : -1;
-    siglongjmp(jb, 1);
 }
 
 /* ---- through /proc, process_vm_*, ptrace --------------------------------------- */
@@ -516,7 +499,7 @@ int main(int argc, char **argv)
     victim = data;
     victim_value = SECRET;
     target = "dom";
-    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO | SA_NODEFER};
+    struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO | SA_NODEFER};
     sigaction(SIGSEGV, &sa, NULL);
     seg_code = 0;
     if (!sigsetjmp(jb, 1))

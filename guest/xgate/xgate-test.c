@@ -24,35 +24,12 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "xgate-check.h"
 #include "xgate.h"
 #include "xgate_abi.h"
 
 #define PKEY_DISABLE_WRITE_ 2
 #define SW_PKRU_MAGIC 0x55524b50u
-
-static const char *check = "";
-static int failed;
-
-#define FAIL(...)                                       \
-    do {                                                \
-        printf("FAIL %s: ", check);                     \
-        printf(__VA_ARGS__);                            \
-        printf("\n");                                   \
-        fflush(stdout);                                 \
-        failed = 1;                                     \
-    } while (0)
-#define EXPECT(cond, ...)                               \
-    do {                                                \
-        if (!(cond))                                    \
-            FAIL(__VA_ARGS__);                          \
-    } while (0)
-
-static unsigned rdpkru(void)
-{
-    unsigned eax, edx;
-    __asm__ volatile(".byte 0x0f, 0x01, 0xee" : "=a"(eax), "=d"(edx) : "c"(0));
-    return eax;
-}
 
 static int key_closed(unsigned pkru) { return (pkru & XGATE_KEY_BITS) == XGATE_KEY_BITS; }
 
@@ -79,33 +56,6 @@ static unsigned long mapping(const char *name)
 }
 
 /* Touching memory under a SIGSEGV catcher: the si_code, or 0 when no fault. */
-static sigjmp_buf jb;
-static volatile int seg_code, seg_pkey;
-
-static void on_segv(int sig, siginfo_t *si, void *uc)
-{
-    (void)sig;
-    (void)uc;
-    seg_code = si->si_code;
-    seg_pkey = si->si_pkey;
-    siglongjmp(jb, 1);
-}
-
-static int touch(volatile int *p, int write)
-{
-    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO | SA_NODEFER};
-    sigaction(SIGSEGV, &sa, NULL);
-    seg_code = 0;
-    if (!sigsetjmp(jb, 1)) {
-        if (write)
-            *p = 1;
-        else
-            (void)*p;
-    }
-    signal(SIGSEGV, SIG_DFL);
-    return seg_code;
-}
-
 static void check_data(void)
 {
     volatile int *data = (volatile int *)mapping("[xgate-data]");
@@ -352,7 +302,7 @@ static void check_domain(void)
     EXPECT(code == SEGV_PKUERR, "direct read: si_code %d", code);
     int key = seg_pkey;
     /* The handler called directly (not through the gate) runs closed. */
-    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO | SA_NODEFER};
+    struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO | SA_NODEFER};
     sigaction(SIGSEGV, &sa, NULL);
     seg_code = 0;
     if (!sigsetjmp(jb, 1))
@@ -669,7 +619,7 @@ static void check_xrstor(void)
         memset(xbuf + off, 0, 4);
     uint64_t *bv = (uint64_t *)(xbuf + 512);
     *bv |= 1u << 9;
-    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO | SA_NODEFER};
+    struct sigaction sa = {.sa_sigaction = on_fault, .sa_flags = SA_SIGINFO | SA_NODEFER};
     sigaction(SIGSEGV, &sa, NULL);
     seg_code = -1;
     volatile int faulted = 0;
