@@ -43,12 +43,17 @@ def _version_text() -> str:
               help="guest memory handling; default pager, or $PARACELL_MEMORY_MANAGER")
 @click.option("--no-template", is_flag=True,
               help="boot every VM cold, never from a VM template (docs/templates.md)")
+@click.option("--vmm", type=click.Choice(["qemu", "libvirt"]), default=None,
+              help="who runs the VM: qemu (default) or libvirt, or $PARACELL_VMM")
+@click.option("--libvirt-uri", default=None,
+              help="libvirt daemon for --vmm libvirt; default qemu:///system, "
+                   "or $PARACELL_LIBVIRT_URI")
 @click.version_option(__version__, "-v", "--version", message=_version_text())
 @click.pass_context
 def main(
     ctx: click.Context, root: str, log_path: str | None, log_format: str, debug: bool,
     systemd_cgroup: bool, rootless: str, criu: str | None, engine: str | None,
-    memory_manager: str | None, no_template: bool,
+    memory_manager: str | None, no_template: bool, vmm: str | None, libvirt_uri: str | None,
 ) -> None:
     """ParaCell: an OCI runtime that runs every container in its own micro-VM."""
     log = RuntimeLog(log_path, log_format, debug)
@@ -56,7 +61,7 @@ def main(
     # would name another place there.
     ctx.obj = Context(root=os.path.abspath(root), log=log, engine_flag=engine,
                       memory_manager=memory_manager, systemd_cgroup=systemd_cgroup,
-                      no_template=no_template)
+                      no_template=no_template, vmm_flag=vmm, libvirt_uri_flag=libvirt_uri)
 
 
 def _ctx() -> Context:

@@ -11,10 +11,12 @@ import sys
 # none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
 FLAG_GLOBALS = ("--debug", "--systemd-cgroup", "--no-template")
 VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--memory-manager", "--criu",
-                  "--rootless")
-# --systemd-cgroup and --no-template only matter to create: podman passes
-# its runtime flags to every verb.
-FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup", "--no-template"}
+                  "--rootless", "--vmm", "--libvirt-uri")
+# --systemd-cgroup, --no-template, --vmm and --libvirt-uri only matter to
+# create (a container's VM records its backend): podman passes its runtime
+# flags to every verb.
+FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup", "--no-template",
+                "--vmm", "--libvirt-uri"}
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:

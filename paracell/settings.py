@@ -57,7 +57,8 @@ CONFIG_FILE = "/etc/paracell/config.json"
 # Every key the file takes, with its type. docs/runtime.md lists them
 # (tests/unit/test_settings.py holds the two to each other).
 CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
-                                "pod_memory_mib": int, "templates": bool, "xgates": bool}
+                                "pod_memory_mib": int, "templates": bool, "xgates": bool,
+                                "vmm": str, "libvirt_uri": str}
 MAX_CONFIG_FILE = 65536
 # Parsed once per process, unless the file changes: every getter asks.
 _loaded: tuple[tuple[object, ...], dict[str, object]] | None = None
@@ -119,6 +120,19 @@ def memory_manager_override() -> str | None:
     from paracell.runtime.sandbox.memorymanager import MANAGERS
 
     return _choice("PARACELL_MEMORY_MANAGER", "memory_manager", MANAGERS, "memory manager")
+
+
+def vmm_override() -> str | None:
+    from paracell.vmm.hypervisor import BACKENDS
+
+    return _choice("PARACELL_VMM", "vmm", BACKENDS, "vmm")
+
+
+def libvirt_uri_override() -> str | None:
+    """The libvirt daemon's URI from the environment, else the file (checked
+    where it is used: paracell/vmm/libvirt/connection.py)."""
+    return os.environ.get("PARACELL_LIBVIRT_URI") or str(file_config().get("libvirt_uri") or "") \
+        or None
 
 
 def _choice(variable: str, key: str, choices: tuple[str, ...], what: str) -> str | None:

@@ -89,10 +89,14 @@ def new_mac() -> str:
 class NetworkInterfaces(Device):
     kind = "net"
 
-    def __init__(self, state_dir: Path, netns_path: str) -> None:
-        """netns_path: the namespace the shim joins; "" for a new one of its own."""
+    def __init__(self, state_dir: Path, netns_path: str, tap_prefix: str = "") -> None:
+        """netns_path: the namespace the shim joins; "" for a new one of its own.
+        tap_prefix: for a VMM that is not our child (libvirt), which opens
+        each TAP by name in its own namespace, the TAPs are persistent, named
+        from this prefix, and lent to that namespace until QEMU holds them."""
         self.record = state_dir / RECORD_FILE
         self.netns_path = netns_path
+        self.tap_prefix = tap_prefix
         self.interfaces: list[discover.Interface] = []
         self.spares: list[Spare] = []
         self.taps: list[tuple[int, str]] = []  # (fd, name): the interfaces', then the spares'
@@ -116,6 +120,9 @@ class NetworkInterfaces(Device):
         except NetlinkError as err:
             raise netlink_error(err) from None
         return {"nics": count, "spares": 0 if self.netns_path else lib.PC_NET_MAX_SPARES}
+
+    def tap_names(self) -> list[str]:
+        return [name for _, name in self.taps]
 
     def macs(self) -> list[str]:
         """The devices' MACs as the guest sees them, in order."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +95,15 @@ class Device(Reclaimable):
     def pass_fds(self) -> tuple[int, ...]:
         return ()
 
+    @property
+    def awaits_vmm(self) -> bool:
+        """Whether QEMU connects to this device's socket as it starts (a VMM
+        that is not our child gets no fds): `await_vmm` then runs while it does."""
+        return False
+
+    def await_vmm(self, timeout_s: float) -> None:
+        """Takes QEMU's connection, in a thread of its own during the start."""
+
     def launched(self) -> None:
         """QEMU holds its copies of our fds now: close ours that it alone needs."""
 
@@ -130,6 +140,8 @@ def _accel(engine: str) -> list[str]:
 class VmBuilder:
     machine: Machine
     devices: list[Device] = field(default_factory=list)
+    # Whose VM it is ("id", "bundle"): a libvirt domain's <metadata>.
+    owner: dict[str, str] = field(default_factory=dict)
 
     def attach(self, device: D) -> D:
         self.devices.append(device)
@@ -233,7 +245,7 @@ class VmBuilder:
             raise
         for device in self.devices:
             device.launched()
-        return Vm(proc, self.devices)
+        return QemuChild(proc, self.devices)
 
 
 def _die_with_parent() -> None:
@@ -265,8 +277,44 @@ def _start_qemu(argv: list[str], fds: tuple[int, ...], log_path: Path,
         os.close(log_fd)
 
 
+class Vm(ABC):
+    """A running VM as its owner (the shim) holds it."""
+
+    devices: list[Device]
+
+    @property
+    @abstractmethod
+    def pid(self) -> int:
+        """QEMU's pid: in the shim's PID namespace for a child, the host's otherwise."""
+
+    @property
+    def child(self) -> bool:
+        """Whether QEMU is the shim's own child (direct QEMU) or another's (libvirtd's)."""
+        return True
+
+    @abstractmethod
+    def describe(self) -> str:
+        """How it was started, for the shim's debug log."""
+
+    @abstractmethod
+    def stop(self, grace_s: float) -> int:
+        """Waits for a VM that was asked to power off, then makes sure it is
+        gone: QEMU's exit status, negative for the signal that ended it."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Ends the VM at once (a restore that failed)."""
+
+    def release(self) -> None:
+        """After stop: every device's host resources, in reverse order."""
+        for device in reversed(self.devices):
+            device.release()
+
+
 @dataclass
-class Vm:
+class QemuChild(Vm):
+    """Direct QEMU: the shim's child process."""
+
     proc: subprocess.Popen[bytes]
     devices: list[Device]
 
@@ -274,20 +322,16 @@ class Vm:
     def pid(self) -> int:
         return self.proc.pid
 
-    @property
-    def argv(self) -> list[str]:
+    def describe(self) -> str:
         """The command line it was started with, rendered once at launch."""
-        return [str(a) for a in self.proc.args]
+        return " ".join(str(a) for a in self.proc.args)
 
     def stop(self, grace_s: float) -> int:
-        """Waits for a VM that was asked to power off, then makes sure it is gone."""
         try:
             return self.proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
 
-    def release(self) -> None:
-        """After stop: every device's host resources, in reverse order."""
-        for device in reversed(self.devices):
-            device.release()
+    def kill(self) -> None:
+        self.proc.kill()

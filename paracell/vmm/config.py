@@ -13,7 +13,8 @@ class VmConfig(Record):
 
     FIELDS = {"engine": "", "memory_mib": 0, "vcpus": 0, "memory_manager": "none",
               "xgates": False, "ram_file": "", "qmp_socket": "", "pod_share": "",
-              "network": "", "net_record": ""}
+              "network": "", "net_record": "", "vmm": "qemu", "libvirt_uri": "",
+              "domain": ""}
 
     engine: str  # "kvm" or "tcg"
     memory_mib: int  # guest RAM at boot
@@ -25,3 +26,6 @@ class VmConfig(Record):
     pod_share: str  # a pod sandbox's share directory; "" for any other VM
     network: str  # the network plan's mode (paracell/net/netns.py)
     net_record: str  # which veths the shim mirrors (paracell/net/device.py)
+    vmm: str  # the backend: "qemu" (direct) or "libvirt" (paracell/vmm/hypervisor.py)
+    libvirt_uri: str  # the libvirt daemon that runs the domain
+    domain: str  # the libvirt domain's name (paracell/vmm/libvirt/domain.py)

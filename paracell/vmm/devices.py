@@ -95,19 +95,71 @@ class DebugExit(Device):
         return ["-device", f"isa-debug-exit,iobase={lib.PC_DEBUG_EXIT_PORT:#x},iosize=4"]
 
 
+class Rendezvous:
+    """A socket a VMM that is not our child connects to as it starts: one
+    connection is taken, then the path goes. It lives in the RAM directory,
+    root's alone, under a name short enough for sun_path (QEMU connects by path)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._listener: socket.socket | None = None
+
+    def listen(self) -> None:
+        unixsock.unlink(self.path)
+        self._listener = unixsock.listen(self.path, backlog=1)
+
+    def accept(self, timeout_s: float, what: str) -> socket.socket:
+        from paracell.errors import ParacellError
+
+        assert self._listener is not None
+        self._listener.settimeout(timeout_s)
+        try:
+            conn, _ = self._listener.accept()
+        except TimeoutError:
+            raise ParacellError(f"QEMU did not connect to the {what} socket in "
+                                f"{timeout_s:.0f} s") from None
+        finally:
+            self.close()
+        conn.settimeout(None)
+        return conn
+
+    def close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        unixsock.unlink(self.path)
+
+
 @reclaimable
 class AgentPort(Device):
     """The agent channel: a virtio-serial port backed by a socketpair whose other
-    end the shim keeps (`host_end`)."""
+    end the shim keeps (`host_end`); or, for a VMM that is not our child, a
+    socket QEMU connects to (`listen_path`)."""
 
     kind = "agent-port"
 
-    def __init__(self) -> None:
+    def __init__(self, listen_path: Path | None = None) -> None:
+        self.listen_path = listen_path
         self.host_end: socket.socket | None = None
         self._vm_end: socket.socket | None = None
+        self._rendezvous = Rendezvous(listen_path) if listen_path else None
+
+    def facts(self) -> dict[str, Any]:
+        return {"path": str(self.listen_path)} if self.listen_path else {}
 
     def prepare(self) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.listen()
+            return
         self.host_end, self._vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+    @property
+    def awaits_vmm(self) -> bool:
+        return self._rendezvous is not None
+
+    def await_vmm(self, timeout_s: float) -> None:
+        assert self._rendezvous is not None
+        self.host_end = self._rendezvous.accept(timeout_s, "agent")
 
     def pass_fds(self) -> tuple[int, ...]:
         return (self._vm_end.fileno(),) if self._vm_end else ()
@@ -130,6 +182,13 @@ class AgentPort(Device):
             if sock is not None:
                 sock.close()
         self.host_end = self._vm_end = None
+        if self._rendezvous is not None:
+            self._rendezvous.close()
+
+    @classmethod
+    def reclaim(cls, facts: dict[str, Any]) -> None:
+        if facts.get("path"):
+            unixsock.unlink(Path(str(facts["path"])))
 
 
 @reclaimable
@@ -259,25 +318,46 @@ class PagerChannel(Device):
     # microvm has a PCI bus only with its PCIe host bridge, described by ACPI.
     machine_options = ("acpi=on", "pcie=on")
 
-    def __init__(self, ram: GuestRam, state_dir: Path, kernel_knobs: dict[str, int]) -> None:
+    def __init__(self, ram: GuestRam, state_dir: Path, kernel_knobs: dict[str, int],
+                 listen_path: Path | None = None) -> None:
+        """listen_path: for a VMM that is not our child, the server socket
+        QEMU connects to (libvirt's <shmem><server>)."""
         self.ram, self.state_dir, self.kernel_knobs = ram, state_dir, kernel_knobs
+        self.listen_path = listen_path
         self.server: PagerServer | None = None
         self._host_end: socket.socket | None = None
         self._vm_end: socket.socket | None = None
+        self._rendezvous = Rendezvous(listen_path) if listen_path else None
 
     def facts(self) -> dict[str, Any]:
-        return {"dir": str(self.state_dir)}
+        facts = {"dir": str(self.state_dir)}
+        if self.listen_path:
+            facts["socket"] = str(self.listen_path)
+        return facts
 
     def prepare(self) -> None:
         from paracell.pager.server import PagerServer
 
         self.server = PagerServer(self.ram.path, self.ram.size_mib << 20, self.state_dir)
-        self._host_end, self._vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            if self._rendezvous is not None:
+                self._rendezvous.listen()
+                return
+            self._host_end, self._vm_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             self.server.greet(self._host_end.fileno())
         except BaseException:
             self.release()
             raise
+
+    @property
+    def awaits_vmm(self) -> bool:
+        return self._rendezvous is not None
+
+    def await_vmm(self, timeout_s: float) -> None:
+        # QEMU's ivshmem reads the greeting while it starts: it is served here, meanwhile.
+        assert self._rendezvous is not None and self.server is not None
+        self._host_end = self._rendezvous.accept(timeout_s, "Pager")
+        self.server.greet(self._host_end.fileno())
 
     def pass_fds(self) -> tuple[int, ...]:
         return (self._vm_end.fileno(),) if self._vm_end else ()
@@ -307,12 +387,16 @@ class PagerChannel(Device):
             if sock is not None:
                 sock.close()
         self._host_end = self._vm_end = None
+        if self._rendezvous is not None:
+            self._rendezvous.close()
         self.reclaim(self.facts())
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:
         from paracell.pager import server
 
+        if facts.get("socket"):
+            unixsock.unlink(Path(str(facts["socket"])))
         for name in (server.SHM_FILE, server.STATS_FILE):
             try:
                 os.unlink(Path(facts["dir"]) / name)

@@ -3,9 +3,9 @@
 The runtime never speaks a VMM's own protocol. A verb gets the VM's
 hypervisor from its recorded configuration (`for_vm`) and asks it to pause,
 resume, stop, resize, report, save or restore; the shim asks it to launch.
-Direct QEMU (paracell/vmm/qemu/) is the only backend today; a second one
-(libvirt) implements this class and `for_vm` picks it from the record,
-without a change to the runtime.
+Two backends implement it: direct QEMU (paracell/vmm/qemu/), the default, and
+libvirt (paracell/vmm/libvirt/), where QEMU is libvirtd's child and the VM a
+transient domain. `for_vm` picks one from the record.
 """
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
     from paracell.vmm.builder import Vm, VmBuilder
     from paracell.vmm.config import VmConfig
+
+
+BACKENDS = ("qemu", "libvirt")
+DEFAULT_BACKEND = "qemu"
+ANNOTATION = "io.paracell.vmm"
 
 
 @dataclass(frozen=True)
@@ -46,9 +51,12 @@ class Hypervisor(ABC):
     @abstractmethod
     def launch(self, vm: VmBuilder, log_path: Path,
                before_start: Callable[[], None] | None = None,
-               preexec: Callable[[], None] | None = None, incoming: bool = False) -> Vm:
+               preexec: Callable[[], None] | None = None, incoming: bool = False,
+               settle: Callable[[int], None] | None = None) -> Vm:
         """Starts the VM (in the shim). With `incoming`, it waits, stopped,
-        for `restore` instead of booting."""
+        for `restore` instead of booting. `settle(host pid)` runs once
+        QEMU exists and before the guest has run, for a QEMU that is not
+        the shim's child (it joins the container's cgroup there)."""
 
     @abstractmethod
     def pause(self) -> None:
@@ -87,10 +95,15 @@ class Hypervisor(ABC):
         saved with; the VM is left stopped."""
 
 
-def for_vm(config: VmConfig) -> Hypervisor:
-    """The hypervisor of a VM that `create` recorded."""
+def for_vm(config: VmConfig, host_proc: int = -1) -> Hypervisor:
+    """The hypervisor of a VM that `create` recorded; host_proc: an fd of
+    the host's /proc, for a shim in a PID namespace of its own."""
     from paracell.vmm.qemu import QemuHypervisor
 
+    if config.vmm == "libvirt" and config.domain:
+        from paracell.vmm.libvirt import LibvirtHypervisor
+
+        return LibvirtHypervisor(config.libvirt_uri, config.domain, host_proc)
     if not config.qmp_socket:
         raise ParacellError("the container has no VM of its own (a pod member: its pod's "
                             "sandbox holds the VM)")

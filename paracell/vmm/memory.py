@@ -24,11 +24,20 @@ from paracell.linux import MNT_DETACH, libc
 TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
 
 
+def key_for(root: str, container_id: str) -> str:
+    """One per (state root, id), since containerd namespaces may reuse an id;
+    of fixed length, since an id may be 255 bytes long."""
+    return hashlib.sha256(f"{os.path.abspath(root)}\0{container_id}".encode()).hexdigest()[:32]
+
+
 def path_for(root: str, container_id: str) -> Path:
-    """One file per (state root, id), since containerd namespaces may reuse an
-    id; named by a fixed-length hash, since an id may be 255 bytes long."""
-    key = f"{os.path.abspath(root)}\0{container_id}".encode()
-    return settings.memory_dir() / f"{hashlib.sha256(key).hexdigest()[:32]}.mem"
+    return settings.memory_dir() / f"{key_for(root, container_id)}.mem"
+
+
+def socket_for(root: str, container_id: str, what: str) -> Path:
+    """A socket a libvirt domain's QEMU connects to: beside the RAM file, in
+    a directory only root enters, and short enough for sun_path."""
+    return settings.memory_dir() / f"{key_for(root, container_id)}.{what}"
 
 
 class _DirLock:

@@ -264,16 +264,17 @@ class HostIsolation:
 
 
 
-    def host_pids(self, qemu_pid: int) -> tuple[int, int, int]:
+    def host_pids(self, qemu_pid: int, child: bool = True) -> tuple[int, int, int]:
         """The shim's pid, QEMU's pid and QEMU's start time as the host sees
         them: os.getpid() is 1 in a new PID namespace, and clients wait on
-        and signal host pids."""
+        and signal host pids. A QEMU that is not our child (libvirt's) comes
+        with its host pid already."""
         from paracell.procfs import process_start_time
 
         if self.host_proc < 0:
             return os.getpid(), qemu_pid, process_start_time(qemu_pid) or 0
         me = int(os.readlink("self", dir_fd=self.host_proc))
-        if self.namespaces.wants("pid"):
+        if child and self.namespaces.wants("pid"):
             qemu_pid = next((int(name) for name in os.listdir(self.host_proc)
                              if name.isdigit() and _child_of(self.host_proc, name, me, qemu_pid)),
                             0)

@@ -13,4 +13,7 @@ def reclaim(records: list[dict[str, Any]]) -> None:
     import paracell.vmm.devices  # noqa: F401
     from paracell.reclaim import reclaim_all
 
+    if any(r.get("kind") == "libvirt-domain" for r in records if isinstance(r, dict)):
+        import paracell.vmm.libvirt  # noqa: F401  (only then: delete must start fast)
+
     reclaim_all(records)

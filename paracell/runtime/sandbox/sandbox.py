@@ -17,6 +17,7 @@ differs between them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -126,14 +127,22 @@ class Sandbox:
         admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
         state_dir = ctx.store.dir(container_id)
+        vmm = ctx.vmm(bundle.annotations)
+        backend = vmplan.Backend(vmm, ctx.libvirt_uri if vmm == "libvirt" else "")
+        if vmm == "libvirt":
+            from paracell.vmm.libvirt import connection
+
+            connection.check_uri(backend.libvirt_uri)
         builder, agent, config = vmplan.container_vm(
             state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,
             memory.path_for(ctx.root, container_id), host.size.memory_mib, memory_plan,
             vcpus=host.size.vcpus, network=network, pod_share=pod_sandbox,
-            xgates=xgates_plan.enabled)
+            xgates=xgates_plan.enabled, backend=backend,
+            owner={"id": container_id, "bundle": str(bundle.path)})
+        # Templates are saved and restored by direct QEMU only (docs/libvirt.md).
+        templates = vmm == "qemu" and templating.wanted(ctx.no_template, bundle.annotations)
         return cls(state_dir, builder, agent, config, host, network, memory_plan, xgates_plan,
-                   bundle, templates=templating.wanted(ctx.no_template, bundle.annotations),
-                   engine_notice=choice.notice)
+                   bundle, templates=templates, engine_notice=choice.notice)
 
     def extra_records(self) -> list[tuple[str, str]]:
         return []
@@ -148,7 +157,7 @@ class Sandbox:
 
     def describe(self) -> str:
         size = self.host.size
-        return (f"engine {self.config.engine}, {size.memory_mib} MiB, {size.vcpus} vCPU "
+        return (f"vmm {self.config.vmm}, engine {self.config.engine}, {size.memory_mib} MiB, {size.vcpus} vCPU "
                 f"({size.reason}), memory manager {self.memory.manager}, "
                 f"xgates {'on' if self.xgates.enabled else 'off'}")
 
@@ -166,7 +175,24 @@ class Sandbox:
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
-            pid_namespace=self.host.isolation.pid_namespace_for_child)
+            pid_namespace=self.host.isolation.pid_namespace_for_child, place=self._place)
+
+    def _place(self, pid: int) -> None:
+        """A libvirt QEMU (host pid), on its shim's request: into the container's cgroup."""
+        from paracell.errors import ParacellError
+        from paracell.runtime.host import cgroups
+        from paracell.vmm.libvirt import find_qemu
+
+        if self.config.vmm != "libvirt":
+            raise ParacellError("only a libvirt domain's QEMU is placed by its creator")
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # The pid must be this domain's QEMU, never another process.
+            if find_qemu(proc, self.config.domain, self.config.ram_file) != pid:
+                raise ParacellError(f"pid {pid} is not the QEMU of {self.config.domain}")
+        finally:
+            os.close(proc)
+        cgroups.join(self.host.isolation.cgroup_dirs, pid)
 
     def spawned(self, state: ContainerState, spawned: Spawned) -> None:
         state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start

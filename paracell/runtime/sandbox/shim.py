@@ -73,6 +73,8 @@ class Shim:
         self.began = time.monotonic()
         # Set when the guest broke a protocol: it gets no say in its shutdown.
         self.untrusted = False
+        # The creator's service that moves a host pid into the container's cgroup.
+        self.place: Callable[[int], None] | None = None
         self._jailed = False
 
     def _debug(self, msg: str) -> None:
@@ -115,7 +117,7 @@ class Shim:
         self.vm = templates.restore() if plan.templates else None
         if self.vm is None:
             self.vm = self._launch(False)
-            self._debug(f"qemu: {' '.join(self.vm.argv)}")
+            self._debug(f"qemu: {self.vm.describe()}")
             self._debug(f"qemu started, pid {self.vm.pid}; "
                         f"{net_device.summary(plan.vm.devices)}")
             caps = channel.expect_ready(self._agent_fd(), BOOT_TIMEOUT_S)
@@ -147,7 +149,7 @@ class Shim:
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         if iso is not None:
-            return Ready(*iso.host_pids(self.vm.pid), template=templates.outcome)
+            return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template=templates.outcome)
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,
                      template=templates.outcome)
 
@@ -162,9 +164,18 @@ class Shim:
                 iso.jail(plan.vm.host_paths(), str(plan.state_dir))
                 self._jailed = True
 
-        return hypervisor.for_vm(plan.config).launch(
+        def settle(pid: int) -> None:
+            # A QEMU that is libvirtd's child starts in libvirt's cgroup: it
+            # joins the container's before its guest runs, as our child is
+            # born there. The creator moves it: in a PID namespace of our own
+            # we cannot name its host pid.
+            if iso is not None and self.place is not None:
+                self.place(pid)
+                self._debug(f"qemu (host pid {pid}) joined the container's cgroup")
+
+        return hypervisor.for_vm(plan.config, iso.host_proc if iso else -1).launch(
             plan.vm, plan.state_dir / "qemu.log", before_start=jail,
-            preexec=iso.qemu_preexec if iso else None, incoming=incoming)
+            preexec=iso.qemu_preexec if iso else None, incoming=incoming, settle=settle)
 
     def _pager(self) -> PagerChannel | None:
         return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)
@@ -219,4 +230,6 @@ class Shim:
 
 def serve(plan: ShimPlan, handshake: Handshake, report: Callable[[str], None]) -> int:
     """Runs the shim to the end (runtime/sandbox/standin.py); returns the exit status."""
-    return standin.serve(handshake, Shim(plan, report))
+    shim = Shim(plan, report)
+    shim.place = handshake.place
+    return standin.serve(handshake, shim)

@@ -4,6 +4,10 @@ The child reports one `Ready` message on a pipe once it is ready, or its
 error. Detached children are re-parented away (double fork and setsid) so they
 outlive the command that made them, as runc's init does.
 
+Before it is ready, a shim may ask its creator to place a process in the
+container's cgroup (`place`): a QEMU that is libvirtd's child has a host pid
+that a shim in a PID namespace of its own cannot name, and its creator can.
+
 A child whose record must be durable before it may outlive its creator (the
 shim) then waits for `commit`: if the creator dies before it has saved the
 child's pid, the commit pipe reads EOF and the child shuts itself down, so no
@@ -18,8 +22,11 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
+from typing import Any
 
 READY_MAX = 4096
+PLACE_MAX = 8  # place requests a child may make before its report
+PLACED, NOT_PLACED, COMMIT = b"p", b"!", b"c"
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,17 @@ class Handshake:
     def __init__(self, ready_fd: int, commit_fd: int) -> None:
         self.ready_fd, self.commit_fd = ready_fd, commit_fd
 
+    def place(self, pid: int) -> None:
+        """Asks the creator to move `pid` (a host pid) into the container's
+        cgroup, and waits for it to be done."""
+        from paracell.errors import ParacellError
+
+        os.write(self.ready_fd, json.dumps({"place": pid}).encode() + b"\n")
+        answer = os.read(self.commit_fd, 1)
+        if answer != PLACED:
+            raise ParacellError(f"placing QEMU (host pid {pid}) in the container's cgroup "
+                                "failed (see the log)")
+
     def report(self, ready: Ready) -> None:
         fd, self.ready_fd = self.ready_fd, -1
         try:
@@ -82,7 +100,7 @@ class Handshake:
     def committed(self) -> bool:
         """Blocks until the creator has recorded us (True) or died (False)."""
         try:
-            return os.read(self.commit_fd, 1) == b"c"
+            return os.read(self.commit_fd, 1) == COMMIT
         finally:
             os.close(self.commit_fd)
 
@@ -97,7 +115,7 @@ class Spawned:
 
     def commit(self) -> None:
         try:
-            os.write(self.commit_fd, b"c")
+            os.write(self.commit_fd, COMMIT)
         except BrokenPipeError:
             pass  # the child died after its report: the record settles to stopped
         self.abandon()
@@ -116,13 +134,41 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
+def _read_report(pipe: Any, commit_w: int, place: Callable[[int], None] | None,
+                 on_crash: Callable[[str], None]) -> Ready:
+    """The child's report, serving its place requests on the way."""
+    for _ in range(PLACE_MAX):
+        line = pipe.readline(READY_MAX)
+        try:
+            request = json.loads(line)
+        except ValueError:
+            request = None
+        pid = request.get("place") if isinstance(request, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return Ready.decode(line + pipe.read(READY_MAX))
+        answer = NOT_PLACED
+        if place is not None and pid > 0:
+            try:
+                place(pid)
+                answer = PLACED
+            except Exception as err:  # noqa: BLE001 (told to the child, which fails)
+                on_crash(f"placing pid {pid}: {err}")
+        try:
+            os.write(commit_w, answer)
+        except BrokenPipeError:
+            pass
+    return Ready(error="the process asked too many times to be placed")
+
+
 def spawn(body: Callable[[Handshake], int], detach: bool,
           on_crash: Callable[[str], None],
           pid_namespace: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+          place: Callable[[int], None] | None = None,
           ) -> Spawned:
     """`pid_namespace` wraps the fork that makes the body's process, which is
     born in that PID namespace (runtime/host/hostns.py): the second fork when
-    detached, else the first, since the caller waits on that child itself."""
+    detached, else the first, since the caller waits on that child itself.
+    `place` serves the child's Handshake.place."""
     ready_r, ready_w = os.pipe()
     commit_r, commit_w = os.pipe()
     with (contextlib.nullcontext() if detach else pid_namespace()):
@@ -160,7 +206,7 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
     os.close(ready_w)
     os.close(commit_r)
     with os.fdopen(ready_r, "rb") as pipe:
-        ready = Ready.decode(pipe.read(READY_MAX))
+        ready = _read_report(pipe, commit_w, place, on_crash)
     if detach:
         os.waitpid(pid, 0)
         pid = ready.pid

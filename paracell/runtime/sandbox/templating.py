@@ -109,7 +109,7 @@ class Templating:
             self.hypervisor.resume()
         except (OSError, ParacellError) as err:
             if vm is not None:
-                vm.proc.kill()
+                vm.kill()
                 vm.stop(5)
                 vm.release()
             self._disarm()

@@ -37,7 +37,9 @@ class QemuHypervisor(Hypervisor):
 
     def launch(self, vm: VmBuilder, log_path: Path,
                before_start: Callable[[], None] | None = None,
-               preexec: Callable[[], None] | None = None, incoming: bool = False) -> Vm:
+               preexec: Callable[[], None] | None = None, incoming: bool = False,
+               settle: Callable[[int], None] | None = None) -> Vm:
+        # QEMU is the shim's child: it is born where the shim is, and needs no settling.
         return vm.launch(log_path, before_start, preexec, incoming=incoming)
 
     def pause(self) -> None:

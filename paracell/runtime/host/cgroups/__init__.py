@@ -280,10 +280,11 @@ def update(dirs: list[CgroupDir], res: Resources) -> None:
         _write(d.path, name, value)
 
 
-def join(paths: list[str]) -> None:
-    """The calling process (and so everything it forks) joins the cgroup."""
+def join(paths: list[str], pid: int = 0) -> None:
+    """The calling process (and so everything it forks), or process `pid`
+    with all its threads (a QEMU that is libvirtd's child), joins the cgroup."""
     for path in paths:
-        _write(path, "cgroup.procs", "0")
+        _write(path, "cgroup.procs", str(pid))
 
 
 def facts(dirs: list[CgroupDir]) -> list[dict[str, Any]]:
