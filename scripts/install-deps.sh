@@ -8,6 +8,7 @@ packages=(
     containerd runc crun podman conmon containernetworking-plugins iptables
     iproute2 nftables conntrack socat bindfs fuse3
     mmdebstrap wrk redis-tools
+    libvirt-daemon-system libvirt-dev pkg-config
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -157,7 +157,8 @@ class Sandbox:
 
     def describe(self) -> str:
         size = self.host.size
-        return (f"vmm {self.config.vmm}, engine {self.config.engine}, {size.memory_mib} MiB, {size.vcpus} vCPU "
+        return (f"vmm {self.config.vmm}, engine {self.config.engine}, "
+                f"{size.memory_mib} MiB, {size.vcpus} vCPU "
                 f"({size.reason}), memory manager {self.memory.manager}, "
                 f"xgates {'on' if self.xgates.enabled else 'off'}")
 
