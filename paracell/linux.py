@@ -90,6 +90,7 @@ BPF_DEVCG_ACC_WRITE = int(_abi.BPF_DEVCG_ACC_WRITE)
 
 # <linux/if_tun.h>: TAP devices
 TUNSETIFF = int(_abi.TUNSETIFF)
+TUNSETPERSIST = int(_abi.TUNSETPERSIST)
 IFF_TAP = int(_abi.IFF_TAP)
 IFF_NO_PI = int(_abi.IFF_NO_PI)
 IFF_VNET_HDR = int(_abi.IFF_VNET_HDR)

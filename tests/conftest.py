@@ -39,6 +39,12 @@ class Runtime:
     memory_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     cgroups_before: set[str] = field(default_factory=lambda: set(own_memory_cgroups()))
+    # The private daemon of a runtime whose VMs are libvirt domains.
+    libvirtd: object | None = None
+
+    @property
+    def vmm(self) -> str:
+        return "libvirt" if self.libvirtd is not None else "qemu"
 
     def __call__(self, *args: str, input: bytes | None = None, timeout: float = 120,
                  check: bool = False) -> subprocess.CompletedProcess[bytes]:
@@ -79,14 +85,61 @@ class Runtime:
         assert states == [], f"state left behind: {states}"
         cgroups = sorted(set(own_memory_cgroups()) - self.cgroups_before)
         assert cgroups == [], f"host cgroups left behind: {cgroups}"
+        if self.libvirtd is not None:
+            domains = self.libvirtd.domains()
+            assert domains == [], f"libvirt domains left behind: {domains}"
+
+
+BACKENDS = ("qemu", "libvirt")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked both_vmms runs once per backend (docs/libvirt.md)."""
+    if "vmm" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_vmms"):
+        metafunc.parametrize("vmm", BACKENDS, indirect=True)
 
 
 @pytest.fixture
-def runtime(tmp_path_factory: pytest.TempPathFactory) -> Runtime:
+def vmm(request: pytest.FixtureRequest) -> str:
+    return getattr(request, "param", "qemu")
+
+
+@pytest.fixture(scope="session")
+def libvirtd(tmp_path_factory: pytest.TempPathFactory):
+    """A private libvirt daemon for the session (tests/libvirtd.py)."""
+    from tests.libvirtd import PrivateLibvirtd, missing
+
+    why = missing()
+    if why:
+        pytest.skip(f"no private libvirt daemon: {why}")
+    daemon = PrivateLibvirtd(tmp_path_factory.mktemp("libvirtd"))
+    try:
+        daemon.start()
+    except BaseException:
+        daemon.stop()
+        raise
+    yield daemon
+    daemon.stop()
+
+
+@pytest.fixture
+def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
+            request: pytest.FixtureRequest) -> Runtime:
     base = tmp_path_factory.mktemp("rt")
-    memory_dir = Path("/dev/shm") / f"paracell-test-{os.getpid()}-{base.name}"
-    env = dict(os.environ, PARACELL_MEMORY_DIR=str(memory_dir), PARACELL_ENGINE="auto")
-    rt = Runtime(base / "state", memory_dir, env)
+    env = dict(os.environ, PARACELL_ENGINE="auto")
+    daemon = None
+    if vmm == "libvirt":
+        # Under the daemon's shared directory: the RAM tmpfs and the shares'
+        # bind mounts made there reach its QEMUs (tests/libvirtd.py).
+        daemon = request.getfixturevalue("libvirtd")
+        base = daemon.workdir / base.name
+        base.mkdir()
+        memory_dir = base / "shm"
+        env.update(PARACELL_VMM="libvirt", PARACELL_LIBVIRT_URI=daemon.uri)
+    else:
+        memory_dir = Path("/dev/shm") / f"paracell-test-{os.getpid()}-{base.name}"
+    env["PARACELL_MEMORY_DIR"] = str(memory_dir)
+    rt = Runtime(base / "state", memory_dir, env, libvirtd=daemon)
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):
         rt("delete", "--force", cid.name)

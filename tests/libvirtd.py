@@ -112,6 +112,8 @@ class PrivateLibvirtd:
     def wait_ready(self) -> None:
         import libvirt
 
+        # Refused connections while it starts are expected: not printed.
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:

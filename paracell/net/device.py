@@ -24,7 +24,7 @@ from typing import Any
 
 from paracell import speckeys as K
 from paracell.errors import ParacellError
-from paracell.net import discover, guestconfig, mirror, netns, tap
+from paracell.net import discover, guestconfig, lent, mirror, netns, tap
 from paracell.reclaim import reclaimable
 from paracell.vmm.builder import Device
 
@@ -45,6 +45,8 @@ class Record:
 
     veths: list[int] = field(default_factory=list)
     spares: list[Spare] = field(default_factory=list)
+    # Persistent TAPs of a libvirt domain (paracell/net/lent.py), by name.
+    lent: list[str] = field(default_factory=list)
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -60,9 +62,10 @@ class Record:
             veths = [v for v in data["veths"]
                      if isinstance(v, int) and not isinstance(v, bool) and v > 0]
             spares = [Spare(str(s["tap"]), str(s["mac"])) for s in data["spares"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            lent_taps = [n for n in data.get("lent", []) if lent.valid_name(n)]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
-        return cls(veths, spares)
+        return cls(veths, spares, lent_taps)
 
 
 def netlink_error(err: Exception) -> ParacellError:
@@ -101,6 +104,8 @@ class NetworkInterfaces(Device):
         self.spares: list[Spare] = []
         self.taps: list[tuple[int, str]] = []  # (fd, name): the interfaces', then the spares'
         self._veths: list[int] = []
+        # libvirt: the VMM's namespace, where the TAPs are lent until QEMU holds them.
+        self._vmm_netns = -1
         # A VM restored from a template has the template's devices, MACs and
         # all: the interfaces' then the spares', in order. The agent finds each
         # device by that MAC and gives it the interface's own.
@@ -145,9 +150,14 @@ class NetworkInterfaces(Device):
                 self._veths = [i.index for i in self.interfaces]
                 Record(self._veths).write(self.record)
                 for iface in self.interfaces:
-                    mirror.connect(ipr, iface.index, self._tap(ipr, iface.mtu))
+                    index = self._tap(ipr, iface.mtu)
+                    if not self.tap_prefix:  # a lent TAP is mirrored once it is back
+                        mirror.connect(ipr, iface.index, index)
                 if not self.netns_path:
                     self._add_spares(ipr)
+            if self.tap_prefix:
+                self._vmm_netns = lent.open_vmm_netns()
+                lent.lend(self.tap_names(), self._vmm_netns)
         except NetlinkError as err:
             self.release()
             raise netlink_error(err) from None
@@ -165,8 +175,15 @@ class NetworkInterfaces(Device):
 
     def _tap(self, ipr: Any, mtu: int) -> int:
         """A new TAP, up: its ifindex."""
-        fd, name = tap.open_tap()
-        self.taps.append((fd, name))
+        if self.tap_prefix:
+            name = lent.name_for(self.tap_prefix, len(self.taps))
+            # Recorded before it exists: a persistent TAP outlives everyone.
+            self._record_lent([*self.tap_names(), name])
+            tap.make_persistent_tap(name)
+            self.taps.append((-1, name))
+        else:
+            fd, name = tap.open_tap()
+            self.taps.append((fd, name))
         tap.disable_ipv6(name)
         index = ipr.link_lookup(ifname=name)[0]
         ipr.link("set", index=index, mtu=mtu, state="up")
@@ -179,7 +196,13 @@ class NetworkInterfaces(Device):
         for n in range(lib.PC_NET_MAX_SPARES):
             self._tap(ipr, 1500)
             self.spares.append(Spare(self.taps[-1][1], given[n] if given else new_mac()))
-        Record(self._veths, self.spares).write(self.record)
+        Record(self._veths, self.spares, self._lent()).write(self.record)
+
+    def _lent(self) -> list[str]:
+        return self.tap_names() if self.tap_prefix else []
+
+    def _record_lent(self, names: list[str]) -> None:
+        Record(self._veths, self.spares, names).write(self.record)
 
     def sandbox_records(self) -> list[tuple[str, str]]:
         device_macs = self.device_macs[:len(self.interfaces)] if self.device_macs else None
@@ -202,15 +225,46 @@ class NetworkInterfaces(Device):
             if fd >= 0:
                 os.close(fd)
         self.taps = [(-1, name) for _, name in self.taps]
+        if self._vmm_netns >= 0:
+            self._take_back()
+
+    def _take_back(self) -> None:
+        """The lent TAPs, home again now that QEMU holds them: up, and mirrored."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        lent.take_back(self.tap_names(), self._vmm_netns)
+        os.close(self._vmm_netns)
+        self._vmm_netns = -1
+        try:
+            with IPRoute() as ipr:
+                for n, name in enumerate(self.tap_names()):
+                    tap.disable_ipv6(name)
+                    index = ipr.link_lookup(ifname=name)[0]
+                    ipr.link("set", index=index, state="up")
+                    if n < len(self.interfaces):
+                        mirror.connect(ipr, self.interfaces[n].index, index)
+        except (NetlinkError, IndexError) as err:
+            raise netlink_error(err) from None
 
     def release(self) -> None:
         """In the shim, which is inside the namespace. `start` may have
         mirrored more interfaces onto the spares: the record says which."""
-        self.launched()
+        for fd, _ in self.taps:
+            if fd >= 0:
+                os.close(fd)
+        self.taps = [(-1, name) for _, name in self.taps]
         veths = sorted(set(self._veths) | set(Record.read(self.record).veths))
         if veths:
             unmirror(veths)
         self._veths = []
+        if self.tap_prefix:
+            names = self.tap_names()
+            if self._vmm_netns >= 0:  # still lent: a start that failed
+                lent.delete_in(f"/proc/self/fd/{self._vmm_netns}", names)
+                os.close(self._vmm_netns)
+                self._vmm_netns = -1
+            lent.delete(names)
         self.record.unlink(missing_ok=True)
 
     @classmethod
@@ -218,10 +272,19 @@ class NetworkInterfaces(Device):
         """From `delete`, outside the namespace, when the shim died. A
         namespace of the shim's own died with it and QEMU, interfaces and all."""
         record = Path(str(facts.get("record", "")))
-        veths = Record.read(record).veths
-        if veths and facts.get("netns"):
+        found = Record.read(record)
+        veths = found.veths
+        if facts.get("netns") and (veths or found.lent):
             # A namespace already gone took its interfaces, and our qdiscs, with it.
-            netns.run_inside(str(facts["netns"]), lambda: unmirror(veths))
+            def undo() -> None:
+                if veths:
+                    unmirror(veths)
+                lent.delete(found.lent)
+
+            netns.run_inside(str(facts["netns"]), undo)
+        if found.lent:
+            # Lent to the host's namespace, where delete runs, when the shim died.
+            lent.delete(found.lent)
         record.unlink(missing_ok=True)
 
 

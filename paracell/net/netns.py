@@ -93,12 +93,23 @@ def unshare() -> None:
             f"new network namespace: {os.strerror(ctypes.get_errno())}")
 
 
+_left: list[int] = []
+
+
 def enter(network: NetworkPlan) -> None:
-    """The shim's one step into the container's network namespace."""
+    """The shim's one step into the container's network namespace. The one
+    it leaves stays open (`left_fd`): a libvirt domain's TAPs are lent to it."""
+    if network.mode in (JOIN, NEW) and not _left:
+        _left.append(os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
     if network.mode in (JOIN, POD):
         join(network.path)
     elif network.mode == NEW:
         unshare()
+
+
+def left_fd() -> int:
+    """The network namespace the shim was started in (the caller's), or -1."""
+    return _left[0] if _left else -1
 
 
 def run_inside(path: str, body: Callable[[], T]) -> T | None:

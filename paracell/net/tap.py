@@ -12,29 +12,41 @@ import os
 import struct
 
 from paracell.errors import ParacellError
-from paracell.linux import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IFNAMSIZ, TUNSETIFF
+from paracell.linux import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IFNAMSIZ, TUNSETIFF, TUNSETPERSIST
 from paracell.net.discover import TAP_PREFIX
 
 # QEMU finds IFF_VNET_HDR on the fd and then passes checksum and segmentation
 # offloads between the guest and the host kernel instead of doing them itself.
 
 
-def open_tap() -> tuple[int, str]:
+def open_tap(name: str = f"{TAP_PREFIX}%d") -> tuple[int, str]:
     """A new TAP in the current network namespace: its fd (close-on-exec;
-    QEMU gets it through pass_fds) and the name the kernel gave it."""
+    QEMU gets it through pass_fds) and the name the kernel gave it. The
+    default name's "%d" lets the kernel pick the first free number, so no
+    name can collide."""
     try:
         fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
     except OSError as err:
         raise ParacellError(f"open /dev/net/tun: {err.strerror}") from None
     try:
-        # "%d": the kernel picks the first free number, so no name can collide.
-        request = struct.pack(f"{IFNAMSIZ}sH22x", f"{TAP_PREFIX}%d".encode(),
-                              IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
+        request = struct.pack(f"{IFNAMSIZ}sH22x", name.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR)
         answer = fcntl.ioctl(fd, TUNSETIFF, request)
     except OSError as err:
         os.close(fd)
         raise ParacellError(f"creating a TAP device: {err.strerror}") from None
     return fd, answer[:IFNAMSIZ].split(b"\0", 1)[0].decode()
+
+
+def make_persistent_tap(name: str) -> None:
+    """A TAP that outlives our fd, for a VMM that opens it by name (libvirt's
+    managed='no'); it must be deleted by name (`ip link del`) when done."""
+    fd, _ = open_tap(name)
+    try:
+        fcntl.ioctl(fd, TUNSETPERSIST, 1)
+    except OSError as err:
+        raise ParacellError(f"making TAP {name} persistent: {err.strerror}") from None
+    finally:
+        os.close(fd)
 
 
 def disable_ipv6(name: str) -> None:

@@ -69,6 +69,7 @@ def test_interface_mac_addresses_mtu_and_routes_inside(runtime, make_bundle, wir
     assert_nothing_left(ns)
 
 
+@pytest.mark.both_vmms
 def test_traffic_both_ways_ipv4_and_ipv6(runtime, make_bundle, wired):
     ns, peer = wired
     servers = [Server(peer, addr, b"HTTP/1.0 200 OK\r\n\r\nfrom-peer\n")
@@ -157,6 +158,7 @@ def test_host_network_namespace_gives_no_interface(runtime, make_bundle, tmp_pat
                        "host's network namespace")
 
 
+@pytest.mark.both_vmms
 def test_killed_shim_leaves_nothing_after_delete(runtime, make_bundle, wired):
     ns, _ = wired
     bundle = make_bundle(["sleep", "300"], mutate=in_netns(ns.path))

@@ -60,6 +60,7 @@ def _popen_run(runtime, bundle: Path, cid: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.mark.parametrize("manager", ["pager", "none"])
+@pytest.mark.both_vmms
 def test_freed_memory_leaves_the_host_only_with_the_pager(runtime, make_bundle, pager_rootfs,
                                                           manager):
     bundle = make_bundle([PAGERLOAD, "burst", "128", "200", "1500"], rootfs=pager_rootfs,
@@ -139,6 +140,7 @@ def test_a_hostile_guest_ends_in_a_clean_container_error(runtime, make_bundle, p
     runtime.assert_no_leaks()
 
 
+@pytest.mark.both_vmms
 def test_nothing_is_left_after_a_forced_delete(runtime, make_bundle, pager_rootfs):
     bundle = make_bundle(["sleep", "60"], rootfs=pager_rootfs)
     runtime("create", "--bundle", str(bundle), "d", check=True)

@@ -14,6 +14,7 @@ from tests.caps import NO_CAPS, SHOW_CAPS, cap_masks
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.both_vmms
 def test_exit_code_zero_and_output(runtime, make_bundle):
     bundle = make_bundle(["sh", "-c", "echo hello from the guest"])
     result = runtime("run", "--bundle", str(bundle), "c0")
@@ -22,12 +23,14 @@ def test_exit_code_zero_and_output(runtime, make_bundle):
     runtime.assert_no_leaks()
 
 
+@pytest.mark.both_vmms
 def test_exit_code_seven(runtime, make_bundle):
     result = runtime("run", "--bundle", str(make_bundle(["sh", "-c", "exit 7"])), "c7")
     assert result.returncode == 7
     runtime.assert_no_leaks()
 
 
+@pytest.mark.both_vmms
 def test_death_by_sigkill_is_137(runtime, make_bundle):
     # The container's process is PID 1 of its PID namespace, as with runc, so
     # SIGKILL has to come from outside: `paracell kill` while `run` waits.
@@ -55,6 +58,7 @@ def test_args_env_cwd_hostname(runtime, make_bundle):
     assert result.stdout.decode() == "arg zero|arg one|bar baz|/tmp|guesthost|"
 
 
+@pytest.mark.both_vmms
 def test_uid_gid_and_additional_gids(runtime, make_bundle):
     bundle = make_bundle(["sh", "-c", "id -u; id -g; id -G"],
                          user={"uid": 1234, "gid": 5678, "additionalGids": [42, 43]})
@@ -72,6 +76,7 @@ def test_readonly_rootfs_refuses_writes(runtime, make_bundle):
     assert b"rc=1" in result.stdout
 
 
+@pytest.mark.both_vmms
 def test_writable_rootfs_writes_reach_the_host(runtime, make_bundle, writable_rootfs):
     bundle = make_bundle(["sh", "-c", "echo data > /written"], rootfs=writable_rootfs,
                          readonly=False)
@@ -98,6 +103,7 @@ def test_16_mib_of_stdout_arrives_intact(runtime, make_bundle):
     assert hashlib.sha256(result.stdout).hexdigest() == guest_sum
 
 
+@pytest.mark.both_vmms
 def test_stdin_is_forwarded_with_eof(runtime, make_bundle):
     data = bytes(range(256)) * 4096 + b"tail without newline"
     bundle = make_bundle(["sh", "-c", "cat; echo; echo EOF-SEEN"])
@@ -187,6 +193,7 @@ def test_an_unknown_capability_is_ignored_with_a_warning(runtime, make_bundle, t
         ("bad-uid", "process.user.uid"),
     ],
 )
+@pytest.mark.both_vmms
 def test_bad_bundles_fail_cleanly(runtime, make_bundle, case, expected):
     bundle = make_bundle(["true"])
     config = json.loads((bundle / "config.json").read_text())
@@ -213,6 +220,7 @@ def test_bad_bundles_fail_cleanly(runtime, make_bundle, case, expected):
     runtime.assert_no_leaks()
 
 
+@pytest.mark.both_vmms
 def test_missing_executable_is_reported(runtime, make_bundle):
     result = runtime("run", "--bundle", str(make_bundle(["/no/such/binary"])), "cnoexe")
     assert result.returncode != 0

@@ -54,6 +54,7 @@ def set_size(fd: int, rows: int, cols: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
+@pytest.mark.both_vmms
 def test_console_socket_and_resize(runtime, make_bundle, tmp_path):
     script = ('tty; stty size; while read line; do stty size; echo got-$line; '
               '[ "$line" = end ] && break; done')

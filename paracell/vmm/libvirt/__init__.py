@@ -168,7 +168,6 @@ class LibvirtHypervisor(Hypervisor):
         ram = next((d for d in vm.devices if d.kind == "guest-ram"), None)
         if ram is None:
             raise ParacellError("internal: a libvirt domain needs ParaCell's guest RAM")
-        xml = domain.render(vm, self.name, vm.owner)
         prepared: list[Device] = []
         watch: DomainWatch | None = None
         dom = None
@@ -176,6 +175,8 @@ class LibvirtHypervisor(Hypervisor):
             for device in vm.devices:
                 device.prepare()
                 prepared.append(device)
+            # Once prepared: the NICs' TAP names and MACs are known then.
+            xml = domain.render(vm, self.name, vm.owner)
             if before_start is not None:
                 before_start()
             # After the jail, which wants the shim single-threaded.
