@@ -88,6 +88,9 @@ class Runtime:
         if self.libvirtd is not None:
             domains = self.libvirtd.domains()
             assert domains == [], f"libvirt domains left behind: {domains}"
+            # A domain's TAPs are lent to this namespace while it starts.
+            taps = [name for name in os.listdir("/sys/class/net") if name.startswith("pctap")]
+            assert taps == [], f"TAP devices left behind in the host's namespace: {taps}"
 
 
 BACKENDS = ("qemu", "libvirt")
