@@ -330,10 +330,12 @@ def restore(container_id: str | None) -> None:
 @main.command()
 @click.option("--json", "as_json", is_flag=True)
 def check(as_json: bool) -> None:
-    """Probe the host: KVM kind, PKU, QEMU, guest artifacts and the engine."""
+    """Probe the host: KVM kind, PKU, QEMU, guest artifacts, the engine, and
+    the libvirt daemon at --libvirt-uri."""
     from paracell.vmm import hostreport
 
-    click.echo(hostreport.render(_ctx().engine, as_json))
+    ctx = _ctx()
+    click.echo(hostreport.render(ctx.engine, as_json, ctx.libvirt_uri))
 
 
 @main.group()

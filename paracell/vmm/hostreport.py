@@ -14,7 +14,7 @@ KIND_TEXT = {
 }
 
 
-def collect(engine: str) -> dict[str, object]:
+def collect(engine: str, libvirt_uri: str = "") -> dict[str, object]:
     from paracell.guest import artifacts
 
     facts = probe.probe_host()
@@ -31,11 +31,29 @@ def collect(engine: str) -> dict[str, object]:
         report["engine"] = {"requested": engine, "engine": None, "reason": str(err)}
     xgates = support(chosen, facts)
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
+    if libvirt_uri:
+        from paracell.vmm.libvirt import features
+
+        try:
+            report["libvirt"] = features.report(libvirt_uri, facts.qemu_path, chosen)
+        except ParacellError as err:  # no binding, or a URI that is refused
+            report["libvirt"] = {"uri": libvirt_uri, "reachable": False, "detail": str(err)}
     return report
 
 
-def render(engine: str, as_json: bool) -> str:
-    report = collect(engine)
+def _libvirt_lines(found: dict[str, object]) -> list[str]:
+    if not found.get("reachable"):
+        return [f"libvirt: not reachable at {found['uri']} ({found.get('detail')})"]
+    lines = [f"libvirt: {found['version']} at {found['uri']}"]
+    for feature in found.get("features") or []:
+        assert isinstance(feature, dict)
+        mark = "yes" if feature["present"] else "MISSING"
+        lines.append(f"  {feature['name']}: {mark} ({feature['detail']})")
+    return lines
+
+
+def render(engine: str, as_json: bool, libvirt_uri: str = "") -> str:
+    report = collect(engine, libvirt_uri)
     if as_json:
         return json.dumps(report, indent=2)
     host = report["host"]
@@ -56,4 +74,7 @@ def render(engine: str, as_json: bool) -> str:
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
         f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
+    found = report.get("libvirt")
+    if isinstance(found, dict):
+        lines += _libvirt_lines(found)
     return "\n".join(lines)
