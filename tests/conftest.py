@@ -108,21 +108,22 @@ def vmm(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def libvirtd(tmp_path_factory: pytest.TempPathFactory):
+def libvirtd():
     """A private libvirt daemon for the session (tests/libvirtd.py)."""
     from tests.libvirtd import PrivateLibvirtd, missing
 
     why = missing()
     if why:
         pytest.skip(f"no private libvirt daemon: {why}")
-    daemon = PrivateLibvirtd(tmp_path_factory.mktemp("libvirtd"))
+    # Short: podman refuses a run root of over 50 characters, and clients' paths live here.
+    base = Path(tempfile.mkdtemp(prefix="pclv-", dir="/tmp"))
+    daemon = PrivateLibvirtd(base)
     try:
         daemon.start()
-    except BaseException:
+        yield daemon
+    finally:
         daemon.stop()
-        raise
-    yield daemon
-    daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

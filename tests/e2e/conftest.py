@@ -19,7 +19,7 @@ from typing import IO
 
 import pytest
 
-from tests.conftest import PARACELL
+from tests.conftest import BACKENDS, PARACELL
 
 IMAGE = "localhost/bb:latest"
 
@@ -99,6 +99,21 @@ def e2e_env(memory_dir: Path) -> dict[str, str]:
     return dict(os.environ, PARACELL_MEMORY_DIR=str(memory_dir))
 
 
+def backend_base(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+                 name: str) -> tuple[Path, Path, dict[str, str]]:
+    """A client fixture's base directory, RAM directory and environment for
+    the backend in request.param: with libvirt, all of it under the private
+    daemon's shared directory (tests/libvirtd.py), where the mounts the
+    client and the runtime make reach the daemon's QEMUs."""
+    base = tmp_path_factory.mktemp(name)
+    if request.param != "libvirt":
+        return base, Path("/dev/shm") / f"paracell-{name}-{os.getpid()}", {}
+    daemon = request.getfixturevalue("libvirtd")
+    base = daemon.workdir / base.name
+    base.mkdir()
+    return base, base / "shm", {"PARACELL_VMM": "libvirt", "PARACELL_LIBVIRT_URI": daemon.uri}
+
+
 def client_runtime(base: Path) -> str:
     """The paracell a client (podman's conmon) runs.  Clients start the
     runtime with an environment of their own, so a PARACELL_CACHE given to
@@ -134,13 +149,13 @@ class Containerd:
                 "--runc-root", str(self.runc_root)]
 
 
-@pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path):
+@pytest.fixture(scope="module", params=BACKENDS)
+def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+               busybox_rootfs_module: Path):
     if not shutil.which("containerd"):
         pytest.fail("containerd is not installed: run `make deps`")
-    base = tmp_path_factory.mktemp("containerd")
+    base, memory_dir, backend_env = backend_base(request, tmp_path_factory, "containerd")
     sock = base / "containerd.sock"
-    memory_dir = Path("/dev/shm") / f"paracell-ctr-{os.getpid()}"
     config = base / "config.toml"
     config.write_text(
         f'version = 2\nroot = "{base}/root"\nstate = "{base}/state"\n'
@@ -148,7 +163,7 @@ def containerd(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: 
         f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
         f'[debug]\n  address = "{base}/debug.sock"\n'
     )
-    env = e2e_env(memory_dir)
+    env = e2e_env(memory_dir) | backend_env
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
@@ -188,19 +203,19 @@ class Podman:
                               input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory, busybox_rootfs_module: Path):
+@pytest.fixture(scope="module", params=BACKENDS)
+def podman(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           busybox_rootfs_module: Path):
     if not shutil.which("podman"):
         pytest.fail("podman is not installed: run `make deps`")
-    base = tmp_path_factory.mktemp("podman")
-    memory_dir = Path("/dev/shm") / f"paracell-podman-{os.getpid()}"
+    base, memory_dir, backend_env = backend_base(request, tmp_path_factory, "podman")
     conf = base / "containers.conf"
     conf.write_text(
         '[containers]\ndefault_ulimits = ["nofile=1024:1024", "nproc=1024:1024"]\n'
         'netns = "none"\n'
         '[engine]\nruntime_supports_json = ["crun", "runc", "paracell"]\n'
     )
-    env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf))
+    env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf)) | backend_env
     daemon = Podman(base, env, client_runtime(base))
     tar_path = base / "rootfs.tar"
     with tarfile.open(tar_path, "w") as tar:
