@@ -124,7 +124,7 @@ class Cri:
             time.sleep(0.2)
 
 
-def _config(base: Path, socket: Path, paracell_root: Path) -> str:
+def _config(base: Path, socket: Path, paracell_root: Path, binary: str) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{base}/root"
@@ -148,8 +148,10 @@ state = "{base}/state"
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.{HANDLER}]
   runtime_type = "io.containerd.runc.v2"
+  # Pods choose ParaCell's settings (io.paracell.vmm, ...) by annotation.
+  pod_annotations = ["io.paracell.*"]
 [{cri}.containerd.runtimes.{HANDLER}.options]
-  BinaryName = "{PARACELL}"
+  BinaryName = "{binary}"
   Root = "{paracell_root}"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
@@ -180,8 +182,9 @@ def _pause_image(base: Path) -> Path:
     return oci_image_tar(rootfs, base / "pause.tar", name=PAUSE_IMAGE, cmd=("/pause",))
 
 
-def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
-    """Yields a started daemon; a module's `cri` fixture wraps it."""
+def running_cri(base: Path, busybox_rootfs: Path, binary: str = PARACELL) -> Iterator[Cri]:
+    """Yields a started daemon; a module's `cri` fixture wraps it. binary:
+    the BinaryName containerd runs (a wrapper that sets an environment)."""
     if not shutil.which("containerd"):
         pytest.fail("containerd is not installed: run `make deps`")
     if settings.cache_dir() != Path(settings.SYSTEM_CACHE):
@@ -193,7 +196,7 @@ def running_cri(base: Path, busybox_rootfs: Path) -> Iterator[Cri]:
     (base / "cni").mkdir()
     (base / "cni" / "10-paracell-test.conflist").write_text(_cni_config(base))
     config = base / "config.toml"
-    config.write_text(_config(base, socket, paracell_root))
+    config.write_text(_config(base, socket, paracell_root, binary))
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     # containerd strips the runtime's environment to PATH, HOME and LANG, so
     # ParaCell below runs exactly as it would on a node: system paths only.
