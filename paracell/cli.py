@@ -422,11 +422,19 @@ def bench_density(count: int | None, window_s: float | None, rounds: int | None,
 @click.option("--output", "-o", default="bench-results/start.json")
 @click.option("--baseline-kernel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="also boot this bzImage raw in every round, to compare guest kernels")
-def bench_start(runs: int, output: str, baseline_kernel: Path | None) -> None:
+@click.option("--vmm", "vmm", type=click.Choice(["qemu", "libvirt"]), default="qemu",
+              show_default=True,
+              help="libvirt: also start each round's container as a libvirt domain "
+                   "(at the global --libvirt-uri), next to direct QEMU's")
+def bench_start(runs: int, output: str, baseline_kernel: Path | None, vmm: str) -> None:
     """Median start-to-exit of /bin/true vs raw QEMU boot and runc."""
     from paracell.bench import start as bench_start_mod
 
-    click.echo(bench_start_mod.run(_ctx(), runs, output, baseline_kernel))
+    if not 1 <= runs <= 200:
+        raise ParacellError(f"--runs {runs} is outside 1..200")
+    ctx = _ctx()
+    click.echo(bench_start_mod.run(ctx, runs, output, baseline_kernel,
+                                   ctx.libvirt_uri if vmm == "libvirt" else None))
 
 
 @bench.command("memory")

@@ -19,8 +19,11 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 LIBVIRTD = "/usr/sbin/libvirtd"
 # Bound over these, in the daemon's namespace only.
@@ -104,9 +107,10 @@ class PrivateLibvirtd:
         script = (f"set -e; {binds}; exec {LIBVIRTD} --config {self.base / 'libvirtd.conf'} "
                   f"--pid-file {self.pid_file}")
         with open(self.base / "daemon.out", "ab") as out:
-            self.proc = subprocess.Popen(["unshare", "--mount", "--propagation", "slave", "sh",
-                                          "-c", script], stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=out, start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.reaper", "unshare",
+                                          "--mount", "--propagation", "slave", "sh", "-c", script],
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         start_new_session=True, cwd=REPO)
         self.wait_ready()
 
     def wait_ready(self) -> None:

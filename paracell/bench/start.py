@@ -22,6 +22,8 @@ GOAL_RATIO = 1.2
 # From a template (issue 17): the median, and against the same VM booted cold.
 GOAL_TEMPLATE_MEDIAN_S = 0.30
 GOAL_TEMPLATE_RATIO = 0.4
+# The libvirt backend (issue 16): what it may add to a cold start under TCG.
+GOAL_LIBVIRT_ADDED_S = 0.3
 
 
 def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = None) -> float:
@@ -49,9 +51,12 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = 
     return common.time_call(boot)
 
 
-def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = None) -> str:
+def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = None,
+        libvirt_uri: str | None = None) -> str:
     """baseline_kernel: another kernel (say, one built before a config change)
-    booted raw in the same rounds, in alternating order, with the same initramfs."""
+    booted raw in the same rounds, in alternating order, with the same initramfs.
+    libvirt_uri: also start every round's container as a domain of that
+    daemon (paracell_libvirt), next to direct QEMU's (paracell), both cold."""
     facts = probe.probe_host()
     choice = probe.choose_engine(ctx.engine, facts)
     bundle = common.example_bundle("true", ["/bin/true"])
@@ -68,6 +73,11 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
         samples["runc"] = []
     if baseline_kernel:
         samples["raw_qemu_baseline"] = []
+    if libvirt_uri:
+        from paracell.vmm.libvirt import connection
+
+        connection.open_uri(libvirt_uri).close()  # one line now, not a traceback mid-run
+        samples["paracell_libvirt"] = []
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         # A template store of the run's own, built before the first round.
         templated = dict(os.environ, PARACELL_TEMPLATES=f"{tmp}/templates")
@@ -76,9 +86,16 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
         for i in range(runs):
             cid = f"bench-start-{os.getpid()}-{i}"
             common.progress("start", f"round {i + 1}/{runs}")
-            samples["paracell"].append(common.time_call(lambda cid=cid: common.run_checked(
-                [paracell, "--root", root, "--engine", choice.engine, "run",
-                 "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL)))
+            backends: list[tuple[str, list[str]]] = [("paracell", [])]
+            if libvirt_uri:
+                backends.append(("paracell_libvirt",
+                                 ["--vmm", "libvirt", "--libvirt-uri", libvirt_uri]))
+            # Alternating first: neither backend always meets a warm or a cold host.
+            for name, flags in backends[::-1] if i % 2 else backends:
+                samples[name].append(common.time_call(
+                    lambda cid=cid, flags=flags: common.run_checked(
+                        [paracell, "--root", root, "--engine", choice.engine, *flags, "run",
+                         "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL)))
             samples["paracell_none"].append(common.time_call(lambda cid=cid: common.run_checked(
                 [*none, "--no-template", "run", "--bundle", str(bundle), cid],
                 stdin=subprocess.DEVNULL)))
@@ -115,6 +132,15 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
     }
     if runc:
         result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
+    if libvirt_uri:
+        added = statistics.median(lv - direct for lv, direct in
+                                  zip(samples["paracell_libvirt"], samples["paracell"],
+                                      strict=True))
+        result["libvirt"] = {
+            "uri": libvirt_uri, "added_median_s": added,
+            "ratio_to_direct": stats["paracell_libvirt"]["median_s"]
+            / stats["paracell"]["median_s"],
+            "goal_added_s": GOAL_LIBVIRT_ADDED_S, "met": added <= GOAL_LIBVIRT_ADDED_S}
     if baseline_kernel:
         # Paired by round: both boots of a round saw the same machine noise.
         diffs = [new - old for new, old in
@@ -135,6 +161,12 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
             f"{stats['raw_qemu']['median_s']:.3f} s ({ratio:.2f}x)")
     if runc:
         line += f"; runc {stats['runc']['median_s']:.3f} s"
+    if libvirt_uri:
+        lv = result["libvirt"]
+        line += (f"; libvirt {stats['paracell_libvirt']['median_s']:.3f} s "
+                 f"({lv['ratio_to_direct']:.2f}x direct, adds {lv['added_median_s']:+.3f} s, "
+                 f"median of the rounds' differences; goal <= {GOAL_LIBVIRT_ADDED_S:.1f} s "
+                 f"{'met' if lv['met'] else 'not met'})")
     if baseline_kernel:
         line += (f"; baseline kernel's raw boot {stats['raw_qemu_baseline']['median_s']:.3f} s "
                  f"(this kernel {result['raw_qemu_minus_baseline_median_ms']:+.1f} ms, "

@@ -94,8 +94,12 @@ def _exists(conn: Any, name: str) -> bool:
 def find_qemu(proc_fd: int, name: str, ram_path: str) -> int:
     """The host pid of the domain's QEMU, from a /proc of the host (the shim
     may sit in a PID namespace of its own): the process whose command line
-    names the domain and ParaCell's RAM file, and which holds that file open."""
+    names the domain and ParaCell's RAM file, and which maps that very file.
+    The file is compared by inode, not by name: a libvirtd whose mount
+    namespace does not see ParaCell's RAM directory would give QEMU another
+    file of that name, and the Pager would then free memory QEMU never used."""
     marker, ram = f"guest={name},".encode(), f"mem-path={ram_path},".encode()
+    ours = os.stat(ram_path)
     for entry in os.listdir(proc_fd):
         if not entry.isdigit():
             continue
@@ -107,24 +111,34 @@ def find_qemu(proc_fd: int, name: str, ram_path: str) -> int:
                 os.close(fd)
         except OSError:
             continue
-        if marker in cmdline and ram in cmdline and _holds(proc_fd, entry, ram_path):
+        if marker in cmdline and ram in cmdline:
+            if not _maps(proc_fd, entry, (ours.st_dev, ours.st_ino)):
+                raise ParacellError(f"the QEMU of libvirt domain {name} does not map "
+                                    f"ParaCell's guest RAM file {ram_path}: libvirtd's mount "
+                                    "namespace does not see ParaCell's RAM directory "
+                                    "(docs/libvirt.md)")
             return int(entry)
     raise ParacellError(f"cannot find the QEMU of libvirt domain {name}")
 
 
-def _holds(proc_fd: int, pid: str, path: str) -> bool:
+def _maps(proc_fd: int, pid: str, file_id: tuple[int, int]) -> bool:
+    """Whether process `pid` has the file open (QEMU keeps its RAM file's fd)."""
     try:
-        fds = os.listdir(os.open(f"{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
-                                 dir_fd=proc_fd))
+        dir_fd = os.open(f"{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                         dir_fd=proc_fd)
     except OSError:
         return False
-    for fd in fds:
-        try:
-            if os.readlink(f"{pid}/fd/{fd}", dir_fd=proc_fd) == path:
+    try:
+        for fd in os.listdir(dir_fd):
+            try:
+                st = os.stat(fd, dir_fd=dir_fd)  # follows the magic link to the open file
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == file_id:
                 return True
-        except OSError:
-            continue
-    return False
+        return False
+    finally:
+        os.close(dir_fd)
 
 
 class LibvirtHypervisor(Hypervisor):
