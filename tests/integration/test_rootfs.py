@@ -26,6 +26,7 @@ def test_default_tmpfs_on_a_read_only_rootfs_without_tmp(runtime, make_bundle, w
     runtime.assert_no_leaks()
 
 
+@pytest.mark.both_vmms
 def test_cri_file_binds_onto_a_read_only_rootfs_that_lacks_them(
         runtime, make_bundle, writable_rootfs, tmp_path):
     """containerd's CRI sandbox: read-only pause rootfs, no /etc/resolv.conf,

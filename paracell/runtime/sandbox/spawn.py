@@ -24,6 +24,8 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from paracell.errors import ParacellError
+
 READY_MAX = 4096
 PLACE_MAX = 8  # place requests a child may make before its report
 PLACED, NOT_PLACED, COMMIT = b"p", b"!", b"c"
@@ -71,13 +73,10 @@ class Handshake:
     def place(self, pid: int) -> None:
         """Asks the creator to move `pid` (a host pid) into the container's
         cgroup, and waits for it to be done."""
-        from paracell.errors import ParacellError
-
         os.write(self.ready_fd, json.dumps({"place": pid}).encode() + b"\n")
         answer = os.read(self.commit_fd, 1)
-        if answer != PLACED:
-            raise ParacellError(f"placing QEMU (host pid {pid}) in the container's cgroup "
-                                "failed (see the log)")
+        if answer != PLACED:  # the creator reports why
+            raise ParacellError(f"placing QEMU (host pid {pid}) in the container's cgroup failed")
 
     def report(self, ready: Ready) -> None:
         fd, self.ready_fd = self.ready_fd, -1
@@ -134,9 +133,10 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _read_report(pipe: Any, commit_w: int, place: Callable[[int], None] | None,
-                 on_crash: Callable[[str], None]) -> Ready:
-    """The child's report, serving its place requests on the way."""
+def _read_report(pipe: Any, commit_w: int, place: Callable[[int], None] | None) -> Ready:
+    """The child's report, serving its place requests on the way. A refused
+    place is the child's failure, in the creator's words."""
+    refused = ""
     for _ in range(PLACE_MAX):
         line = pipe.readline(READY_MAX)
         try:
@@ -145,14 +145,18 @@ def _read_report(pipe: Any, commit_w: int, place: Callable[[int], None] | None,
             request = None
         pid = request.get("place") if isinstance(request, dict) else None
         if not isinstance(pid, int) or isinstance(pid, bool):
-            return Ready.decode(line + pipe.read(READY_MAX))
+            ready = Ready.decode(line + pipe.read(READY_MAX))
+            return Ready(error=refused) if refused and ready.error else ready
         answer = NOT_PLACED
         if place is not None and pid > 0:
             try:
                 place(pid)
                 answer = PLACED
-            except Exception as err:  # noqa: BLE001 (told to the child, which fails)
-                on_crash(f"placing pid {pid}: {err}")
+            except (ParacellError, OSError) as err:
+                why = err if isinstance(err, ParacellError) else describe_failure(err)
+                refused = f"placing QEMU in the container's cgroup: {why}"
+        else:
+            refused = "placing a process: not served by this creator"
         try:
             os.write(commit_w, answer)
         except BrokenPipeError:
@@ -206,7 +210,7 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
     os.close(ready_w)
     os.close(commit_r)
     with os.fdopen(ready_r, "rb") as pipe:
-        ready = _read_report(pipe, commit_w, place, on_crash)
+        ready = _read_report(pipe, commit_w, place)
     if detach:
         os.waitpid(pid, 0)
         pid = ready.pid

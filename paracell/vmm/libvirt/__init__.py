@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,16 +336,3 @@ class LibvirtVm(Vm):
         self.watch.close()
         super().release()
 
-
-def wait_gone(uri: str, name: str, timeout_s: float) -> bool:
-    """For `delete`: whether the domain is gone within the time."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        conn = connection.open_uri(uri)
-        try:
-            if not _exists(conn, name):
-                return True
-        finally:
-            conn.close()
-        time.sleep(0.05)
-    return False
