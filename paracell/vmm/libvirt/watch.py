@@ -10,6 +10,7 @@ channel is QEMU's, and the relay sees it hang up when QEMU ends.
 
 from __future__ import annotations
 
+import signal
 import threading
 from typing import Any
 
@@ -37,6 +38,9 @@ def _ensure_event_loop() -> None:
         libvirt.virEventAddTimeout(TICK_MS, lambda _timer, _opaque: None, None)
 
         def run() -> None:
+            # No signal may land here: the shim's relay takes the signals it
+            # forwards from a signalfd, which sees only those no thread took.
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
             while True:
                 if libvirt.virEventRunDefaultImpl() < 0:
                     return
