@@ -128,9 +128,10 @@ def test_an_interrupt_mid_run_removes_the_vm_its_network_and_its_state(runtime, 
     _assert_nothing_left(runtime, "".join(lines), proc.pid)
 
 
-# libnettle's SM3 (nettle 3.8) holds both of its split WRPKRU sites
-# (docs/xgates.md, "Inadvertent WRPKRU bytes"): this hashes through them, in
-# the image's own python3 and libnettle.so.8.6, and compares with OpenSSL's SM3.
+# libnettle's SM3 compress function (nettle 3.8, straight-line code) holds
+# both of its split WRPKRU sites (docs/xgates.md, "Inadvertent WRPKRU bytes"):
+# every 64-byte block runs both traps. This hashes 100 KiB through them, in the
+# image's own python3 and libnettle.so.8.6, and compares with OpenSSL's SM3.
 SM3_THROUGH_NETTLE = """
 import ctypes, hashlib
 lib = ctypes.CDLL("libnettle.so.8")
