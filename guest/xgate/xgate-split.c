@@ -12,9 +12,9 @@
  *                         with XGates on and off
  *   xgate-split mid       a child jumps to the 0f with EAX = ECX = EDX = 0,
  *                         which without XGates is a WRPKRU opening every key
- *   xgate-split mprotect  the same bytes in an anonymous page made executable:
- *                         trapped and correct; with a memory-form head (not a
- *                         split site) refused
+ *   xgate-split mprotect  the same bytes in an anonymous page made executable,
+ *                         and with an ALU head (and $0xf): trapped and correct;
+ *                         with a memory-form head (not a split site) refused
  *
  * Static, so the only split site in it is its own. */
 #define _GNU_SOURCE
@@ -151,26 +151,33 @@ static void check_mprotect(void)
 {
     int x = xgate_available();
     static const unsigned char rol[3] = {0x41, 0xc1, 0xc7};  /* rol $0xf, %r15d */
+    static const unsigned char and[3] = {0x41, 0x83, 0xe7};  /* and $0xf, %r15d */
     static const unsigned char mem[3] = {0x41, 0xc1, 0x47};  /* rol $1, 0xf(%r15): no site */
-    unsigned char *a = anon_fn(rol), *b = anon_fn(mem);
-    EXPECT(a && b, "mmap: %s", strerror(errno));
+    unsigned char *a = anon_fn(rol), *c = anon_fn(and), *b = anon_fn(mem);
+    EXPECT(a && b && c, "mmap: %s", strerror(errno));
     if (failed)
         return;
     errno = 0;
     int rc = mprotect(a, 4096, PROT_READ | PROT_EXEC), rc_errno = errno;
     errno = 0;
+    int rc_and = mprotect(c, 4096, PROT_READ | PROT_EXEC), and_errno = errno;
+    errno = 0;
     int near = mprotect(b, 4096, PROT_READ | PROT_EXEC), near_errno = errno;
-    unsigned sum = 0;
+    unsigned sum = 0, sum_and = 0;
     if (rc == 0)
         sum = ((unsigned (*)(unsigned, unsigned))(a + 0x100))(40, 2);
-    printf("mprotect: split %d/%s byte %#x sum %u, memory form %d/%s\n", rc, strerror(rc_errno),
-           a[0x109], sum, near, strerror(near_errno));
-    EXPECT(rc == 0 && sum == 42, "split site in anonymous code");
+    if (rc_and == 0)
+        sum_and = ((unsigned (*)(unsigned, unsigned))(c + 0x100))(40, 3);
+    printf("mprotect: split %d/%s byte %#x sum %u, alu form %d/%s byte %#x sum %u, "
+           "memory form %d/%s\n", rc, strerror(rc_errno), a[0x109], sum, rc_and,
+           strerror(and_errno), c[0x109], sum_and, near, strerror(near_errno));
+    EXPECT(rc == 0 && sum == 42 && rc_and == 0 && sum_and == 43, "split site in anonymous code");
     if (x) {
-        EXPECT(a[0x109] == 0xcc, "split site in anonymous code not trapped");
+        EXPECT(a[0x109] == 0xcc && c[0x109] == 0xcc, "split site in anonymous code not trapped");
         EXPECT(near < 0 && near_errno == EPERM, "memory-form head allowed");
     } else {
-        EXPECT(a[0x109] == 0x01 && near == 0, "without XGates the bytes or rights changed");
+        EXPECT(a[0x109] == 0x01 && c[0x109] == 0x01 && near == 0,
+               "without XGates the bytes or rights changed");
     }
     if (!failed)
         printf("ok mprotect xgates=%d\n", x);

@@ -291,7 +291,8 @@ def test_split_wrpkru_is_trapped_and_runs_as_written(guest, rootfs):
     on = ok(guest(["xgate-split", "run"], ON), "run")
     assert on == ok(guest(["xgate-split", "run"], OFF), "run")
     out = ok(guest(["xgate-split", "mprotect"], ON), "mprotect xgates=1")
-    assert "split 0/Success byte 0xcc sum 42, memory form -1/Operation not permitted" in out
+    assert ("split 0/Success byte 0xcc sum 42, alu form 0/Success byte 0xcc sum 43, "
+            "memory form -1/Operation not permitted") in out, out
     ok(guest(["xgate-split", "mprotect"], OFF), "mprotect xgates=0")
 
 
