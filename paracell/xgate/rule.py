@@ -5,7 +5,7 @@ This is the ONE place the rule lives; the guest kernel's vetting
 
 - WRPKRU (0f 01 ef) writes PKRU from user mode. Only the kernel's gate page may
   run one, and no file ever contains the gate page, so a WRPKRU found in a file
-  is an offence, with one exception:
+  is an offence, with two exceptions:
 - a pkey_set site: WRPKRU followed by `xor eax, eax; ret` (31 c0 c3), the end of
   glibc's pkey_set() since 2.27. The guest kernel maps it with its first byte
   replaced by INT3 and emulates it as a WRPKRU with the kernel key and every
