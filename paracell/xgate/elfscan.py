@@ -27,6 +27,7 @@ from paracell.xgate.rule import (
     MAX_SITES,
     PATTERN,
     SITES,
+    SPLIT,
     WRPKRU,
     Hit,
     classify,
@@ -86,14 +87,18 @@ def scan_fd(fd: int, size: int) -> ElfScan:
 
 
 def _cap_sites(hits: Iterator[Hit], spans: list[Span]) -> Iterator[Hit]:
-    """The guest kernel traps at most MAX_SITES sites in one mapping (a
-    segment) and refuses the mapping past that: those sites are offences."""
+    """Sites as the guest kernel traps them, one mapping (a segment) at a
+    time: a split site's head must lie in the segment's pages, not only in
+    the run it was scanned with, and past MAX_SITES sites in one segment the
+    kernel refuses the mapping. Sites that fail either are offences."""
     seen: Counter[int] = Counter()
     for hit in hits:
         if hit.instruction in SITES:
             span = next((i for i, s in enumerate(spans) if s.lo <= hit.offset < s.hi), -1)
             seen[span] += 1
-            if seen[span] > MAX_SITES:
+            headless = hit.instruction == SPLIT and (
+                span < 0 or hit.offset - LOOKBEHIND < spans[span].lo)
+            if headless or seen[span] > MAX_SITES:
                 hit = replace(hit, instruction=WRPKRU)
         yield hit
 

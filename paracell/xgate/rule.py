@@ -17,8 +17,9 @@ This is the ONE place the rule lives; the guest kernel's vetting
   ModRM byte with mod = 3) and the `01 ef` the start of `add edi, ebp`
   (libnettle's `rol $0xf,%r15d; add %ebp,%edi`). The guest kernel maps it with
   the `01` turned into INT3 and emulates the add (docs/xgates.md, "Inadvertent
-  WRPKRU bytes"). The two bytes before the 0f must lie in the range scanned,
-  as the kernel requires. Reported for information.
+  WRPKRU bytes"). The two bytes before the 0f must lie in the same segment's
+  pages, as the kernel, which vets one mapping at a time, requires
+  (elfscan applies that bound). Reported for information.
 - the guest kernel traps at most MAX_SITES sites (both kinds) in one mapping; a
   segment with more is refused there, so every site past that many is an
   offence here.

@@ -241,6 +241,15 @@ def test_split_site_head_must_lie_in_the_segment_as_the_kernel_requires(tmp_path
     assert found(elf) == [(0x1002, 0x401002, "wrpkru-split", False)]
 
 
+def test_split_site_head_in_the_previous_segment_is_an_offence(tmp_path):
+    # Two executable segments that touch in the file are scanned as one run, but
+    # the kernel maps (and vets) each on its own: the head is outside the second.
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000),
+                                    (PF_R | PF_X, 0x2000, 0x403000, 0x1000)], 0x3000,
+                   {0x1ffe: b"\xc1\xc7" + WRPKRU})
+    assert found(elf) == [(0x2000, 0x403000, "wrpkru", True)]
+
+
 def test_split_site_across_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(elfscan, "CHUNK", 0x100)
     # Reads end at 0x1100, 0x1200, 0x1300: the WRPKRU cut by one, the WRPKRU just
