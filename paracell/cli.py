@@ -472,11 +472,18 @@ def bench_net(rounds: int, seconds: float, output: str) -> None:
 
 @bench.command("xgate")
 @click.option("--output", "-o", default="bench-results/xgate.json")
-def bench_xgate(output: str) -> None:
+@click.option("--pvm-switch-ns", type=float, default=None,
+              help="published cost of one user/kernel round trip under PVM: adds a projection")
+@click.option("--pvm-source", default=None, help="where --pvm-switch-ns is published")
+def bench_xgate(output: str, pvm_switch_ns: float | None, pvm_source: str | None) -> None:
     """Gate calls against syscalls, vDSO and a pipe round trip, in a guest."""
     import paracell.bench.xgate as bench_xgate_mod
 
-    click.echo(bench_xgate_mod.run(_ctx(), output))
+    if (pvm_switch_ns is None) != (pvm_source is None):
+        raise click.UsageError("--pvm-switch-ns and --pvm-source go together")
+    pvm = None if pvm_switch_ns is None else bench_xgate_mod.PvmCost(pvm_switch_ns,
+                                                                    pvm_source or "")
+    click.echo(bench_xgate_mod.run(_ctx(), output, pvm))
 
 
 def _names(value: str | None) -> list[str] | None:

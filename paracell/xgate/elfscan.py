@@ -15,11 +15,23 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from paracell.xgate.elfheaders import BadElf, read_headers
-from paracell.xgate.rule import LONGEST, LOOKAHEAD, PATTERN, Hit, classify
+from paracell.xgate.rule import (
+    LONGEST,
+    LOOKAHEAD,
+    LOOKBEHIND,
+    MAX_SITES,
+    PATTERN,
+    SITES,
+    SPLIT,
+    WRPKRU,
+    Hit,
+    classify,
+)
 
 PAGE = 4096
 CHUNK = 64 << 20  # bytes per read: bounds memory on huge segments
@@ -57,7 +69,7 @@ def scan_fd(fd: int, size: int) -> ElfScan:
     seen: set[int] = set()
     offence = False
     runs = (hit for lo, hi in _file_runs(spans) for hit in _scan_run(fd, lo, hi))
-    for hit in itertools.chain(runs, _vaddr_joins(fd, spans)):
+    for hit in _cap_sites(itertools.chain(runs, _vaddr_joins(fd, spans)), spans):
         if hit.offset in seen:
             continue
         if len(result.hits) >= MAX_HITS:
@@ -74,15 +86,34 @@ def scan_fd(fd: int, size: int) -> ElfScan:
     return result
 
 
+def _cap_sites(hits: Iterator[Hit], spans: list[Span]) -> Iterator[Hit]:
+    """Sites as the guest kernel traps them, one mapping (a segment) at a
+    time: a split site's head must lie in the segment's pages, not only in
+    the run it was scanned with, and past MAX_SITES sites in one segment the
+    kernel refuses the mapping. Sites that fail either are offences."""
+    seen: Counter[int] = Counter()
+    for hit in hits:
+        if hit.instruction in SITES:
+            span = next((i for i, s in enumerate(spans) if s.lo <= hit.offset < s.hi), -1)
+            seen[span] += 1
+            headless = hit.instruction == SPLIT and (
+                span < 0 or hit.offset - LOOKBEHIND < spans[span].lo)
+            if headless or seen[span] > MAX_SITES:
+                hit = replace(hit, instruction=WRPKRU)
+        yield hit
+
+
 def _scan_run(fd: int, lo: int, hi: int) -> Iterator[Hit]:
     """File bytes [lo, hi), read CHUNK bytes at a time. Each read starts LONGEST
     bytes early, so an encoding cut by the previous read's end is found whole,
-    REX prefix included; matches that end inside that overlap were already found.
+    REX prefix included, and LOOKBEHIND more for a split site's head (never
+    before lo: the kernel looks no further); matches that end inside that
+    overlap were already found.
     Each read also takes LOOKAHEAD bytes past its end (past hi too, as the kernel
     reads a pkey_set site's tail from the file), for classify only: a match must
     lie inside [lo, hi)."""
     for pos in range(lo, hi, CHUNK):
-        start = max(lo, pos - LONGEST)
+        start = max(lo, pos - LONGEST - LOOKBEHIND)
         stop = min(pos + CHUNK, hi)
         data = os.pread(fd, stop - start + LOOKAHEAD, start)
         for match in PATTERN.finditer(data, 0, min(len(data), stop - start)):

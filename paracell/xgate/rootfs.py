@@ -53,13 +53,15 @@ def _libs_of(binary: Path) -> list[Path]:
 def xgate_rootfs(rootfs: Path, python: bool = False, checks: bool = True) -> Path:
     """busybox + Debian's glibc + xgate-bench (static and dynamic) and
     /lib/libxgate-preload.so; with checks, xgate-test, xgate-pitfalls, xgate-glibc (dynamic),
-    xgate-stray (which carries a WRPKRU on purpose), bash and coreutils
+    xgate-stray (which carries a WRPKRU on purpose), xgate-split (WRPKRU bytes
+    across two instructions, on purpose), bash and coreutils
     (Debian's, at /usr/bin and /bin/bash); with python, Debian's python3."""
     defaultspec.busybox_rootfs(rootfs)
     bin_dir = rootfs / "bin"
     if checks:
         gcc(bin_dir / "xgate-test", ["xgate-test.c", "libxgate.c"], "-static", "-pthread")
         gcc(bin_dir / "xgate-stray", ["xgate-stray.c"], "-static")
+        gcc(bin_dir / "xgate-split", ["xgate-split.c", "libxgate.c"], "-static")
         gcc(bin_dir / "xgate-glibc", ["xgate-glibc.c", "libxgate.c"], "-pthread",
             "-mno-red-zone")
         gcc(bin_dir / "xgate-pitfalls", ["xgate-pitfalls.c", "libxgate.c"], "-static",

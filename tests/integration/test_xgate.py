@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from paracell.xgate import vet
 from paracell.xgate.rootfs import SOURCES, xgate_rootfs
 from tests.conftest import REPO
 
@@ -277,6 +278,31 @@ BASH = ("for i in 3 1 2; do echo $((i * i)); done | /usr/bin/sort -n | /usr/bin/
         "/usr/bin/seq 1 100 | /usr/bin/wc -l; /usr/bin/ls /usr/bin | /usr/bin/head -1; "
         "/usr/bin/sha256sum /etc/passwd | /usr/bin/wc -c; /usr/bin/cat /etc/group; "
         "/usr/bin/id -u; /usr/bin/stat -c %s /etc/passwd; echo bash=$BASH_VERSION")
+
+
+def test_split_wrpkru_is_trapped_and_runs_as_written(guest, rootfs):
+    # xgate-split carries libnettle's pattern: rol $0xf,%r15d; add %ebp,%edi, whose
+    # bytes read 0f 01 ef across the two. The host's vetting calls it a split site.
+    findings = vet.vet_paths([str(rootfs / "bin" / "xgate-split")]).findings
+    assert [f.instruction for f in findings if f.instruction.startswith("wrpkru")] == \
+        ["wrpkru-split"]
+    ok(guest(["xgate-split", "bytes"], ON), "bytes trapped (0f cc ef)")
+    ok(guest(["xgate-split", "bytes"], OFF), "bytes plain (0f 01 ef)")
+    on = ok(guest(["xgate-split", "run"], ON), "run")
+    assert on == ok(guest(["xgate-split", "run"], OFF), "run")
+    out = ok(guest(["xgate-split", "mprotect"], ON), "mprotect xgates=1")
+    assert ("split 0/Success byte 0xcc sum 42, alu form 0/Success byte 0xcc sum 43, "
+            "memory form -1/Operation not permitted") in out, out
+    ok(guest(["xgate-split", "mprotect"], OFF), "mprotect xgates=0")
+
+
+def test_jump_into_a_split_wrpkru_never_opens_a_key(guest):
+    # Without XGates the jump to the 0f is a WRPKRU with EAX = 0: every key opens.
+    # With XGates the bytes there are 0f cc ef (bswap esp; out): killed by SIGSEGV.
+    off = ok(guest(["xgate-split", "mid"], OFF), "mid")
+    assert "mid: returned, pkru 0\n" in off and "mid: exited 0" in off, off
+    on = ok(guest(["xgate-split", "mid"], ON), "mid")
+    assert "mid: killed by signal 11" in on and "returned" not in on, on
 
 
 def test_debian_bash_and_coreutils_run_unmodified_with_xgates_on(guest):

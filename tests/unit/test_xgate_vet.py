@@ -213,6 +213,71 @@ def test_pkey_set_site_across_chunks(tmp_path, monkeypatch):
                           (0x12ff, 0x4012ff, "wrpkru", True)]
 
 
+# libnettle.so.8.6's first one: rol $0xf,%r15d (41 c1 c7 0f); add %ebp,%edi (01 ef).
+NETTLE = b"\x41\xc1\xc7\x0f\x01\xef"
+
+
+@pytest.mark.parametrize("head, instruction, offence", [
+    (b"\x41\xc1\xc7", "wrpkru-split", False),  # libnettle: rol r15d, 15
+    (b"\x83\xe0", "wrpkru-split", False),  # and eax, 15
+    (b"\xc1\x47", "wrpkru", True),  # memory form: the 0f may be a displacement
+    (b"\xb8\x90", "wrpkru", True),  # no shift or ALU immediate before it
+])
+def test_split_site_rule(tmp_path, head, instruction, offence):
+    at = 0x1200
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000,
+                   {at - len(head): head + WRPKRU})
+    assert found(elf) == [(at, 0x401000 + at - 0x1000, instruction, offence)]
+
+
+def test_split_site_head_must_lie_in_the_segment_as_the_kernel_requires(tmp_path):
+    # The 0f is the segment's second byte: its head starts a page earlier, which
+    # the kernel does not read at mmap, so it refuses; so does the host.
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000,
+                   {0xffe: b"\xc1\xc7\x90" + WRPKRU})
+    assert found(elf) == [(0x1001, 0x401001, "wrpkru", True)]
+    elf = make_elf(tmp_path / "b", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000,
+                   {0x1000: b"\xc1\xc7" + WRPKRU})
+    assert found(elf) == [(0x1002, 0x401002, "wrpkru-split", False)]
+
+
+def test_split_site_head_in_the_previous_segment_is_an_offence(tmp_path):
+    # Two executable segments that touch in the file are scanned as one run, but
+    # the kernel maps (and vets) each on its own: the head is outside the second.
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000),
+                                    (PF_R | PF_X, 0x2000, 0x403000, 0x1000)], 0x3000,
+                   {0x1ffe: b"\xc1\xc7" + WRPKRU})
+    assert found(elf) == [(0x2000, 0x403000, "wrpkru", True)]
+
+
+def test_split_site_across_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(elfscan, "CHUNK", 0x100)
+    # Reads end at 0x1100, 0x1200, 0x1300: the WRPKRU cut by one, the WRPKRU just
+    # after one, the head cut by one.
+    patches = {0x10fb: NETTLE, 0x11fd: NETTLE, 0x12fe: NETTLE}
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000, patches)
+    assert found(elf) == [(at + 3, 0x400000 + at + 3, "wrpkru-split", False)
+                          for at in sorted(patches)]
+
+
+def test_more_sites_than_the_kernel_traps_are_offences(tmp_path):
+    patches = {0x1100 + 0x10 * i: NETTLE if i % 2 else SITE for i in range(10)}
+    elf = make_elf(tmp_path / "a", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)], 0x2000, patches)
+    kinds = [(instruction, offence) for _, _, instruction, offence in found(elf)]
+    assert kinds == [("wrpkru-pkey_set", False), ("wrpkru-split", False)] * 4 + \
+        [("wrpkru", True)] * 2
+
+
+def test_debian_libnettle_has_two_split_sites_and_no_offence():
+    path = "/usr/lib/x86_64-linux-gnu/libnettle.so.8.6"
+    if not os.path.exists(path):
+        pytest.skip("libnettle8 is not installed on this host")
+    report = vet.vet_paths([path])
+    assert report.offences == []
+    assert [(f.offset, f.instruction) for f in report.findings] == \
+        [(0x27a71, "wrpkru-split"), (0x27dd9, "wrpkru-split")]
+
+
 # --- hostile input ---------------------------------------------------------------------
 
 
