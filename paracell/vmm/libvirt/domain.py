@@ -23,6 +23,7 @@ from typing import Any
 
 from paracell import __version__, wire
 from paracell.errors import ParacellError
+from paracell.net.device import NetworkInterfaces
 from paracell.vmm import devices as dev
 from paracell.vmm.builder import Device, VmBuilder
 
@@ -142,21 +143,15 @@ def _balloon(_: dev.Balloon, parts: Parts) -> None:
     _sub(balloon, "stats", period="0")
 
 
-def _register_network() -> None:
-    from paracell.net.device import NetworkInterfaces
-
-    @renders(NetworkInterfaces)
-    def _nics(nics: NetworkInterfaces, parts: Parts) -> None:
-        for mac, name in zip(nics.macs(), nics.tap_names(), strict=True):
-            iface = parts.add("interface", {"type": "ethernet"})
-            # managed='no': the TAP is ParaCell's, made before the domain and
-            # moved into the container's network namespace once QEMU holds it.
-            _sub(iface, "target", dev=name, managed="no")
-            _sub(iface, "model", type="virtio")
-            _sub(iface, "mac", address=mac)
-
-
-_register_network()
+@renders(NetworkInterfaces)
+def _nics(nics: NetworkInterfaces, parts: Parts) -> None:
+    for mac, name in zip(nics.macs(), nics.tap_names(), strict=True):
+        iface = parts.add("interface", {"type": "ethernet"})
+        # managed='no': the TAP is ParaCell's, lent to libvirtd's namespace
+        # for the start and taken back once QEMU holds it (paracell/net/lent.py).
+        _sub(iface, "target", dev=name, managed="no")
+        _sub(iface, "model", type="virtio")
+        _sub(iface, "mac", address=mac)
 
 
 def render(vm: VmBuilder, name: str, owner: dict[str, str]) -> str:
