@@ -163,7 +163,8 @@ def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
         f'[debug]\n  address = "{base}/debug.sock"\n'
     )
-    env = e2e_env(memory_dir) | backend_env
+    # VM templates in a store of the fixture's own, never the system's.
+    env = e2e_env(memory_dir) | backend_env | {"PARACELL_TEMPLATES": str(base / "templates")}
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
@@ -215,7 +216,8 @@ def podman(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         'netns = "none"\n'
         '[engine]\nruntime_supports_json = ["crun", "runc", "paracell"]\n'
     )
-    env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf)) | backend_env
+    env = dict(e2e_env(memory_dir), CONTAINERS_CONF=str(conf)) | backend_env | {
+        "PARACELL_TEMPLATES": str(base / "templates")}
     daemon = Podman(base, env, client_runtime(base))
     tar_path = base / "rootfs.tar"
     with tarfile.open(tar_path, "w") as tar:

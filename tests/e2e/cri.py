@@ -6,6 +6,7 @@ does). The CRI client in paracell.cri plays kubelet."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import time
@@ -180,6 +181,18 @@ def _pause_image(base: Path) -> Path:
     subprocess.run(["gcc", "-static", "-O2", "-o", str(rootfs / "pause"),
                     str(REPO / "oci" / "kubernetes" / "pause.c")], check=True)
     return oci_image_tar(rootfs, base / "pause.tar", name=PAUSE_IMAGE, cmd=("/pause",))
+
+
+def runtime_wrapper(base: Path, env: dict[str, str]) -> str:
+    """A BinaryName that runs paracell with `env` added: containerd strips the
+    runtime's environment, as it would an operator's settings but for
+    /etc/paracell/config.json, which a test must not touch."""
+    wrapper = base / "bin" / "paracell"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    assigns = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
+    wrapper.write_text(f'#!/bin/sh\n{assigns} exec {shlex.quote(PARACELL)} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper)
 
 
 def running_cri(base: Path, busybox_rootfs: Path, binary: str = PARACELL) -> Iterator[Cri]:

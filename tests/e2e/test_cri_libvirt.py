@@ -4,14 +4,12 @@ a domain of the private libvirt daemon (tests/libvirtd.py)."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import PARACELL
-from tests.e2e.cri import HANDLER, Cri, running_cri
+from tests.e2e.cri import HANDLER, Cri, running_cri, runtime_wrapper
 
 pytestmark = pytest.mark.e2e
 
@@ -23,13 +21,9 @@ def cri(libvirtd, busybox_rootfs_module: Path) -> Iterator[Cri]:
     # operator's /etc/paracell/config.json would give them.
     base = libvirtd.workdir / "cri"
     base.mkdir()
-    wrapper = base / "bin" / "paracell"
-    wrapper.parent.mkdir()
-    wrapper.write_text(f"#!/bin/sh\nPARACELL_LIBVIRT_URI={shlex.quote(libvirtd.uri)} "
-                       f"PARACELL_MEMORY_DIR={shlex.quote(str(base / 'shm'))} "
-                       f'exec {shlex.quote(PARACELL)} "$@"\n')
-    wrapper.chmod(0o755)
-    yield from running_cri(base, busybox_rootfs_module, binary=str(wrapper))
+    wrapper = runtime_wrapper(base, {"PARACELL_LIBVIRT_URI": libvirtd.uri,
+                                     "PARACELL_MEMORY_DIR": str(base / "shm")})
+    yield from running_cri(base, busybox_rootfs_module, binary=wrapper)
 
 
 def test_the_annotation_makes_the_pod_a_libvirt_domain(cri: Cri, libvirtd):
