@@ -97,6 +97,9 @@ class Device(Reclaimable):
     def launched(self) -> None:
         """QEMU holds its copies of our fds now: close ours that it alone needs."""
 
+    def started(self, pid: int) -> None:
+        """QEMU runs as `pid` (after `launched`)."""
+
     def release(self) -> None:
         """The owner's cleanup at the end of the VM: close what is open, then
         whatever `reclaim` removes."""
@@ -233,6 +236,7 @@ class VmBuilder:
             raise
         for device in self.devices:
             device.launched()
+            device.started(proc.pid)
         return Vm(proc, self.devices)
 
 
