@@ -88,6 +88,37 @@ def test_freed_memory_leaves_the_host_only_with_the_pager(runtime, make_bundle, 
     runtime.assert_no_leaks()
 
 
+def test_a_burst_after_a_reclaim_is_bound_ahead_and_into_qemu(runtime, make_bundle,
+                                                               pager_rootfs):
+    # 32 MiB freed, reclaimed, then allocated again at once: the guest binds
+    # ahead of the burst, and the host maps what it binds into QEMU too.
+    script = f"{PAGERLOAD} retouch 32 1000 1; echo retouch-exit=$?; sleep 10"
+    bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs,
+                         mutate=_with({"io.paracell.memory-manager": "pager"}))
+    proc = _popen_run(runtime, bundle, "burst")
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.decode().strip())
+        if line.startswith(b"retouch-exit="):
+            break
+    stats = json.loads(runtime("events", "--stats", "burst", check=True).stdout)
+    pager = stats["data"]["paracell"]
+    runtime("kill", "burst", "KILL")
+    proc.wait(60)
+    print("\n".join(lines))
+    assert "retouch-exit=0" in lines
+    during = next(ln.split() for ln in lines if ln.startswith("pager "))
+    counters = dict(zip(during[1::2], map(int, during[2::2]), strict=True))
+    pages = 32 * MIB // 4096
+    # Bound ahead, not late: the allocator met backed memory.
+    assert counters["bound_ahead_pages"] >= pages // 2, counters
+    assert counters["bound_late_pages"] < counters["bound_ahead_pages"], counters
+    assert pager["prefaulted_total_bytes"] >= pages // 2 * 4096, pager
+    runtime("delete", "--force", "burst")
+    runtime.assert_no_leaks()
+
+
 def test_data_survives_churn_at_the_most_aggressive_settings(runtime, make_bundle, pager_rootfs):
     script = f"{PAGERLOAD} churn 30 3; echo churn-exit=$?; sleep 10"
     bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs, mutate=_with(AGGRESSIVE))
