@@ -252,11 +252,13 @@ static void prefault_vmm(struct pc_pager *p, int64_t off, uint64_t len)
                                        .iov_len = 1};
             at = (at + PREFAULT_STEP) & ~(PREFAULT_STEP - 1);
         }
-        if (process_vm_readv(pid, local, n, remote, n, 0) < n) {
+        ssize_t got = process_vm_readv(pid, local, n, remote, n, 0);
+        if (got < 0 && errno != EFAULT) {
             p->vmm_base = 0;  /* QEMU gone, or not ours to read: stop trying */
             p->vmm_lookups = 0;
             return;
         }
+        if (got < n) return;  /* a page QEMU could not map now: it faults it in itself */
     }
     p->stats->vmm_prefault_pages += len / PC_PAGER_PAGE_SIZE;
 }
