@@ -305,6 +305,8 @@ def run(ctx: Context, quick: bool, output: str) -> str:
             "userland_mean_host_mib": statistics.median(x["mean_host_mib"] for x in agents[manager])
             if agents[manager] else None,
             "userland": agents[manager],
+            # Each VM's pairs, 2 MiB profiles, guest counters and CPU per page.
+            "retouch": to,
             "peak_host_mib": max(x["peak_host_mib"] for x in tr),
             "rounds": tr,
         }
