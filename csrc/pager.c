@@ -18,6 +18,8 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,6 +32,12 @@
 #endif
 
 #define FOUR_GIB (1ULL << 32)
+/* A read fault on a file mapping also maps the page cache around it, 64 KiB
+ * aligned (the kernel's fault_around_bytes), so one byte read per 64 KiB
+ * maps a populated range whole. */
+#define PREFAULT_STEP (64 * 1024ULL)
+#define PREFAULT_IOVS 64
+#define VMM_LOOKUPS 8
 #define NS_PER_S 1000000000ULL
 
 _Static_assert(sizeof(struct pc_pager_shm) <= PC_PAGER_SHM_SIZE, "rings must fit the BAR");
@@ -187,6 +195,74 @@ static int populate(struct pc_pager *p, int64_t off, uint64_t len)
     return fallocate(p->ram_fd, 0, off, (off_t)len);
 }
 
+void pc_pager_set_vmm(struct pc_pager *p, int pid)
+{
+    __atomic_store_n(&p->vmm_lookups, VMM_LOOKUPS, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->vmm_pid, pid, __ATOMIC_RELEASE);
+}
+
+/* QEMU's shared mapping of the whole RAM file, from /proc/PID/maps: the one
+ * whose device and inode are the RAM file's, from offset 0, ram_size long. */
+static uint64_t find_vmm_mapping(const struct pc_pager *p, int pid)
+{
+    struct stat st;
+    char path[64], line[512];
+    uint64_t found = 0;
+    if (fstat(p->ram_fd, &st) < 0) return 0;
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long long start, end, offset, inode;
+        unsigned int maj, min;
+        char perms[8];
+        if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &offset, &maj,
+                   &min, &inode) == 7 && inode == (unsigned long long)st.st_ino &&
+            makedev(maj, min) == st.st_dev && offset == 0 && perms[3] == 's' &&
+            perms[1] == 'w' && end - start >= p->ram_size)
+            found = start;
+    }
+    fclose(f);
+    return found;
+}
+
+/* Maps a populated range into QEMU's page tables by reading one byte of it
+ * per fault-around window through process_vm_readv: a read fault on a shared
+ * file mapping installs writable entries, so QEMU's own stores then run
+ * without a fault.  Only reads, and only inside QEMU's mapping of guest RAM;
+ * any failure just leaves the faults to QEMU, as without this. */
+static void prefault_vmm(struct pc_pager *p, int64_t off, uint64_t len)
+{
+    int pid = __atomic_load_n(&p->vmm_pid, __ATOMIC_ACQUIRE);
+    if (!pid) return;
+    if (!p->vmm_base) {
+        if (p->vmm_lookups <= 0) return;
+        p->vmm_lookups--;
+        p->vmm_base = find_vmm_mapping(p, pid);
+        if (!p->vmm_base) return;
+    }
+    char sink[PREFAULT_IOVS];
+    struct iovec local[PREFAULT_IOVS], remote[PREFAULT_IOVS];
+    uint64_t at = (uint64_t)off, end = (uint64_t)off + len;
+    while (at < end) {
+        int n = 0;
+        for (; n < PREFAULT_IOVS && at < end; n++) {
+            local[n] = (struct iovec){.iov_base = &sink[n], .iov_len = 1};
+            remote[n] = (struct iovec){.iov_base = (void *)(uintptr_t)(p->vmm_base + at),
+                                       .iov_len = 1};
+            at = (at + PREFAULT_STEP) & ~(PREFAULT_STEP - 1);
+        }
+        ssize_t got = process_vm_readv(pid, local, n, remote, n, 0);
+        if (got < 0 && errno != EFAULT) {
+            p->vmm_base = 0;  /* QEMU gone, or not ours to read: stop trying */
+            p->vmm_lookups = 0;
+            return;
+        }
+        if (got < n) return;  /* a page QEMU could not map now: it faults it in itself */
+    }
+    p->stats->vmm_prefault_pages += len / PC_PAGER_PAGE_SIZE;
+}
+
 static int drain_bind(struct pc_pager *p, int *more)
 {
     int64_t avail = published(p, "BIND", &p->shm->bind.prod, p->bind_cons, PC_PAGER_BIND_SLOTS);
@@ -198,8 +274,14 @@ static int drain_bind(struct pc_pager *p, int *more)
                sizeof r);
         int64_t off = ram_offset(p, r.addr, r.len);
         if (off < 0) return bad_range(p, "BIND", &r);
-        if (populate(p, off, r.len) < 0 && errno != ENOMEM)
-            return fail(p, PC_PAGER_IO_ERROR, "binding guest memory: %s", strerror(errno));
+        uint64_t t0 = monotonic_ns();
+        if (populate(p, off, r.len) < 0) {
+            if (errno != ENOMEM)
+                return fail(p, PC_PAGER_IO_ERROR, "binding guest memory: %s", strerror(errno));
+        } else {
+            prefault_vmm(p, off, r.len);
+        }
+        p->stats->bind_ns += monotonic_ns() - t0;
         p->stats->bind_ranges++;
         p->stats->bind_pages += r.len / PC_PAGER_PAGE_SIZE;
     }

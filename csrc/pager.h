@@ -23,6 +23,8 @@ struct pc_pager_stats {
     uint64_t last_reclaim_ns;  /* doorbell seen to ack sent, for the last UNBIND batch */
     uint64_t doorbells;
     uint64_t violations;
+    uint64_t vmm_prefault_pages;  /* bound pages also mapped into QEMU's page tables */
+    uint64_t bind_ns;             /* time spent binding: populating and prefaulting */
 };
 
 struct pc_pager {
@@ -41,6 +43,9 @@ struct pc_pager {
     uint32_t bind_cons;
     uint64_t idle_window_ns;
     uint64_t idle_doorbells;
+    int vmm_pid;          /* QEMU, once started (pc_pager_set_vmm); 0 before */
+    int vmm_lookups;      /* tries left to find QEMU's mapping of guest RAM */
+    uint64_t vmm_base;    /* that mapping's address in QEMU, 0 while unknown */
     unsigned long thread;
     int running;
     char error[240];
@@ -59,6 +64,11 @@ int pc_pager_greet(struct pc_pager *p, int sock_fd);
  * PC_PAGER_MAX_BIND_PER_WAKEUP), then the UNBIND batch.  Returns PC_PAGER_*,
  * or 1 when BIND entries are left for another pass. */
 int pc_pager_wakeup(struct pc_pager *p, uint64_t doorbells, uint64_t now_ns);
+/* Tells the Pager QEMU's pid once QEMU runs: from then on every bound range
+ * is also mapped into QEMU's own page tables, so the guest's first touch of
+ * it costs QEMU no host page fault.  Without it (or when QEMU's mapping
+ * cannot be read) binding still works; QEMU faults the pages in itself. */
+void pc_pager_set_vmm(struct pc_pager *p, int pid);
 /* The serving thread: waits for doorbells until pc_pager_stop. */
 int pc_pager_start(struct pc_pager *p);
 /* Stops the thread and releases every fd and mapping. Idempotent. */

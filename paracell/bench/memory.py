@@ -21,7 +21,7 @@ from typing import Any
 from paracell.bench import common, programs
 from paracell.bench.plot import save_figure
 from paracell.errors import ParacellError
-from paracell.procfs import page_faults
+from paracell.procfs import cpu_ns, page_faults
 from paracell.runtime.bundle import defaultspec
 from paracell.runtime.context import Context
 
@@ -33,6 +33,7 @@ SAMPLE_S = 0.002
 GAP_MS = 2500  # idle after each free: long enough for the balloon's 2 s pacing
 RETOUCH_MIB = 64
 RECLAIM_WAIT_MS = 3000  # before the re-touch: past the balloon's 2 s pacing too
+RETOUCH_PAIRS = 3  # warm/re-touch pairs per VM: this machine's load moves by the second
 USERLAND_ROUNDS, USERLAND_ITEMS = 4, 60000
 
 
@@ -43,11 +44,21 @@ class Event:
 
 
 @dataclass
+class Mark:
+    """What QEMU and the shim (where the Pager's thread runs) had used when
+    the workload printed `mark NAME`."""
+    name: str
+    qemu_faults: int
+    qemu_cpu_ns: int
+    shim_cpu_ns: int
+
+
+@dataclass
 class Run:
     manager: str
     events: list[Event] = field(default_factory=list)
     samples: list[tuple[float, int]] = field(default_factory=list)
-    faults: list[int] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -75,14 +86,21 @@ def _sample(path_of: Path, out: list[tuple[float, int]], stop: threading.Event) 
         time.sleep(SAMPLE_S)
 
 
-def _qemu_pid(cid: str) -> int | None:
+def _pids(cid: str) -> tuple[int, int]:
+    """QEMU's and the shim's pids, 0 where not known (yet)."""
     from paracell.runtime.state.store import StateStore
 
     try:
-        vm = StateStore(common.state_root()).load(cid).vm
+        state = StateStore(common.state_root()).load(cid)
     except ParacellError:  # not created yet, or gone
-        return None
-    return vm.qemu_pid if vm and vm.qemu_pid else None
+        return 0, 0
+    return (state.vm.qemu_pid if state.vm else 0) or 0, state.shim_pid or 0
+
+
+def _mark(name: str, cid: str) -> Mark:
+    qemu, shim = _pids(cid)
+    return Mark(name, (page_faults(qemu) or 0) if qemu else 0, (cpu_ns(qemu) or 0) if qemu else 0,
+                (cpu_ns(shim) or 0) if shim else 0)
 
 
 def run_one(manager: str, bundle: Path, cid: str) -> Run:
@@ -105,8 +123,7 @@ def run_one(manager: str, bundle: Path, cid: str) -> Run:
         words = raw.decode(errors="replace").split()
         run.events.append(Event(time.monotonic(), words))
         if words[:1] == ["mark"]:
-            pid = _qemu_pid(cid)
-            run.faults.append((page_faults(pid) or 0) if pid else 0)
+            run.marks.append(_mark(" ".join(words[1:]), cid))
     rc = proc.wait()
     run.wall_s = time.monotonic() - began
     stop.set()
@@ -152,15 +169,43 @@ def trace_figures(run: Run) -> dict[str, Any]:
     }
 
 
+def _pairs(words: list[str], kind: type) -> dict[str, Any]:
+    """`name value name value ...` as a dict."""
+    return {k: kind(v) for k, v in zip(words[0::2], words[1::2], strict=False)}
+
+
 def retouch_figures(run: Run) -> dict[str, Any]:
-    values = {e.words[0]: float(e.words[1]) for e in run.events
-              if e.words[:1] in (["warm"], ["retouch"])}
+    """One VM's warm/re-touch pairs: medians of the pairs, and each pair."""
+    warm = [float(e.words[1]) for e in run.events if e.words[:1] == ["warm"]]
+    cold = [float(e.words[1]) for e in run.events if e.words[:1] == ["retouch"]]
     pages = RETOUCH_MIB * MIB // 4096
-    faults = run.faults[1] - run.faults[0] if len(run.faults) == 2 else None
+
+    def spans(touch: str) -> list[tuple[Mark, Mark]]:
+        starts = [m for m in run.marks if m.name == f"{touch} start"]
+        ends = [m for m in run.marks if m.name == f"{touch} end"]
+        return list(zip(starts, ends, strict=False))
+
+    faults = [(b.qemu_faults - a.qemu_faults) / pages for a, b in spans("retouch")]
+    # CPU per page, whatever the wall clock: QEMU's (the vCPU, and its host
+    # faults) and the shim's (the Pager's thread binding, in parallel).
+    cpu = {touch: [{"qemu_us_per_page": (b.qemu_cpu_ns - a.qemu_cpu_ns) / 1e3 / pages,
+                    "shim_us_per_page": (b.shim_cpu_ns - a.shim_cpu_ns) / 1e3 / pages}
+                   for a, b in spans(touch)] for touch in ("warm", "retouch")}
+    # Per 2 MiB chunk: a touch slowed on every page has little excess over its
+    # median chunk; one slowed by stalls (memory not bound in time) has much.
+    chunks = [{"touch": e.words[1]} | _pairs(e.words[3:], float)
+              for e in run.events if e.words[:1] == ["chunks"]]
+    pager = [_pairs(e.words[1:], int) for e in run.events if e.words[:1] == ["pager"]]
     return {
-        "retouch_us_per_page": values["retouch"],
-        "warm_us_per_page": values["warm"],
-        "host_faults_per_page": faults / pages if faults is not None else None,
+        "retouch_us_per_page": statistics.median(cold),
+        "warm_us_per_page": statistics.median(warm),
+        "retouch_ratio": statistics.median(c / w for c, w in zip(cold, warm, strict=True)),
+        "host_faults_per_page": statistics.median(faults) if len(faults) == len(cold) else None,
+        "pairs": [{"warm_us_per_page": w, "retouch_us_per_page": c, "host_faults_per_page": f}
+                  for w, c, f in zip(warm, cold, faults, strict=False)],
+        "chunks_2mib": chunks,
+        "guest_pager_counters": pager,
+        "cpu": cpu,
     }
 
 
@@ -204,9 +249,8 @@ def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
         ("pager waste_pct <= 1.0 and <= balloon's / 5",
          ok(p["waste_pct"], lambda w: w <= 1.0 and w <= b["waste_pct"] / 5)),
         ("pager reclaim_ms <= 100", ok(p["reclaim_ms"], lambda r: r <= 100)),
-        ("pager retouch <= 1.1 x warm, host faults/page <= 0.1",
-         ok(p["host_faults_per_page"], lambda f: f <= 0.1
-            and p["retouch_us_per_page"] <= 1.1 * p["warm_us_per_page"])),
+        ("pager retouch <= 1.1 x warm (median of the pairs), host faults/page <= 0.1",
+         ok(p["host_faults_per_page"], lambda f: f <= 0.1 and p["retouch_ratio"] <= 1.1)),
         ("pager workload_s <= 1.05 x none's",
          ok(p["workload_s"], lambda w: w <= 1.05 * n["workload_s"])),
     ]
@@ -217,7 +261,7 @@ def run(ctx: Context, quick: bool, output: str) -> str:
     rootfs = _rootfs()
     trace = _bundle("memory-trace", [PAGERLOAD, "trace", str(bursts), str(GAP_MS)], rootfs)
     retouch = _bundle("memory-retouch", [PAGERLOAD, "retouch", str(RETOUCH_MIB),
-                                         str(RECLAIM_WAIT_MS)], rootfs)
+                                         str(RECLAIM_WAIT_MS), str(RETOUCH_PAIRS)], rootfs)
     agent = None
     if not quick:
         from paracell.bench import userland
@@ -250,6 +294,10 @@ def run(ctx: Context, quick: bool, output: str) -> str:
             "reclaim_ms": statistics.median(reclaim) if None not in reclaim else None,
             "retouch_us_per_page": statistics.median(x["retouch_us_per_page"] for x in to),
             "warm_us_per_page": statistics.median(x["warm_us_per_page"] for x in to),
+            # Each pair's ratio is of two touches seconds apart in one VM: the
+            # median over every pair of every round resists the load's swings.
+            "retouch_ratio": statistics.median(q["retouch_us_per_page"] / q["warm_us_per_page"]
+                                               for x in to for q in x["pairs"]),
             "host_faults_per_page": statistics.median(faults) if None not in faults else None,
             # --quick has no real-userland workload: the bursty trace's run time stands in.
             "workload_s": statistics.median(x["workload_s"] for x in agents[manager])
@@ -257,6 +305,8 @@ def run(ctx: Context, quick: bool, output: str) -> str:
             "userland_mean_host_mib": statistics.median(x["mean_host_mib"] for x in agents[manager])
             if agents[manager] else None,
             "userland": agents[manager],
+            # Each VM's pairs, 2 MiB profiles, guest counters and CPU per page.
+            "retouch": to,
             "peak_host_mib": max(x["peak_host_mib"] for x in tr),
             "rounds": tr,
         }
@@ -272,12 +322,13 @@ def run(ctx: Context, quick: bool, output: str) -> str:
         "results": results, "goals": {name: met for name, met in checked}, "plot": str(png),
     })
     lines = [f"{'':8} {'waste%':>7} {'reclaim ms':>10} {'retouch us':>10} {'warm us':>8} "
-             f"{'faults/pg':>9} {'work s':>7} {'peak MiB':>8} {'agent MiB':>9}"]
+             f"{'ratio':>6} {'faults/pg':>9} {'work s':>7} {'peak MiB':>8} {'agent MiB':>9}"]
     for manager, x in results.items():
         def fmt(v: Any, spec: str) -> str:
             return format(v, spec) if v is not None else "never"
         lines.append(f"{manager:8} {x['waste_pct']:7.2f} {fmt(x['reclaim_ms'], '10.1f')} "
                      f"{x['retouch_us_per_page']:10.2f} {x['warm_us_per_page']:8.2f} "
+                     f"{x['retouch_ratio']:6.2f} "
                      f"{fmt(x['host_faults_per_page'], '9.3f')} {x['workload_s']:7.2f} "
                      f"{x['peak_host_mib']:8.1f} {fmt(x['userland_mean_host_mib'], '9.1f')}")
     lines += [f"goal {'met' if met else 'NOT met'}: {name}" for name, met in checked]

@@ -65,6 +65,10 @@ class PagerServer:
         if self._lib.pc_pager_start(self._p) != 0:
             raise ParacellError(self.error)
 
+    def set_vmm(self, pid: int) -> None:
+        """QEMU runs as `pid`: bound memory is mapped into its page tables too."""
+        self._lib.pc_pager_set_vmm(self._p, pid)
+
     def failure(self) -> str | None:
         """Why the thread stopped on its own, if it did."""
         return self.error or None

@@ -11,7 +11,7 @@ from paracell.pager.server import SHM_FILE, STATS_FILE
 
 PAGE = 4096
 HOST_FIELDS = ("unbind_ranges", "unbind_pages", "unbind_batches", "bind_ranges", "bind_pages",
-               "bind_batches", "doorbells", "violations")
+               "bind_batches", "doorbells", "violations", "vmm_prefault_pages")
 GUEST_FIELDS = ("total_pages", "free_pages", "unbound_pages", "reported_pages",
                 "bound_ahead_pages", "bound_late_pages", "bind_dropped", "unbind_batches",
                 "bind_batches", "inflight_pages")
@@ -44,6 +44,6 @@ def read(state_dir: Path) -> dict[str, Any] | None:
                   if not name.endswith("_pages")})
     return {
         "host": {name: int(getattr(host, name)) for name in HOST_FIELDS}
-        | {"last_reclaim_ms": int(host.last_reclaim_ns) / 1e6},
+        | {"last_reclaim_ms": int(host.last_reclaim_ns) / 1e6, "bind_ms": int(host.bind_ns) / 1e6},
         "guest": guest,
     }

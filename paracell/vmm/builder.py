@@ -107,6 +107,10 @@ class Device(Reclaimable):
     def launched(self) -> None:
         """QEMU holds its copies of our fds now: close ours that it alone needs."""
 
+    def started(self, pid: int) -> None:
+        """QEMU runs as `pid`, our child (after `launched`). Not called for a
+        QEMU that is libvirtd's: the shim may not see its pid."""
+
     def release(self) -> None:
         """The owner's cleanup at the end of the VM: close what is open, then
         whatever `reclaim` removes."""
@@ -245,6 +249,7 @@ class VmBuilder:
             raise
         for device in self.devices:
             device.launched()
+            device.started(proc.pid)
         return QemuChild(proc, self.devices)
 
 

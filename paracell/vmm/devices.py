@@ -379,6 +379,12 @@ class PagerChannel(Device):
         if self.server:
             self.server.start()
 
+    def started(self, pid: int) -> None:
+        # PARACELL_PAGER_VMM_PREFAULT=0 leaves QEMU to fault bound memory in
+        # itself, as before: how docs/pager.md measures what the prefault saves.
+        if self.server and os.environ.get("PARACELL_PAGER_VMM_PREFAULT") != "0":
+            self.server.set_vmm(pid)
+
     def release(self) -> None:
         if self.server:
             self.server.close()

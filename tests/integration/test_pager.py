@@ -59,6 +59,23 @@ def _popen_run(runtime, bundle: Path, cid: str) -> subprocess.Popen[bytes]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
+def _run_until(runtime, bundle: Path, cid: str, last: bytes) -> tuple[list[str], dict]:
+    """Runs the container until it prints a line starting with `last`, then
+    reads its Pager figures while it still runs, and kills it."""
+    proc = _popen_run(runtime, bundle, cid)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line.decode().strip())
+        if line.startswith(last):
+            break
+    stats = json.loads(runtime("events", "--stats", cid, check=True).stdout)
+    runtime("kill", cid, "KILL")
+    proc.wait(60)
+    print("\n".join(lines))
+    return lines, stats["data"]["paracell"]
+
+
 @pytest.mark.parametrize("manager", ["pager", "none"])
 @pytest.mark.both_vmms
 def test_freed_memory_leaves_the_host_only_with_the_pager(runtime, make_bundle, pager_rootfs,
@@ -89,21 +106,30 @@ def test_freed_memory_leaves_the_host_only_with_the_pager(runtime, make_bundle, 
     runtime.assert_no_leaks()
 
 
+def test_a_burst_after_a_reclaim_is_bound_ahead_and_into_qemu(runtime, make_bundle,
+                                                               pager_rootfs):
+    # 32 MiB freed, reclaimed, then allocated again at once: the guest binds
+    # ahead of the burst, and the host maps what it binds into QEMU too.
+    script = f"{PAGERLOAD} retouch 32 1000 1; echo retouch-exit=$?; sleep 10"
+    bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs,
+                         mutate=_with({"io.paracell.memory-manager": "pager"}))
+    lines, pager = _run_until(runtime, bundle, "burst", b"retouch-exit=")
+    assert "retouch-exit=0" in lines
+    during = next(ln.split() for ln in lines if ln.startswith("pager "))
+    counters = dict(zip(during[1::2], map(int, during[2::2]), strict=True))
+    pages = 32 * MIB // 4096
+    # Bound ahead, not late: the allocator met backed memory.
+    assert counters["bound_ahead_pages"] >= pages // 2, counters
+    assert counters["bound_late_pages"] < counters["bound_ahead_pages"], counters
+    assert pager["prefaulted_total_bytes"] >= pages // 2 * 4096, pager
+    runtime("delete", "--force", "burst")
+    runtime.assert_no_leaks()
+
+
 def test_data_survives_churn_at_the_most_aggressive_settings(runtime, make_bundle, pager_rootfs):
     script = f"{PAGERLOAD} churn 30 3; echo churn-exit=$?; sleep 10"
     bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs, mutate=_with(AGGRESSIVE))
-    proc = _popen_run(runtime, bundle, "churn")
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line.decode().strip())
-        if line.startswith(b"churn-exit="):
-            break
-    stats = json.loads(runtime("events", "--stats", "churn", check=True).stdout)
-    pager = stats["data"]["paracell"]
-    runtime("kill", "churn", "KILL")
-    proc.wait(60)
-    print("\n".join(lines))
+    lines, pager = _run_until(runtime, bundle, "churn", b"churn-exit=")
     print(f"unbound {pager['unbound_total_bytes'] / MIB:.0f} MiB in {pager['unbind_batches']} "
           f"batches, bound {pager['bound_total_bytes'] / MIB:.0f} MiB in "
           f"{pager['bind_batches']} batches while it ran")

@@ -5,7 +5,8 @@
  *
  *   pagerload burst MIB HOLD_MS AFTER_MS   allocate+touch, hold, free, wait
  *   pagerload trace BURSTS GAP_MS          bursts of 16..256 MiB with idle gaps
- *   pagerload retouch MIB WAIT_MS          warm re-touch vs re-touch after WAIT_MS
+ *   pagerload retouch MIB WAIT_MS [REPS]   warm re-touch vs re-touch after WAIT_MS,
+ *                                          REPS pairs (MIB a multiple of 2)
  *   pagerload churn SECONDS WORKERS        integrity: tagged patterns, verified
  */
 #define _GNU_SOURCE
@@ -76,6 +77,75 @@ static double touch_us_per_page(char *p, size_t bytes)
     return (now_s() - t0) * 1e6 / (bytes / PAGE);
 }
 
+#define CHUNK (2 * MIB)
+#define MAX_CHUNKS 512
+
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The same touch, timed per 2 MiB: whether a slow touch is slow all along
+ * (a cost on every page) or in stalls (pages the host had not bound yet).
+ * One clock read per 512 pages changes nothing measurable.  Prints the
+ * median and the slowest chunk, and the time spent above the median. */
+static double touch_profiled(const char *name, char *p, size_t bytes)
+{
+    static double chunk_us[MAX_CHUNKS], sorted[MAX_CHUNKS];
+    size_t chunks = bytes / CHUNK < MAX_CHUNKS ? bytes / CHUNK : MAX_CHUNKS;
+    double t0 = now_s(), last = t0;
+    for (size_t c = 0; c < chunks; c++) {
+        for (size_t off = c * CHUNK; off < (c + 1) * CHUNK; off += PAGE) p[off] = (char)off | 1;
+        double t = now_s();
+        chunk_us[c] = (t - last) * 1e6;
+        last = t;
+    }
+    double total_us = (last - t0) * 1e6;
+    memcpy(sorted, chunk_us, chunks * sizeof sorted[0]);
+    qsort(sorted, chunks, sizeof sorted[0], by_value);
+    double median = sorted[chunks / 2], excess = 0;
+    for (size_t c = 0; c < chunks; c++)
+        if (chunk_us[c] > median) excess += chunk_us[c] - median;
+    say("chunks %s %zu median_us %.0f max_us %.0f excess_us %.0f", name, chunks, median,
+        sorted[chunks - 1], excess);
+    return total_us / (chunks * CHUNK / PAGE);
+}
+
+/* The guest's Pager counters (/sys/kernel/paracell_pager), or -1 without one. */
+static long pager_counter(const char *name)
+{
+    char path[96];
+    long value = -1;
+    snprintf(path, sizeof path, "/sys/kernel/paracell_pager/%s", name);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    if (fscanf(f, "%ld", &value) != 1) value = -1;
+    fclose(f);
+    return value;
+}
+
+static const char *const counters[] = {"bound_late_pages", "bound_ahead_pages", "bind_dropped",
+                                       "bind_batches"};
+#define NCOUNTERS (sizeof counters / sizeof counters[0])
+
+static void read_counters(long *out)
+{
+    for (size_t i = 0; i < NCOUNTERS; i++) out[i] = pager_counter(counters[i]);
+}
+
+/* What the Pager did during one touch: pages bound late (allocated while
+ * still unbound) and ahead, records dropped, BIND batches. */
+static void say_counters(const long *before, const long *after)
+{
+    if (before[0] < 0) return;
+    char line[256];
+    int n = snprintf(line, sizeof line, "pager");
+    for (size_t i = 0; i < NCOUNTERS; i++)
+        n += snprintf(line + n, sizeof line - n, " %s %ld", counters[i], after[i] - before[i]);
+    say("%s", line);
+}
+
 /* Allocate and touch, hold, free: every step a line the host can time. */
 static void one_burst(size_t mib, long hold_ms)
 {
@@ -108,24 +178,36 @@ static int trace(int bursts, long gap_ms)
     return 0;
 }
 
-static int retouch(size_t mib, long wait_ms)
+/* REPS times: a warm touch (memory just freed, still backed on the host),
+ * then, WAIT_MS later (the host has reclaimed it), a re-touch.  Several
+ * pairs in one VM, each a few seconds apart, let the host take the median
+ * ratio on a machine whose load changes from second to second. */
+static int retouch(size_t mib, long wait_ms, int reps)
 {
     size_t bytes = mib * MIB;
+    long before[NCOUNTERS], after[NCOUNTERS];
     char *p = alloc(bytes);
     touch_us_per_page(p, bytes);
     munmap(p, bytes);
-    /* At once: the pages just freed are still backed on the host. */
-    p = alloc(bytes);
-    double warm = touch_us_per_page(p, bytes);
-    munmap(p, bytes);
-    sleep_ms(wait_ms);
-    p = alloc(bytes);
-    say("mark start");
-    double cold = touch_us_per_page(p, bytes);
-    say("mark end");
-    munmap(p, bytes);
-    say("warm %.3f", warm);
-    say("retouch %.3f", cold);
+    for (int r = 0; r < reps; r++) {
+        /* At once: the pages just freed are still backed on the host. */
+        p = alloc(bytes);
+        say("mark warm start");
+        double warm = touch_profiled("warm", p, bytes);
+        say("mark warm end");
+        munmap(p, bytes);
+        sleep_ms(wait_ms);
+        p = alloc(bytes);
+        read_counters(before);
+        say("mark retouch start");
+        double cold = touch_profiled("retouch", p, bytes);
+        say("mark retouch end");
+        read_counters(after);
+        say_counters(before, after);
+        munmap(p, bytes);
+        say("warm %.3f", warm);
+        say("retouch %.3f", cold);
+    }
     say("done");
     return 0;
 }
@@ -201,7 +283,7 @@ int main(int argc, char **argv)
         return burst(strtoul(argv[2], 0, 10), atol(argv[3]), atol(argv[4]));
     if (argc >= 4 && !strcmp(argv[1], "trace")) return trace(atoi(argv[2]), atol(argv[3]));
     if (argc >= 4 && !strcmp(argv[1], "retouch"))
-        return retouch(strtoul(argv[2], 0, 10), atol(argv[3]));
+        return retouch(strtoul(argv[2], 0, 10), atol(argv[3]), argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 4 && !strcmp(argv[1], "churn")) return churn(atof(argv[2]), atoi(argv[3]));
     fprintf(stderr, "usage: pagerload burst|trace|retouch|churn ...\n");
     return 2;

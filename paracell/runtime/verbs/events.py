@@ -73,6 +73,9 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
             "bind_batches": host["bind_batches"],
             "unbound_total_bytes": host["unbind_pages"] * PAGE,
             "bound_total_bytes": host["bind_pages"] * PAGE,
+            # Of those, mapped into QEMU's own page tables as they were bound.
+            "prefaulted_total_bytes": host["vmm_prefault_pages"] * PAGE,
+            "bind_ms": host["bind_ms"],
             "last_reclaim_ms": host["last_reclaim_ms"],
             "guest": guest,
         }
