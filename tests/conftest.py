@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,19 @@ class Runtime:
             # A domain's TAPs are lent to this namespace while it starts.
             taps = [name for name in os.listdir("/sys/class/net") if name.startswith("pctap")]
             assert taps == [], f"TAP devices left behind in the host's namespace: {taps}"
+
+
+def state_of(runtime: Runtime, cid: str) -> dict:
+    return json.loads(runtime("state", cid, check=True).stdout)
+
+
+def wait_status(runtime: Runtime, cid: str, status: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if state_of(runtime, cid)["status"] == status:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{cid} never became {status}")
 
 
 BACKENDS = ("qemu", "libvirt")

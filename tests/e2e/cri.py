@@ -114,6 +114,17 @@ class Cri:
             self.wait_state(container_id, "CONTAINER_RUNNING")
         return ids
 
+    def fetch_local(self, container_id: str, url: str) -> bytes:
+        """What `wget` in the container gets from url, retried (bounded)
+        while a server in the pod may still be binding."""
+        reply = None
+        for _ in range(50):
+            reply = self.client.exec_sync(container_id, ["wget", "-q", "-O", "-", url])
+            if reply.exit_code == 0:
+                return reply.stdout
+            time.sleep(0.2)
+        raise AssertionError(f"wget {url} in {container_id}: {reply.stderr if reply else ''}")
+
     def wait_state(self, container_id: str, state: str, timeout_s: float = 60) -> object:
         deadline = time.monotonic() + timeout_s
         while True:

@@ -94,14 +94,7 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
         "writer", ["/bin/sh", "-c", "echo shared-bytes > /dev/shm/note; exec sleep 1000"]))
     # The sandbox and both members: one VM.
     assert len(cri.qemu_pids()) == 1
-    fetched = b""
-    for _ in range(50):  # bounded: httpd may take a moment to bind
-        reply = client.exec_sync(writer, ["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"])
-        fetched = reply.stdout
-        if reply.exit_code == 0:
-            break
-        time.sleep(0.2)
-    assert fetched == b"pod-local\n", reply.stderr
+    assert cri.fetch_local(writer, "http://127.0.0.1:8080/") == b"pod-local\n"
     assert client.exec_sync(server, ["cat", "/dev/shm/note"]).stdout == b"shared-bytes\n"
     # Each member keeps its own filesystem.
     assert client.exec_sync(writer, ["cat", "/tmp/index.html"]).exit_code != 0

@@ -6,7 +6,6 @@ shape left, and its two members start inside it as in a cold one
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,14 +43,7 @@ def test_a_pod_restored_from_a_template_runs_two_members(cri: Cri):
                    "exec httpd -f -p 127.0.0.1:8080 -h /tmp"]), cri.container_config(
         "fetcher", ["sleep", "1000"]))
     assert len(cri.qemu_pids()) == 1
-    fetched = b""
-    for _ in range(50):  # bounded: httpd may take a moment to bind
-        reply = client.exec_sync(fetcher, ["wget", "-q", "-O", "-", "http://127.0.0.1:8080/"])
-        fetched = reply.stdout
-        if reply.exit_code == 0:
-            break
-        time.sleep(0.2)
-    assert fetched == b"from-restored-pod\n", reply.stderr
+    assert cri.fetch_local(fetcher, "http://127.0.0.1:8080/") == b"from-restored-pod\n"
     assert client.exec_sync(server, ["hostname"]).stdout == b"restored\n"
     cri.remove_pod_and_wait(pod)
     assert client.pods() == []

@@ -276,6 +276,7 @@ def runtime_cmd(runtime) -> list[str]:
     return [PARACELL, "--root", str(runtime.root)]
 
 
+@pytest.mark.both_vmms
 def test_balloon_update_resizes_the_guest_live(runtime, make_bundle, tmp_path):
     def mutate(config):
         config["annotations"] = {"io.paracell.memory-manager": "balloon"}

@@ -13,23 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import PARACELL, REPO, cri_pod
+from tests.conftest import PARACELL, REPO, cri_pod, state_of, wait_status
 
 pytestmark = pytest.mark.integration
-
-
-def state_of(runtime, cid):
-    result = runtime("state", cid, check=True)
-    return json.loads(result.stdout)
-
-
-def wait_status(runtime, cid, status, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if state_of(runtime, cid)["status"] == status:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{cid} never became {status}")
 
 
 def create_detached(runtime, bundle, cid, tmp_path):
