@@ -64,30 +64,18 @@ class LibvirtDomain(Device):
 domain.renders(LibvirtDomain)(lambda _device, _parts: None)
 
 
-def destroy(uri: str, name: str) -> bool:
-    """Destroys the domain if it still runs; whether it did."""
+def destroy(uri: str, name: str) -> None:
+    """Destroys the domain if it still runs; one that is gone already is fine."""
     libvirt = connection.libvirt_module()
     conn = connection.open_uri(uri)
     try:
-        try:
-            dom = conn.lookupByName(name)
-            dom.destroy()
-        except libvirt.libvirtError as err:
-            if connection.is_no_domain(err) or not _exists(conn, name):
-                return False
+        conn.lookupByName(name).destroy()
+    except libvirt.libvirtError as err:
+        if not connection.is_no_domain(err) and connection.is_active(conn, name):
             raise ParacellError(f"libvirt at {uri}: destroying {name}: "
                                 f"{connection.describe(err)}") from None
-        return True
     finally:
         conn.close()
-
-
-def _exists(conn: Any, name: str) -> bool:
-    libvirt = connection.libvirt_module()
-    try:
-        return conn.lookupByName(name).isActive() == 1
-    except libvirt.libvirtError:
-        return False
 
 
 def find_qemu(proc_fd: int, name: str, ram_path: str) -> int:

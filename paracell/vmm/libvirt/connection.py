@@ -37,7 +37,8 @@ def version_text(number: int) -> str:
     return f"{number // 1_000_000}.{number // 1000 % 1000}.{number % 1000}"
 
 
-def _libvirt() -> Any:
+def libvirt_module() -> Any:
+    """libvirt-python, imported on first use, with its stderr printing off."""
     try:
         import libvirt
     except ImportError:
@@ -58,7 +59,7 @@ def describe(err: Exception) -> str:
 def open_uri(uri: str) -> Any:
     """A read-write connection, checked for version; one line if it fails:
     the daemon is not running, the socket is not there, or access is denied."""
-    libvirt = _libvirt()
+    libvirt = libvirt_module()
     check_uri(uri)
     try:
         conn = libvirt.open(uri)
@@ -88,9 +89,14 @@ def error_code(err: Exception) -> int:
 
 
 def is_no_domain(err: Exception) -> bool:
-    libvirt = _libvirt()
+    libvirt = libvirt_module()
     return isinstance(err, libvirt.libvirtError) and error_code(err) == libvirt.VIR_ERR_NO_DOMAIN
 
 
-def libvirt_module() -> Any:
-    return _libvirt()
+def is_active(conn: Any, name: str) -> bool:
+    """Whether the domain runs; False for one that is gone or unreadable."""
+    libvirt = libvirt_module()
+    try:
+        return conn.lookupByName(name).isActive() == 1
+    except libvirt.libvirtError:
+        return False

@@ -112,11 +112,7 @@ class DomainWatch:
         libvirt.virEventRemoveTimeout(timer)
         with self._lock:
             self._timer = -1
-        try:
-            alive = self.conn.lookupByName(self.name).isActive() == 1
-        except libvirt.libvirtError:
-            alive = False
-        if not alive:
+        if not connection.is_active(self.conn, self.name):
             self._mark_stopped("failed")
 
     def wait_stopped(self, timeout_s: float) -> str | None:
@@ -128,14 +124,8 @@ class DomainWatch:
         return self._detail or "failed"
 
     def _gone(self) -> bool:
-        libvirt = connection.libvirt_module()
         conn = self.conn
-        if conn is None:
-            return False
-        try:
-            return conn.lookupByName(self.name).isActive() != 1
-        except libvirt.libvirtError as err:
-            return connection.is_no_domain(err)
+        return conn is not None and not connection.is_active(conn, self.name)
 
     def close(self) -> None:
         libvirt = connection.libvirt_module()
