@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,12 +41,14 @@
 #define VMM_LOOKUPS 8
 #define NS_PER_S 1000000000ULL
 
-_Static_assert(sizeof(struct pc_pager_shm) <= PC_PAGER_SHM_SIZE, "rings must fit the BAR");
+_Static_assert(sizeof(struct pc_pager_shm) <= PC_PAGER_SHM_SIZE, "rings must fit their range");
 _Static_assert(sizeof(((struct pc_pager_shm *)0)->unbind_ring) ==
                PC_PAGER_UNBIND_SLOTS * sizeof(struct pc_pager_range), "unbind slots");
 _Static_assert(sizeof(((struct pc_pager_shm *)0)->bind_ring) ==
                PC_PAGER_BIND_SLOTS * sizeof(struct pc_pager_range), "bind slots");
-_Static_assert((PC_PAGER_SHM_SIZE & (PC_PAGER_SHM_SIZE - 1)) == 0, "a BAR is a power of two");
+_Static_assert((PC_PAGER_TOKEN_SIZE & (PC_PAGER_TOKEN_SIZE - 1)) == 0, "a BAR is a power of two");
+_Static_assert(PC_PAGER_RING_GPA % PC_PAGER_PAGE_SIZE == 0 &&
+               PC_PAGER_SHM_SIZE % PC_PAGER_PAGE_SIZE == 0, "the ring range is whole pages");
 
 static int fail(struct pc_pager *p, int code, const char *fmt, ...)
 {
@@ -70,45 +73,40 @@ static void close_fd(int *fd)
 }
 
 int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ram_split,
-                  int shm_fd, int stats_fd)
+                  int token_fd, int stats_fd)
 {
     memset(p, 0, sizeof *p);
-    p->ram_fd = p->shm_fd = p->doorbell_fd = p->irq_fd = p->stop_fd = p->abort_fd = -1;
+    p->ram_fd = p->token_fd = p->doorbell_fd = p->irq_fd = p->stop_fd = p->abort_fd = -1;
     if (ram_size == 0 || ram_size % PC_PAGER_PAGE_SIZE || ram_split > ram_size ||
-        ram_split % PC_PAGER_PAGE_SIZE || ram_split > FOUR_GIB)
+        ram_split % PC_PAGER_PAGE_SIZE || ram_split > FOUR_GIB ||
+        ram_split < PC_PAGER_RING_GPA + PC_PAGER_SHM_SIZE)
         return fail(p, PC_PAGER_IO_ERROR, "bad guest RAM layout");
     p->ram_size = ram_size;
     p->ram_split = ram_split;
     p->ram_fd = dup(ram_fd);
-    p->shm_fd = dup(shm_fd);
-    if (p->ram_fd < 0 || p->shm_fd < 0) goto io_error;
+    p->token_fd = dup(token_fd);
+    if (p->ram_fd < 0 || p->token_fd < 0) goto io_error;
     /* Allocated, not just sized: on a full filesystem the first store into
      * a sparse shared mapping is a SIGBUS; here it is ENOSPC, reported. */
-    if (fallocate(p->shm_fd, 0, 0, PC_PAGER_SHM_SIZE) < 0 ||
+    if (fallocate(p->token_fd, 0, 0, PC_PAGER_TOKEN_SIZE) < 0 ||
         fallocate(stats_fd, 0, 0, sizeof(struct pc_pager_stats)) < 0)
         goto io_error;
-    p->shm = mmap(NULL, PC_PAGER_SHM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, p->shm_fd, 0);
-    if (p->shm == MAP_FAILED) { p->shm = NULL; goto io_error; }
     p->stats = mmap(NULL, sizeof *p->stats, PROT_READ | PROT_WRITE, MAP_SHARED, stats_fd, 0);
     if (p->stats == MAP_FAILED) { p->stats = NULL; goto io_error; }
     /* NORESERVE: this mapping only ever populates what the guest asked for. */
     p->ram_map = mmap(NULL, ram_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
                       p->ram_fd, 0);
     if (p->ram_map == MAP_FAILED) { p->ram_map = NULL; goto io_error; }
+    /* The rings: guest RAM the host reserved (memmap=), below the split. */
+    p->shm = (struct pc_pager_shm *)(p->ram_map + PC_PAGER_RING_GPA);
     p->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->irq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->abort_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (p->doorbell_fd < 0 || p->irq_fd < 0 || p->stop_fd < 0 || p->abort_fd < 0) goto io_error;
 
-    memset(p->shm, 0, PC_PAGER_SHM_SIZE);
     memset(p->stats, 0, sizeof *p->stats);
-    p->shm->magic = PC_PAGER_MAGIC;
-    p->shm->version = PC_PAGER_VERSION;
-    p->shm->unbind_slots = PC_PAGER_UNBIND_SLOTS;
-    p->shm->bind_slots = PC_PAGER_BIND_SLOTS;
-    p->shm->ram_size = ram_size;
-    p->shm->ram_split = ram_split;
+    p->stats->ram_pages = ram_size / PC_PAGER_PAGE_SIZE;
     return PC_PAGER_OK;
 io_error:
     fail(p, PC_PAGER_IO_ERROR, "setting up the Pager: %s", strerror(errno));
@@ -142,18 +140,21 @@ int pc_pager_greet(struct pc_pager *p, int sock_fd)
     /* x86-64 is little-endian, as the protocol is. */
     if (send_msg(sock_fd, 0, -1) < 0 ||                        /* protocol version */
         send_msg(sock_fd, PC_PAGER_GUEST_PEER, -1) < 0 ||      /* QEMU's own id */
-        send_msg(sock_fd, -1, p->shm_fd) < 0 ||                /* the shared memory */
+        send_msg(sock_fd, -1, p->token_fd) < 0 ||                /* BAR2's token page */
         send_msg(sock_fd, PC_PAGER_GUEST_PEER, p->irq_fd) < 0 ||  /* QEMU's vector 0 */
         send_msg(sock_fd, PC_PAGER_HOST_PEER, p->doorbell_fd) < 0)  /* our vector 0 */
         return fail(p, PC_PAGER_IO_ERROR, "greeting QEMU's ivshmem device: %s", strerror(errno));
     return PC_PAGER_OK;
 }
 
-/* The offset in the RAM file of a valid guest-physical range, or -1. */
+/* The offset in the RAM file of a valid guest-physical range, or -1.  The
+ * rings' own range is never valid: the host reads them through this file. */
 static int64_t ram_offset(const struct pc_pager *p, uint64_t addr, uint64_t len)
 {
     if (len == 0 || addr % PC_PAGER_PAGE_SIZE || len % PC_PAGER_PAGE_SIZE ||
         len / PC_PAGER_PAGE_SIZE > PC_PAGER_MAX_RANGE_PAGES || addr + len < addr)
+        return -1;
+    if (addr < PC_PAGER_RING_GPA + PC_PAGER_SHM_SIZE && PC_PAGER_RING_GPA < addr + len)
         return -1;
     if (addr + len <= p->ram_split) return (int64_t)addr;
     uint64_t above = p->ram_size - p->ram_split;
@@ -166,7 +167,7 @@ static int bad_range(struct pc_pager *p, const char *ring, const struct pc_pager
 {
     return fail(p, PC_PAGER_VIOLATION,
                 "pager protocol violation: %s range 0x%llx+0x%llx is not page-aligned "
-                "guest RAM (0x%llx bytes)", ring, (unsigned long long)r->addr,
+                "guest RAM outside the rings (0x%llx bytes)", ring, (unsigned long long)r->addr,
                 (unsigned long long)r->len, (unsigned long long)p->ram_size);
 }
 
@@ -341,10 +342,32 @@ static int drain_unbind(struct pc_pager *p, uint64_t now_ns)
     return (int)avail;
 }
 
+/* At the first doorbell: the guest has written the header by then.  The
+ * consumer indices are taken from the rings once, here (zero after a cold
+ * boot, the previous host's after a restore), and kept by the host after. */
+static int attach(struct pc_pager *p)
+{
+    struct pc_pager_shm head;
+    memcpy(&head, (const void *)p->shm, offsetof(struct pc_pager_shm, guest));
+    if (head.magic != PC_PAGER_MAGIC || head.version != PC_PAGER_VERSION ||
+        head.unbind_slots != PC_PAGER_UNBIND_SLOTS || head.bind_slots != PC_PAGER_BIND_SLOTS)
+        return fail(p, PC_PAGER_VIOLATION,
+                    "pager protocol violation: no Pager rings at 0x%x (magic 0x%x version %u)",
+                    PC_PAGER_RING_GPA, head.magic, head.version);
+    p->unbind_cons = head.unbind.cons;
+    p->bind_cons = head.bind.cons;
+    p->attached = 1;
+    return PC_PAGER_OK;
+}
+
 int pc_pager_wakeup(struct pc_pager *p, uint64_t doorbells, uint64_t now_ns)
 {
     int more = 0;
     p->stats->doorbells += doorbells;
+    if (!p->attached) {
+        int rc = attach(p);
+        if (rc < 0) return rc;
+    }
     /* BIND first: the guest publishes binds older than an UNBIND before it,
      * and populating after punching would only waste memory. */
     int bound = drain_bind(p, &more);
@@ -420,13 +443,12 @@ void pc_pager_close(struct pc_pager *p)
         p->running = 0;
     }
     if (p->ram_map) munmap(p->ram_map, p->ram_size);
-    if (p->shm) munmap(p->shm, PC_PAGER_SHM_SIZE);
     if (p->stats) munmap(p->stats, sizeof *p->stats);
     p->ram_map = NULL;
     p->shm = NULL;
     p->stats = NULL;
     close_fd(&p->ram_fd);
-    close_fd(&p->shm_fd);
+    close_fd(&p->token_fd);
     close_fd(&p->doorbell_fd);
     close_fd(&p->irq_fd);
     close_fd(&p->stop_fd);

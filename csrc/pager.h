@@ -25,11 +25,12 @@ struct pc_pager_stats {
     uint64_t violations;
     uint64_t vmm_prefault_pages;  /* bound pages also mapped into QEMU's page tables */
     uint64_t bind_ns;             /* time spent binding: populating and prefaulting */
+    uint64_t ram_pages;           /* guest RAM, for bounding the guest's own figures */
 };
 
 struct pc_pager {
     int ram_fd;
-    int shm_fd;
+    int token_fd;
     int doorbell_fd;  /* the host's vector: the guest rings it */
     int irq_fd;       /* the guest's vector: the host rings it to ack */
     int stop_fd;
@@ -37,10 +38,11 @@ struct pc_pager {
     uint64_t ram_size;
     uint64_t ram_split;
     uint8_t *ram_map;
-    struct pc_pager_shm *shm;
+    struct pc_pager_shm *shm;  /* inside ram_map: the guest's rings */
     struct pc_pager_stats *stats;
     uint32_t unbind_cons;
     uint32_t bind_cons;
+    int attached;         /* the header checked and the indices taken (first doorbell) */
     uint64_t idle_window_ns;
     uint64_t idle_doorbells;
     int vmm_pid;          /* QEMU, once started (pc_pager_set_vmm); 0 before */
@@ -51,13 +53,13 @@ struct pc_pager {
     char error[240];
 };
 
-/* Maps guest RAM (ram_fd, ram_size bytes, of which ram_split sit below 4 GiB),
- * the channel's shared memory (shm_fd, PC_PAGER_SHM_SIZE bytes, initialised
- * here) and the stats file (stats_fd), and makes the eventfds. */
+/* Maps guest RAM (ram_fd, ram_size bytes, of which ram_split sit below 4 GiB;
+ * the rings are inside it) and the stats file (stats_fd), sizes the token
+ * page QEMU's ivshmem wants for BAR2 (token_fd), and makes the eventfds. */
 int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ram_split,
-                  int shm_fd, int stats_fd);
+                  int token_fd, int stats_fd);
 /* Queues the ivshmem server's greeting for QEMU on sock_fd, which QEMU gets
- * as `-chardev socket,fd=`: version, QEMU's peer id, the shared memory, its
+ * as `-chardev socket,fd=`: version, QEMU's peer id, the token page, its
  * own vectors, then the host's. */
 int pc_pager_greet(struct pc_pager *p, int sock_fd);
 /* One doorbell's work, bounded: BIND entries first (up to

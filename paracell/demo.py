@@ -47,7 +47,7 @@ class MemorySampler(threading.Thread):
                 self.last_backed = backed
             self.peak_backed = max(self.peak_backed, backed)
             # The Pager's files go with the VM: keep the last figures seen.
-            self.pager = telemetry.read(self.state_dir) or self.pager
+            self.pager = telemetry.read(self.state_dir, self.memory_file) or self.pager
             time.sleep(0.02)
 
 

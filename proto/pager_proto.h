@@ -1,6 +1,6 @@
-/* The Pager channel: the shared memory of QEMU's ivshmem-doorbell device,
- * between the guest kernel's Pager driver and the host's Pager server
- * (csrc/pager.c).  The one definition of the layout: the guest kernel build
+/* The Pager channel between the guest kernel's Pager driver and the host's
+ * Pager server (csrc/pager.c): rings in a reserved range of guest RAM, and
+ * QEMU's ivshmem-doorbell device for the doorbells both ways.  The one definition of the layout: the guest kernel build
  * copies this file into its tree, csrc/ includes it, and Python reads it
  * through cffi.  The prose, and why no page is reused while unbound, are in
  * docs/pager.md.
@@ -12,6 +12,17 @@
  * BIND carries ranges the guest has started, or is about to start, using:
  * the host populates them off the guest's critical path and never acks.
  * Indices run freely and wrap at 2^32; slot = index % slots.
+ *
+ * The rings are in guest RAM, not in the device's BAR2, so that a Pager VM
+ * can be saved and restored (VM templates): QEMU 7.2 with x-ignore-shared
+ * refuses to load a shared RAM block, which BAR2 is, at another guest-
+ * physical address than it was saved at, and a restored VM's BAR is not
+ * mapped yet when that check runs.  So BAR2 is a token page the guest never
+ * maps (its address stays 0 on both sides), and the rings sit at a fixed
+ * guest-physical range that the host reserves with `memmap=` and reaches
+ * through its own mapping of the guest-RAM file.  The guest initializes the
+ * header; the host reads it once, at the first doorbell, and takes its
+ * consumer indices from it then (a restored guest continues its rings).
  *
  * Written in the subset cffi's cdef reads: integer #defines and plain structs
  * with literal array sizes (the #defines repeat them; csrc/pager.c checks). */
@@ -37,9 +48,14 @@
 #define PC_PAGER_REG_DOORBELL 12
 
 #define PC_PAGER_MAGIC 0x50434750  /* "PGCP" little-endian */
-#define PC_PAGER_VERSION 1
-/* The shared memory; a power of two, as a PCI BAR must be. */
+#define PC_PAGER_VERSION 2
+/* The rings' range of guest RAM: below the kernel's 16 MiB load address, so
+ * that neither the kernel image nor KASLR's choice can cover it, and below
+ * any RAM split. */
+#define PC_PAGER_RING_GPA 0xF00000
 #define PC_PAGER_SHM_SIZE 65536
+/* ivshmem-doorbell insists on shared memory for BAR2; the guest never maps it. */
+#define PC_PAGER_TOKEN_SIZE 4096
 #define PC_PAGER_UNBIND_SLOTS 64
 #define PC_PAGER_BIND_SLOTS 2048
 /* Host-side bounds on a hostile guest. */
@@ -79,13 +95,11 @@ struct pc_pager_guest_stats {
 };
 
 struct pc_pager_shm {
-    uint32_t magic;       /* host writes before boot */
+    uint32_t magic;       /* the guest writes these at probe; the host checks them */
     uint32_t version;
     uint32_t unbind_slots;
     uint32_t bind_slots;
-    uint64_t ram_size;    /* guest RAM bytes, for the guest's own sanity check */
-    uint64_t ram_split;   /* guest-physical RAM is [0, split) and [4 GiB, 4 GiB + size - split) */
-    uint32_t pad[8];
+    uint32_t pad[12];
     struct pc_pager_ring unbind;
     struct pc_pager_ring bind;
     struct pc_pager_guest_stats guest;

@@ -157,6 +157,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
     else:
         memory_dir = Path("/dev/shm") / f"paracell-test-{os.getpid()}-{base.name}"
     env["PARACELL_MEMORY_DIR"] = str(memory_dir)
+    # Templates stay on, as for a user, in a store of this test's own: no test
+    # restores what another one saved, and the host's store is never touched.
+    env["PARACELL_TEMPLATES"] = str(base / "templates")
     rt = Runtime(base / "state", memory_dir, env, libvirtd=daemon)
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):

@@ -32,6 +32,29 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Holds Ctrl-C and SIGTERM until the block ends, then delivers them to
+    whatever handles them outside it. Around a spawn: an interrupt between
+    fork and exec leaves a child that no Popen object names yet, which then
+    goes on to start a VM after the cleanup has run. So the Popen is assigned
+    (or registered) inside the block, and the block inside the try whose
+    handler waits for the child: the held interrupt is raised on leaving it."""
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(held):
+            signal.raise_signal(sig)
+
+
 def progress(bench: str, message: str) -> None:
     """A long run's progress, on stderr: the summary on stdout stays one block."""
     print(f"{bench}: {message}", file=sys.stderr, flush=True)
@@ -90,14 +113,17 @@ def run_detached(cmd: list[str], env: dict[str, str] | None = None) -> None:
     import tempfile
 
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, env=env)
+        proc: subprocess.Popen[bytes] | None = None
         try:
+            with interrupts_deferred():
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL, stderr=err, env=env)
             returncode = proc.wait()
         except KeyboardInterrupt:
             # Killed halfway, it could leave a VM that no state records yet;
             # finished, what it made is the caller's cleanup to delete.
-            proc.wait()
+            if proc is not None:
+                proc.wait()
             raise
         if returncode != 0:
             err.seek(0)

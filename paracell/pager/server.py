@@ -11,7 +11,8 @@ from pathlib import Path
 
 from paracell.errors import ParacellError
 
-SHM_FILE = "pager.shm"
+# BAR2 of QEMU's ivshmem device: a page the guest never maps (proto/pager_proto.h).
+TOKEN_FILE = "pager.token"
 STATS_FILE = "pager.stats"
 
 
@@ -39,7 +40,7 @@ class PagerServer:
         fds = []
         try:
             fds.append(os.open(ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC))
-            fds.append(_create(state_dir / SHM_FILE))
+            fds.append(_create(state_dir / TOKEN_FILE))
             fds.append(_create(state_dir / STATS_FILE))
             if lib.pc_pager_open(self._p, fds[0], ram_bytes, split, fds[1], fds[2]) != 0:
                 raise ParacellError(self.error)

@@ -1,13 +1,15 @@
 """The Pager's figures for `paracell events --stats`, read straight from the
-files its C thread and the guest keep in the container's state directory, so
-no request reaches the shim."""
+host counters its C thread keeps in the container's state directory and from
+the guest's own, in its rings in the guest-RAM file, so no request reaches
+the shim."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from paracell.pager.server import SHM_FILE, STATS_FILE
+from paracell.pager.server import STATS_FILE
 
 PAGE = 4096
 HOST_FIELDS = ("unbind_ranges", "unbind_pages", "unbind_batches", "bind_ranges", "bind_pages",
@@ -17,27 +19,33 @@ GUEST_FIELDS = ("total_pages", "free_pages", "unbound_pages", "reported_pages",
                 "bind_batches", "inflight_pages")
 
 
-def _read(path: Path, size: int) -> bytes | None:
+def _read(path: Path, size: int, offset: int = 0) -> bytes | None:
     try:
-        with open(path, "rb") as f:
-            data = f.read(size)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.pread(fd, size, offset)  # a hole reads as zeros, allocating nothing
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return data if len(data) == size else None
 
 
-def read(state_dir: Path) -> dict[str, Any] | None:
+def read(state_dir: Path, ram_path: Path) -> dict[str, Any] | None:
     """Host counters, and the guest's own (untrusted: shown, never acted on,
-    clamped to the guest's size). None when this VM has no Pager."""
-    from paracell._native import ffi
+    clamped to the guest's size; zeros until its driver wrote the rings).
+    None when this VM has no Pager."""
+    from paracell._native import ffi, lib
 
     host_raw = _read(state_dir / STATS_FILE, ffi.sizeof("struct pc_pager_stats"))
-    shm_raw = _read(state_dir / SHM_FILE, ffi.sizeof("struct pc_pager_shm"))
+    shm_raw = _read(ram_path, ffi.sizeof("struct pc_pager_shm"), lib.PC_PAGER_RING_GPA)
     if host_raw is None or shm_raw is None:
         return None
     host = ffi.cast("struct pc_pager_stats *", ffi.from_buffer(host_raw))
     shm = ffi.cast("struct pc_pager_shm *", ffi.from_buffer(shm_raw))
-    ram_pages = int(shm.ram_size) // PAGE
+    ram_pages = int(host.ram_pages)
     guest = {name: min(int(getattr(shm.guest, name)), ram_pages) for name in GUEST_FIELDS
              if name.endswith("_pages")}
     guest.update({name: int(getattr(shm.guest, name)) for name in GUEST_FIELDS

@@ -370,7 +370,11 @@ class PagerChannel(Device):
                 "-device", f"ivshmem-doorbell,chardev=pager,vectors={lib.PC_PAGER_VECTORS}"]
 
     def kernel_args(self) -> list[str]:
-        return [f"{name}={value}" for name, value in self.kernel_knobs.items()]
+        from paracell._native import lib
+
+        # The rings' range, out of the allocator's reach (proto/pager_proto.h).
+        ring = f"memmap={lib.PC_PAGER_SHM_SIZE >> 10}K${lib.PC_PAGER_RING_GPA:#x}"
+        return [ring, *(f"{name}={value}" for name, value in self.kernel_knobs.items())]
 
     def launched(self) -> None:
         if self._vm_end:
@@ -403,7 +407,7 @@ class PagerChannel(Device):
 
         if facts.get("socket"):
             unixsock.unlink(Path(str(facts["socket"])))
-        for name in (server.SHM_FILE, server.STATS_FILE):
+        for name in (server.TOKEN_FILE, server.STATS_FILE):
             try:
                 os.unlink(Path(facts["dir"]) / name)
             except FileNotFoundError:

@@ -18,6 +18,8 @@ from paracell._native import ffi, lib
 
 PAGE = 4096
 RAM = 16 << 20
+RING = lib.PC_PAGER_RING_GPA  # the rings' range of guest RAM
+RING_END = RING + lib.PC_PAGER_SHM_SIZE
 
 
 @dataclass
@@ -57,6 +59,14 @@ def _blocks(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
+def _guest_writes_the_header(shm: object) -> None:
+    """What the guest driver does at probe: zeroed rings, then the header."""
+    ffi.memmove(shm, bytes(lib.PC_PAGER_SHM_SIZE), lib.PC_PAGER_SHM_SIZE)
+    shm.version = lib.PC_PAGER_VERSION
+    shm.unbind_slots, shm.bind_slots = lib.PC_PAGER_UNBIND_SLOTS, lib.PC_PAGER_BIND_SLOTS
+    shm.magic = lib.PC_PAGER_MAGIC
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
     shm_dir = Path("/dev/shm") / f"paracell-pager-unit-{os.getpid()}-{tmp_path.name}"
@@ -71,6 +81,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     finally:
         for fd in fds:
             os.close(fd)
+    _guest_writes_the_header(p.shm)
     yield Server(p, ram, p.shm)
     lib.pc_pager_close(p)
     ram.unlink()
@@ -78,8 +89,52 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def _assert_untouched(server: Server) -> None:
+    """Guest RAM outside the rings, which the test itself writes."""
     assert _blocks(server.ram) == RAM
-    assert server.ram.read_bytes() == _pattern(0, RAM)
+    data = server.ram.read_bytes()
+    assert data[:RING] == _pattern(0, RING)
+    assert data[RING_END:] == _pattern(RING_END, RAM - RING_END)
+
+
+def test_the_rings_are_the_guest_ram_at_their_address(server: Server) -> None:
+    assert int(ffi.cast("uintptr_t", server.shm)) - int(ffi.cast("uintptr_t", server.p.ram_map)) \
+        == RING
+    with open(server.ram, "rb") as f:
+        f.seek(RING)
+        assert struct.unpack("<I", f.read(4))[0] == lib.PC_PAGER_MAGIC
+
+
+def test_a_doorbell_before_the_guest_wrote_its_rings_is_a_violation(server: Server) -> None:
+    server.shm.magic = 0
+    assert server.wake() == lib.PC_PAGER_VIOLATION
+    assert server.error.startswith("pager protocol violation: no Pager rings at 0xf00000")
+    _assert_untouched(server)
+
+
+def test_a_restored_guest_continues_its_rings_from_the_last_hosts_indices(
+        server: Server) -> None:
+    """A VM restored from a template: its rings, in guest RAM, hold the
+    indices the template's host had reached; the new host starts there."""
+    server.shm.unbind.prod = server.shm.unbind.cons = 0xFFFFFFFE
+    server.shm.bind.prod = server.shm.bind.cons = 77
+    server.unbind((0, PAGE), (2 * PAGE, PAGE), (4 * PAGE, PAGE))  # wraps past 2^32
+    assert server.wake() == lib.PC_PAGER_OK
+    assert server.shm.unbind.cons == 1
+    assert _blocks(server.ram) == RAM - 3 * PAGE
+    # Taken once: a guest that rewrites the host's index later is not believed.
+    server.shm.unbind.cons = 0
+    server.unbind((8 * PAGE, PAGE))
+    assert server.wake() == lib.PC_PAGER_OK
+    assert server.p.unbind_cons == 2 and server.shm.unbind.cons == 2
+
+
+@pytest.mark.parametrize("addr,length", [(RING, PAGE), (RING - PAGE, 2 * PAGE),
+                                         (RING_END - PAGE, PAGE)])
+def test_a_range_over_the_rings_is_refused(server: Server, addr: int, length: int) -> None:
+    server.unbind((addr, length))
+    assert server.wake() == lib.PC_PAGER_VIOLATION
+    assert "outside the rings" in server.error
+    _assert_untouched(server)
 
 
 def test_unbind_punches_exactly_the_ranges_and_acks(server: Server) -> None:
@@ -215,14 +270,15 @@ def test_the_thread_serves_doorbells_and_close_releases_everything(tmp_path: Pat
         mask = next(ln for ln in status.splitlines() if ln.startswith("SigBlk:")).split()[1]
         blocked = int(mask, 16)
         assert blocked & (1 << (15 - 1)) and blocked & (1 << (28 - 1))  # SIGTERM, SIGWINCH
-        p.shm.unbind_ring[0].addr, p.shm.unbind_ring[0].len = 0, RAM
+        _guest_writes_the_header(p.shm)
+        p.shm.unbind_ring[0].addr, p.shm.unbind_ring[0].len = 0, RING
         p.shm.unbind.prod = 1
         os.write(p.doorbell_fd, struct.pack("<Q", 1))
         deadline = time.monotonic() + 5
         while p.shm.unbind.cons != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert p.shm.unbind.cons == 1
-        assert _blocks(ram) == 0
+        assert _blocks(ram) == RAM - RING
         # A violation stops the thread and makes abort_fd readable.
         p.shm.unbind.prod = 1000
         os.write(p.doorbell_fd, struct.pack("<Q", 1))

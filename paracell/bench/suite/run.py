@@ -317,10 +317,12 @@ class Suite:
                                                 args=(ram, t0, sample.host_ram, stop)))
             self.live[cid] = rt
             t0 = time.monotonic()
-            proc = subprocess.Popen([*self.invoker.argv(rt), "run", "--bundle", str(bundle), cid],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                    env=self._env(), start_new_session=True)
-            self.procs.append(proc)
+            with common.interrupts_deferred():  # the run process is always cleaned up
+                proc = subprocess.Popen([*self.invoker.argv(rt), "run", "--bundle",
+                                         str(bundle), cid],
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=err, env=self._env(), start_new_session=True)
+                self.procs.append(proc)
             reader = threading.Thread(target=_read_lines, daemon=True,
                                       args=(proc, t0, lines, ready, ended))
             threads.append(reader)

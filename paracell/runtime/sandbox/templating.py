@@ -23,18 +23,11 @@ from paracell.errors import ParacellError
 from paracell.net.device import NetworkInterfaces
 from paracell.vmm import template
 from paracell.vmm.builder import Vm, VmBuilder
-from paracell.vmm.devices import GuestRam, PagerChannel
+from paracell.vmm.devices import GuestRam
 from paracell.vmm.hypervisor import Hypervisor
 
 ANNOTATION = "io.paracell.template"
 SWITCH = {"on": True, "off": False}
-# QEMU 7.2 cannot restore a Pager VM saved this way: with x-ignore-shared,
-# the ivshmem BAR (shared memory) is skipped, and its guest-physical address
-# is checked on load against the new VM's, where the guest has not mapped the
-# BAR yet ("Mismatched GPAs for block ...ivshmem.bar2"). Without
-# x-ignore-shared, saving reads, and restoring writes, every page of the
-# guest's RAM file, which tmpfs then allocates. So Pager VMs boot cold.
-NOT_FOR_PAGER = "the Pager's ivshmem device cannot be restored by this QEMU (docs/templates.md)"
 
 
 def wanted(no_template_flag: bool, annotations: dict[str, str]) -> bool:
@@ -77,9 +70,6 @@ class Templating:
 
     def restore(self) -> Vm | None:
         """The VM restored and running, or None: boot it cold (and save it)."""
-        if _device(self.vm, PagerChannel) is not None:
-            self._debug(f"templates: {NOT_FOR_PAGER}: booting cold")
-            return None
         store = template.store()
         try:
             store.pin()

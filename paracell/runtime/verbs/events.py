@@ -50,7 +50,7 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     except OSError:
         limit = 0
     qemu = _qemu_figures(state)
-    pager = telemetry.read(ctx.store.dir(container_id))
+    pager = telemetry.read(ctx.store.dir(container_id), ram_path)
     guest = pager["guest"] if pager else {}
     # The guest's own figures: clamped, since a hostile guest may write anything.
     used = max(guest["total_pages"] - guest["free_pages"], 0) * PAGE if guest else None

@@ -25,7 +25,6 @@ def build(ctx: Context, bundle: str | None) -> str:
     one) in a private state root, so that its VM boots cold and is saved at
     READY, then removes it. One line: the template, or why none was made."""
     from paracell.runtime.bundle import defaultspec
-    from paracell.runtime.sandbox.templating import NOT_FOR_PAGER
     from paracell.runtime.verbs import lifecycle
 
     with tempfile.TemporaryDirectory(prefix="paracell-template-") as tmp:
@@ -34,7 +33,7 @@ def build(ctx: Context, bundle: str | None) -> str:
         private = dataclasses.replace(ctx, root=str(Path(tmp) / "state"), no_template=False)
         state = lifecycle.create(private, BUILD_ID, bundle, None, None)
         try:
-            outcome, manager = state.vm.template, state.vm.config.memory_manager
+            outcome = state.vm.template
         finally:
             lifecycle.delete(private, BUILD_ID, force=True)
     verb, _, key = outcome.partition(" ")
@@ -42,9 +41,6 @@ def build(ctx: Context, bundle: str | None) -> str:
         return f"template {key}: built"
     if verb == "restored":
         return f"template {key}: already built"
-    if manager == "pager":
-        raise ParacellError(f"no template: {NOT_FOR_PAGER}; use --memory-manager balloon "
-                            "or none")
     raise ParacellError("no template was made: the bundle asks for none "
                         "(io.paracell.template), or saving failed (see --log)")
 
