@@ -366,8 +366,9 @@ class PagerChannel(Device):
         from paracell._native import lib
 
         fd = self._vm_end.fileno() if self._vm_end else -1
-        return ["-chardev", f"socket,id=pager,fd={fd}",
-                "-device", f"ivshmem-doorbell,chardev=pager,vectors={lib.PC_PAGER_VECTORS}"]
+        # master=on: QEMU migrates only the master peer's ivshmem (templates).
+        device = f"ivshmem-doorbell,chardev=pager,vectors={lib.PC_PAGER_VECTORS},master=on"
+        return ["-chardev", f"socket,id=pager,fd={fd}", "-device", device]
 
     def kernel_args(self) -> list[str]:
         from paracell._native import lib

@@ -92,7 +92,7 @@ def test_pager_and_balloon_devices(tmp_path):
     argv = vm.command_line()
     joined, append = " ".join(argv), argv[argv.index("-append") + 1]
     assert "memory-backend=mem,acpi=on,pcie=on" in joined and "acpi=off" not in joined
-    assert "ivshmem-doorbell,chardev=pager,vectors=1" in joined
+    assert "ivshmem-doorbell,chardev=pager,vectors=1,master=on" in joined
     assert "-chardev socket,id=pager,fd=" in joined
     assert "noapictimer" not in append and "lapic_timer_khz=1000000" in append
     assert "pit=off" in joined
