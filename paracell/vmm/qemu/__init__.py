@@ -16,7 +16,7 @@ from pathlib import Path
 from paracell.errors import ParacellError
 from paracell.vmm.hypervisor import Hypervisor, SavedState, VmStatus
 from paracell.vmm.qemu import qmp
-from paracell.vmm.qemu.qmp import Command
+from paracell.vmm.qemu.qmp import AwaitMigration, Command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -74,8 +74,8 @@ class QemuHypervisor(Hypervisor):
         try:
             qmp.run(self.qmp_socket, IGNORE_SHARED, Command("stop"),
                     Command("getfd", {"fdname": STATE_FD_NAME}, fd=fd),
-                    Command("migrate", {"uri": f"fd:{STATE_FD_NAME}"}))
-            self._wait_migration("save")
+                    Command("migrate", {"uri": f"fd:{STATE_FD_NAME}"}),
+                    AwaitMigration("save", MIGRATION_TIMEOUT_S))
             size = os.fstat(fd).st_size
         except BaseException:
             path.unlink(missing_ok=True)
@@ -89,22 +89,7 @@ class QemuHypervisor(Hypervisor):
         try:
             qmp.run(self.qmp_socket, IGNORE_SHARED,
                     Command("getfd", {"fdname": STATE_FD_NAME}, fd=fd),
-                    Command("migrate-incoming", {"uri": f"fd:{STATE_FD_NAME}"}))
+                    Command("migrate-incoming", {"uri": f"fd:{STATE_FD_NAME}"}),
+                    AwaitMigration("restore", MIGRATION_TIMEOUT_S))
         finally:
             os.close(fd)
-        self._wait_migration("restore")
-
-    def _wait_migration(self, what: str) -> None:
-        deadline = time.monotonic() + MIGRATION_TIMEOUT_S
-        while True:
-            info = qmp.execute(self.qmp_socket, "query-migrate")
-            status = info.get("status") if isinstance(info, dict) else None
-            if status == "completed":
-                return
-            if status in ("failed", "cancelled"):
-                why = str(info.get("error-desc") or status)[:200]
-                raise ParacellError(f"{what} of the VM's state failed: {why}")
-            if time.monotonic() > deadline:
-                raise ParacellError(f"{what} of the VM's state did not finish in "
-                                    f"{MIGRATION_TIMEOUT_S:.0f} s")
-            time.sleep(0.002)

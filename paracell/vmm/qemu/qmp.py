@@ -27,7 +27,17 @@ class Command:
     fd: int = -1
 
 
-def run(socket_path: Path, *commands: Command) -> list[Any]:
+@dataclass(frozen=True)
+class AwaitMigration:
+    """A step of a session: polls `query-migrate` in it until the migration
+    (a save or a restore) completes; one session instead of one per poll."""
+
+    what: str  # "save" or "restore", for the error
+    timeout_s: float
+    poll_s: float = 0.001
+
+
+def run(socket_path: Path, *commands: Command | AwaitMigration) -> list[Any]:
     """Runs the commands in one session; their return values, in order.
     Any failure is one ParacellError naming the command."""
     # Here, not at the top: asyncio costs every VM's shim about 40 ms to
@@ -38,7 +48,7 @@ def run(socket_path: Path, *commands: Command) -> list[Any]:
 
     from paracell import unixsock
 
-    current = commands[0].name if commands else "connect"
+    current = _name(commands[0]) if commands else "connect"
     try:
         sock = unixsock.connect(socket_path)
     except OSError as err:
@@ -49,9 +59,13 @@ def run(socket_path: Path, *commands: Command) -> list[Any]:
         client = QMPClient("paracell")
         await client.connect(sock)
         try:
-            results = []
+            results: list[Any] = []
             for command in commands:
-                current = command.name
+                current = _name(command)
+                if isinstance(command, AwaitMigration):
+                    await _migrated(client, command)
+                    results.append(None)
+                    continue
                 if command.fd >= 0:
                     client.send_fd_scm(command.fd)
                 results.append(await asyncio.wait_for(
@@ -62,9 +76,38 @@ def run(socket_path: Path, *commands: Command) -> list[Any]:
 
     try:
         return asyncio.run(session())
+    except MigrationError as err:
+        raise ParacellError(str(err)) from None
     except Exception as err:  # qemu.qmp raises several unrelated types
         text = str(err) or type(err).__name__
         raise ParacellError(f"QMP {current}: {text}") from None
+
+
+def _name(step: Command | AwaitMigration) -> str:
+    return step.name if isinstance(step, Command) else "query-migrate"
+
+
+async def _migrated(client: Any, step: AwaitMigration) -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + step.timeout_s
+    while True:
+        info = await asyncio.wait_for(client.execute("query-migrate"), COMMAND_TIMEOUT_S)
+        status = info.get("status") if isinstance(info, dict) else None
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            why = str(info.get("error-desc") or status)[:200]
+            raise MigrationError(f"{step.what} of the VM's state failed: {why}")
+        if loop.time() > deadline:
+            raise MigrationError(f"{step.what} of the VM's state did not finish in "
+                                 f"{step.timeout_s:.0f} s")
+        await asyncio.sleep(step.poll_s)
+
+
+class MigrationError(Exception):
+    """Said as it is, not as "QMP query-migrate: ..." (run() passes it on)."""
 
 
 def execute(socket_path: Path, name: str, arguments: dict[str, Any] | None = None) -> Any:
