@@ -108,10 +108,9 @@ def test_ctr_run_cni_reaches_a_vm_restored_from_a_template(containerd, cni_netwo
     VM takes it on a spare NIC of the template's, as a cold one does."""
     if containerd.env.get("PARACELL_VMM") == "libvirt":
         pytest.skip("VM templates are direct QEMU's only (docs/libvirt.md)")
-    none = ("--annotation", "io.paracell.memory-manager=none")
     # The first VM of this shape boots cold and leaves the template behind.
-    seeded = containerd.ctr("run", *containerd.run_args(), "--rm", "--cni", *none, IMAGE,
+    seeded = containerd.ctr("run", *containerd.run_args(), "--rm", "--cni", IMAGE,
                             "ctr-seed", "true")
     assert seeded.returncode == 0, seeded.stderr
-    vm = _run_web(containerd, "ctr-restored", *cni_network, *none)
+    vm = _run_web(containerd, "ctr-restored", *cni_network)
     assert vm["template"].startswith("restored "), vm["template"]

@@ -1,7 +1,8 @@
 """A CRI pod restored from a VM template: the pod's VM, with the network
 namespace CNI gave it, comes from the template that the first pod of its
 shape left, and its two members start inside it as in a cold one
-(docs/templates.md). `--memory-manager none`: a Pager VM cannot be restored."""
+(docs/templates.md). The default memory manager, the Pager: its rings are
+guest RAM and come back with the rest."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 from tests.e2e.cri import HANDLER, Cri, running_cri, runtime_wrapper
 
 pytestmark = pytest.mark.e2e
-NONE = {"io.paracell.memory-manager": "none"}
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,11 @@ def vm_record(cri: Cri, pod: str) -> dict:
 
 def test_a_pod_restored_from_a_template_runs_two_members(cri: Cri):
     client = cri.client
-    seed_config = cri.pod_config("seed", annotations=NONE)
+    seed_config = cri.pod_config("seed")
     seed = client.run_pod(seed_config, HANDLER)
     assert vm_record(cri, seed)["template"].startswith("saved "), vm_record(cri, seed)
     cri.remove_pod_and_wait(seed)
-    pod_config = cri.pod_config("restored", annotations=NONE)
+    pod_config = cri.pod_config("restored")
     pod = client.run_pod(pod_config, HANDLER)
     assert vm_record(cri, pod)["template"].startswith("restored "), vm_record(cri, pod)
     server, fetcher = cri.running(pod, pod_config, cri.container_config(

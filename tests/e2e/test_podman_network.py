@@ -81,14 +81,13 @@ def test_hosts_resolv_conf_and_hostname_bind_mounts(podman, web):
 def test_a_sandbox_restored_from_a_template_serves_on_the_bridge(podman):
     if podman.env.get("PARACELL_VMM") == "libvirt":
         pytest.skip("VM templates are direct QEMU's only (docs/libvirt.md)")
-    none = ("--annotation", "io.paracell.memory-manager=none")
     # The first VM of this shape boots cold and leaves the template behind.
-    seeded = podman("run", "--rm", "--network", "bridge", *none, IMAGE, "true")
+    seeded = podman("run", "--rm", "--network", "bridge", IMAGE, "true")
     assert seeded.returncode == 0, seeded.stderr
     name = "pcnet-restored"
     script = "mkdir -p /tmp/www && echo restored > /tmp/www/index.html && " \
              "exec httpd -f -p 80 -h /tmp/www"
-    started = podman("run", "-d", "--name", name, "--network", "bridge", *none, IMAGE,
+    started = podman("run", "-d", "--name", name, "--network", "bridge", IMAGE,
                      "sh", "-c", script)
     assert started.returncode == 0, started.stderr
     try:

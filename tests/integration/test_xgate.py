@@ -113,6 +113,19 @@ def test_kernel_domain_data_faults_with_pkuerr(guest):
     assert "si_code=4 (SEGV_PKUERR=4) pkey=15" in out
 
 
+def test_xgates_work_in_a_vm_restored_from_a_template(runtime, xbundle, tmp_path):
+    """The gates are the guest kernel's, set up per process by the agent's
+    launch after SANDBOX: a VM restored from a template (saved at READY, before
+    any container process) gives them as a cold boot does."""
+    bundle = xbundle(["xgate-test", "data"], ON)
+    ok(runtime("run", "--bundle", str(bundle), "seed", timeout=300), "data")
+    log = tmp_path / "restored.log"
+    result = runtime("--debug", "--log", str(log), "run", "--bundle", str(bundle), "warm",
+                     timeout=300)
+    assert "si_code=4 (SEGV_PKUERR=4) pkey=15" in ok(result, "data")
+    assert "restored from template" in log.read_text()
+
+
 @pytest.mark.parametrize("how", ["past", "onto"])
 def test_mid_gate_jump_is_killed(guest, how):
     result = guest(["sh", "-c", f"xgate-test midgate {how}; echo status=$?; "
