@@ -243,11 +243,11 @@ def test_create_on_a_nearly_full_state_filesystem_names_the_cause(runtime, make_
                                                                    small_root):
     """A few KiB left: enough for state.json, not for what the shim writes."""
     runtime.root = small_root / "state"
-    fill(small_root, leave=24 * 1024)
+    fill(small_root, leave=12 * 1024)
     result = runtime("create", "--bundle", str(make_bundle(["sleep", "1000"])), "tight")
     if result.returncode == 0:
         runtime("delete", "--force", "tight", check=True)
-        pytest.skip("24 KiB sufficed for every file create writes here")
+        pytest.skip("12 KiB sufficed for every file create writes here")
     line = one_line(result)
     assert "No space left on device" in line, line
     (small_root / "filler").unlink()
