@@ -481,8 +481,8 @@ def bench_xgate(output: str, pvm_switch_ns: float | None, pvm_source: str | None
 
     if (pvm_switch_ns is None) != (pvm_source is None):
         raise click.UsageError("--pvm-switch-ns and --pvm-source go together")
-    pvm = None if pvm_switch_ns is None else bench_xgate_mod.PvmCost(pvm_switch_ns,
-                                                                    pvm_source or "")
+    pvm = bench_xgate_mod.PUBLISHED_PVM if pvm_switch_ns is None else \
+        bench_xgate_mod.PvmCost(pvm_switch_ns, pvm_source or "")
     click.echo(bench_xgate_mod.run(_ctx(), output, pvm))
 
 

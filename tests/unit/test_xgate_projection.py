@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from paracell.bench.xgate import PvmCost, pvm_projection
+from paracell.bench.xgate import PUBLISHED_PVM, PvmCost, pvm_projection
 from paracell.errors import ParacellError
 from tests.conftest import PARACELL
 
@@ -15,13 +15,18 @@ PROGRAMS = {"python3": {"gate_calls_per_run": 6420}, "xgate-bench idloop (C)":
             {"gate_calls_per_run": 35002}}
 
 
-def test_no_cost_no_projection():
-    assert pvm_projection(PROGRAMS, None) is None
+def test_the_default_cost_is_the_pvm_papers_nested_syscall_with_its_citation():
+    """Table 2 of the SOSP 2023 paper: get_pid under pvm (NST), direct switch."""
+    assert PUBLISHED_PVM.switch_ns == 300.0
+    for part in ("SOSP 2023", "doi:10.1145/3600006.3613158", "Table 2", "pvm (NST)",
+                 "72e364ae1f0f52e4e3297903603e78e61f9f76cf"):
+        assert part in PUBLISHED_PVM.source
+    got = pvm_projection(PROGRAMS, PUBLISHED_PVM)
+    assert got["saved_ms_per_run"]["python3"] == pytest.approx(6420 * 300 / 1e6)
 
 
 def test_projection_is_labelled_and_carries_its_source():
     got = pvm_projection(PROGRAMS, PvmCost(1000.0, "a paper, table 3"))
-    assert got is not None
     assert got["label"].startswith("PROJECTION, not a measurement")
     assert got["source"] == "a paper, table 3" and got["switch_ns"] == 1000.0
     assert got["saved_ms_per_run"] == {"python3": 6.42, "xgate-bench idloop (C)": 35.002}
