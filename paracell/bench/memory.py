@@ -114,8 +114,9 @@ def run_one(manager: str, bundle: Path, cid: str) -> Run:
     sampler = threading.Thread(target=_sample, args=(ram, run.samples, stop), daemon=True)
     sampler.start()
     began = time.monotonic()
+    # Cold boots only: every manager's VM starts the same way, as in the suite.
     cmd = [common.paracell_executable(), "--root", root, "--memory-manager", manager,
-           "run", "--bundle", str(bundle), cid]
+           "--no-template", "run", "--bundle", str(bundle), cid]
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None

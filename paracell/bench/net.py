@@ -153,8 +153,8 @@ def run(ctx: Context, rounds: int, seconds: float, output: str) -> str:
             for variant in (variants if i % 2 == 0 else variants[::-1]):
                 cid = f"bench-net-{os.getpid()}-{i}"
                 if variant == "paracell":
-                    cmd = [paracell, "--root", root, "--engine", engine, "run",
-                           "--bundle", str(bundle), cid]
+                    cmd = [paracell, "--root", root, "--engine", engine, "--no-template",
+                           "run", "--bundle", str(bundle), cid]
                 else:
                     cmd = [str(runc), "--root", f"{tmp}/runc", "run", "--bundle", str(bundle),
                            cid]

@@ -53,8 +53,10 @@ def _run_guest(ctx: Any, rootfs: Path, script: str, xgates: bool) -> str:
         (bundle / "config.json").write_text(json.dumps(config))
         root = str(common.bench_dir() / "root")
         cid = f"bench-xgate-{os.getpid()}"
-        result = subprocess.run([paracell, "--root", root, "run", "--bundle", str(bundle), cid],
-                                capture_output=True, timeout=900)
+        # Cold, as every run of this bench was: a template's guest would run
+        # its first code untranslated by TCG (docs/templates.md).
+        result = subprocess.run([paracell, "--root", root, "--no-template", "run", "--bundle",
+                                 str(bundle), cid], capture_output=True, timeout=900)
     if result.returncode != 0:
         raise ParacellError(f"bench container failed ({result.returncode}): "
                             f"{result.stderr.decode(errors='replace')[-300:]}")
