@@ -27,8 +27,8 @@ def run(ctx: Context, runs: int, output: str) -> str:
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         runc_root = f"{tmp}/runc"
         # The detached shim keeps the container's stdio: give it /dev/null, not pipes.
-        subprocess.run([paracell, "--root", root, "run", "--detach", "--bundle", str(bundle),
-                        cid], check=True, **quiet)
+        subprocess.run([paracell, "--root", root, "--no-template", "run", "--detach", "--bundle",
+                        str(bundle), cid], check=True, **quiet)
         try:
             variants["paracell state"] = [paracell, "--root", root, "state", cid]
             variants["paracell kill"] = [paracell, "--root", root, "kill", cid, "CONT"]
