@@ -166,6 +166,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
         rt("delete", "--force", cid.name)
     subprocess.run(["umount", "-l", str(memory_dir)], capture_output=True)
     shutil.rmtree(memory_dir, ignore_errors=True)
+    # A template is tens of MiB of guest RAM: a few hundred tests' worth would
+    # fill a small CI disk before pytest prunes its old directories.
+    shutil.rmtree(env["PARACELL_TEMPLATES"], ignore_errors=True)
     memory_dir.with_name(f".{memory_dir.name}.lock").unlink(missing_ok=True)
 
 
