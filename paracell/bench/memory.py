@@ -277,6 +277,8 @@ def run(ctx: Context, quick: bool, output: str) -> str:
         # Rotate the order each round so no manager always runs on a cold or hot host.
         order = MANAGERS[r % 3:] + MANAGERS[:r % 3]
         for manager in order:
+            common.progress("memory", f"round {r + 1}/{rounds}: {manager}: the trace, the "
+                            f"re-touch{', the agent script' if agent is not None else ''}")
             t = run_one(manager, trace, f"bench-mem-{manager}")
             first.setdefault(manager, t)
             traces[manager].append(trace_figures(t))
