@@ -140,7 +140,7 @@ int pc_pager_greet(struct pc_pager *p, int sock_fd)
     /* x86-64 is little-endian, as the protocol is. */
     if (send_msg(sock_fd, 0, -1) < 0 ||                        /* protocol version */
         send_msg(sock_fd, PC_PAGER_GUEST_PEER, -1) < 0 ||      /* QEMU's own id */
-        send_msg(sock_fd, -1, p->token_fd) < 0 ||                /* BAR2's token page */
+        send_msg(sock_fd, -1, p->token_fd) < 0 ||              /* BAR2's token page */
         send_msg(sock_fd, PC_PAGER_GUEST_PEER, p->irq_fd) < 0 ||  /* QEMU's vector 0 */
         send_msg(sock_fd, PC_PAGER_HOST_PEER, p->doorbell_fd) < 0)  /* our vector 0 */
         return fail(p, PC_PAGER_IO_ERROR, "greeting QEMU's ivshmem device: %s", strerror(errno));

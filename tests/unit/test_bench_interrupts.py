@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -33,12 +32,21 @@ def test_a_held_sigterm_reaches_the_handler_outside_the_block():
         signal.signal(signal.SIGTERM, previous)
 
 
-def test_an_interrupted_detached_run_returns_only_once_its_child_is_done(tmp_path):
-    """The child is the `paracell run --detach` that creates a VM: the
-    cleanup after Ctrl-C must find what it made, so it is waited for."""
+def test_an_interrupt_right_after_the_fork_still_waits_for_the_child(tmp_path, monkeypatch):
+    """The child is the `paracell run --detach` that creates a VM. Ctrl-C
+    that lands as Popen returns, before its result is assigned, must not
+    leave that child running unwaited (it would start a VM after the
+    cleanup): the interrupt arrives once run_detached has waited for it."""
     made = tmp_path / "made"
     child = f"import time; time.sleep(0.5); open({str(made)!r}, 'w').close()"
-    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+    real_popen = subprocess.Popen
+
+    def popen_then_interrupt(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # the window between fork and assignment
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         common.run_detached([sys.executable, "-c", child])
     assert made.exists()
