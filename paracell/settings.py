@@ -46,6 +46,15 @@ def template_dir() -> Path:
     return cache_dir() / "templates"
 
 
+def rootdisk_dir() -> Path:
+    """Snapshot mode's rootfs images (paracell/images/rootdisk.py), beside the
+    guest artifacts; `$PARACELL_ROOTDISKS` moves them."""
+    from pathlib import Path
+
+    override = os.environ.get("PARACELL_ROOTDISKS")
+    return Path(override) if override else cache_dir() / "rootdisks"
+
+
 def memory_dir() -> Path:
     """Guest RAM files must sit on tmpfs: on disk every guest write would be written back."""
     from pathlib import Path

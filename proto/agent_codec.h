@@ -103,6 +103,19 @@ static inline int pc_exit_decode(const unsigned char *p, uint32_t n, struct pc_e
     return 0;
 }
 
+static inline void pc_resume_encode(unsigned char *p, const struct pc_resume_msg *m)
+{
+    pc_put_le32(p, m->flags);
+}
+
+static inline int pc_resume_decode(const unsigned char *p, uint32_t n, struct pc_resume_msg *m)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    m->flags = pc_get_le32(p);
+    return 0;
+}
+
 #define PC_FWD_OPEN_LEN 4
 static inline void pc_fwd_open_encode(unsigned char *p, const struct pc_fwd_open_msg *m)
 {

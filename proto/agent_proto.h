@@ -37,6 +37,12 @@ enum pc_type {
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
     PC_SANDBOX = 7,   /* sandbox records, once, before any SPEC; guest answers ATTACHED or ERROR */
     PC_SECCOMP = 12,  /* struct pc_seccomp_hdr + BPF program, just before the init's SPEC */
+    /* Around a checkpoint or rollback (docs/snapshots.md): QUIESCE asks the
+     * agent to send what it has queued, then QUIESCED, then nothing until
+     * RESUME; the host sends nothing in between either, so the channel is
+     * empty both ways while the VM is saved or loaded. */
+    PC_QUIESCE = 13,  /* no payload */
+    PC_RESUME = 14,   /* struct pc_resume_msg */
 
     /* guest -> host */
     PC_READY = 16,    /* agent is up; struct pc_ready_msg; nothing attached yet */
@@ -46,6 +52,7 @@ enum pc_type {
     PC_EXIT = 20,     /* struct pc_exit_msg; all output was sent before it */
     PC_ERROR = 21,    /* text: why the request for this channel failed */
     PC_ATTACHED = 22, /* no payload: the SANDBOX is applied */
+    PC_QUIESCED = 23, /* no payload: everything before it is sent; nothing follows until RESUME */
 
     /* port-forward streams (docs/networking.md): `chan` is the stream id,
      * 1..PC_FWD_MAX_STREAMS, which the host gives out; both ways unless marked */
@@ -80,6 +87,14 @@ struct pc_ready_msg {
 #define PC_AGENT_CAP_PORTFWD 1  /* PC_FWD_* streams */
 #define PC_AGENT_CAP_SECCOMP 2  /* PC_SECCOMP programs */
 #define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP)
+
+struct pc_resume_msg {
+    uint32_t flags;   /* PC_RESUME_ROLLED_BACK */
+};
+/* The VM was loaded from a checkpoint: the host has ended every exec session
+ * and port-forward stream, so the agent kills the exec'd processes and drops
+ * the streams without a word. */
+#define PC_RESUME_ROLLED_BACK 1
 
 struct pc_created_msg {
     uint32_t pid;     /* guest pid of the created process */
@@ -118,11 +133,17 @@ struct pc_fwd_credit_msg {
  *   clock=SEC.NSEC   the host's wall clock when it sent this (CLOCK_REALTIME)
  *   entropy=HEX      fresh random bytes from the host for the guest's RNG
  *   net.if/net.addr/net.route/net.spare   the VM's interfaces (netspec.h)
- * Every key but net.addr/net.route/net.spare/share at most once. */
+ *   rootdisk=ro|rw   snapshot mode: the rootfs is the block device (vm_proto.h),
+ *                    read-only, or under a writable layer in guest RAM
+ *   hostfile=SLOT:HEX  snapshot mode: a host file copied in, in place of the
+ *                    9p share's bind slot SLOT (a decimal number)
+ * Every key but net.addr/net.route/net.spare/share/hostfile at most once. */
 #define PC_SANDBOX_MAX_SHARES 3
 #define PC_SANDBOX_HOSTNAME_MAX 64
 #define PC_SANDBOX_ENTROPY_MIN 32
 #define PC_SANDBOX_ENTROPY_MAX 256
+#define PC_SANDBOX_MAX_HOSTFILES 3
+#define PC_SANDBOX_HOSTFILE_MAX 4096
 
 /* Bounds of the launch spec (the PC_SPEC payload); the host refuses a spec
  * over them before sending, the agent refuses it again on receipt. */

@@ -17,5 +17,12 @@
  * and its bind sources (docs/pods.md). */
 #define PC_PODSHARE_TAG "podshare"
 #define PC_PODSHARE_DIR "/pod"
+/* A snapshot-mode VM (docs/snapshots.md) has no 9p share: its rootfs is the
+ * first virtio block device, an ext4 image mounted read-only at
+ * PC_ROOTDISK_DIR, under an overlay whose upper layer is a tmpfs in guest
+ * RAM at PC_ROOTUPPER_DIR; the overlay is mounted at PC_ROOTFS_DIR. */
+#define PC_ROOTDISK_DEV "/dev/vda"
+#define PC_ROOTDISK_DIR "/rootdisk"
+#define PC_ROOTUPPER_DIR "/rootupper"
 
 #endif

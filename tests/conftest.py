@@ -160,6 +160,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
     # Templates stay on, as for a user, in a store of this test's own: no test
     # restores what another one saved, and the host's store is never touched.
     env["PARACELL_TEMPLATES"] = str(base / "templates")
+    # Snapshot mode's rootfs images: this test's own too.
+    env["PARACELL_ROOTDISKS"] = str(base / "rootdisks")
     rt = Runtime(base / "state", memory_dir, env, libvirtd=daemon)
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):
@@ -169,6 +171,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
     # A template is tens of MiB of guest RAM: a few hundred tests' worth would
     # fill a small CI disk before pytest prunes its old directories.
     shutil.rmtree(env["PARACELL_TEMPLATES"], ignore_errors=True)
+    shutil.rmtree(env["PARACELL_ROOTDISKS"], ignore_errors=True)
     memory_dir.with_name(f".{memory_dir.name}.lock").unlink(missing_ok=True)
 
 

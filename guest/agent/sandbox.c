@@ -5,17 +5,20 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/fs.h>
 #include <linux/random.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "net.h"
 #include "sandboxspec.h"
+#include "vm_proto.h"
 
 /* Options for every 9p share, as the host exports them. */
 #define SHARE_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
@@ -55,6 +58,79 @@ static int add_entropy(const unsigned char *bytes, size_t n, char *err, size_t e
     return 0;
 }
 
+static int failed(char *err, size_t errlen, const char *what, const char *path)
+{
+    snprintf(err, errlen, "sandbox: %s %s: %s", what, path, strerror(errno));
+    return -1;
+}
+
+/* The image read-only; with rw, under an overlay whose upper layer is a tmpfs:
+ * every write of the container lives in guest RAM, where a snapshot has it. */
+static int mount_rootdisk(int mode, char *err, size_t errlen)
+{
+    const char *lower = mode == ROOTDISK_RW ? PC_ROOTDISK_DIR : PC_ROOTFS_DIR;
+    if (mkdir(lower, 0755) < 0 && errno != EEXIST)
+        return failed(err, errlen, "mkdir", lower);
+    /* A VM restored from a template probed the template's disk before READY:
+     * what its page cache holds of that disk (the partition scan read its
+     * first page, which is this one's superblock) must not be read as this one. */
+    int disk = open(PC_ROOTDISK_DEV, O_RDONLY | O_CLOEXEC);
+    if (disk < 0 || ioctl(disk, BLKFLSBUF, 0) < 0) {
+        int e = errno;
+        if (disk >= 0)
+            close(disk);
+        errno = e;
+        return failed(err, errlen, "flush the page cache of", PC_ROOTDISK_DEV);
+    }
+    close(disk);
+    if (mount(PC_ROOTDISK_DEV, lower, "ext4", MS_RDONLY, "") < 0)
+        return failed(err, errlen, "mount", PC_ROOTDISK_DEV);
+    if (mode == ROOTDISK_RO)
+        return 0;
+    if (mkdir(PC_ROOTUPPER_DIR, 0700) < 0 && errno != EEXIST)
+        return failed(err, errlen, "mkdir", PC_ROOTUPPER_DIR);
+    if (mount("rootupper", PC_ROOTUPPER_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") < 0)
+        return failed(err, errlen, "mount", PC_ROOTUPPER_DIR);
+    if (mkdir(PC_ROOTUPPER_DIR "/upper", 0755) < 0 || mkdir(PC_ROOTUPPER_DIR "/work", 0700) < 0)
+        return failed(err, errlen, "mkdir in", PC_ROOTUPPER_DIR);
+    if (mkdir(PC_ROOTFS_DIR, 0755) < 0 && errno != EEXIST)
+        return failed(err, errlen, "mkdir", PC_ROOTFS_DIR);
+    const char *opts = "lowerdir=" PC_ROOTDISK_DIR ",upperdir=" PC_ROOTUPPER_DIR "/upper,"
+                       "workdir=" PC_ROOTUPPER_DIR "/work";
+    if (mount("overlay", PC_ROOTFS_DIR, "overlay", 0, opts) < 0)
+        return failed(err, errlen, "mount the overlay on", PC_ROOTFS_DIR);
+    return 0;
+}
+
+/* The host files (/etc/hosts and the like) in a tmpfs where the host share
+ * would be: the container's binds find each at its slot, as on 9p. */
+static int write_hostfiles(const struct sandbox_spec *s, char *err, size_t errlen)
+{
+    if (mkdir(PC_HOSTSHARE_DIR, 0755) < 0 && errno != EEXIST)
+        return failed(err, errlen, "mkdir", PC_HOSTSHARE_DIR);
+    if (mount("hostfiles", PC_HOSTSHARE_DIR, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") < 0)
+        return failed(err, errlen, "mount", PC_HOSTSHARE_DIR);
+    int dir = open(PC_HOSTSHARE_DIR, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dir < 0)
+        return failed(err, errlen, "open", PC_HOSTSHARE_DIR);
+    for (int i = 0; i < s->nhostfiles; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%u", s->hostfiles[i].slot);
+        int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        ssize_t n = fd < 0 ? -1 : write(fd, s->hostfiles[i].bytes, s->hostfiles[i].len);
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        if (n != (ssize_t)s->hostfiles[i].len) {
+            close(dir);
+            errno = n < 0 ? e : EIO;
+            return failed(err, errlen, "write the host file of slot", name);
+        }
+    }
+    close(dir);
+    return 0;
+}
+
 static int apply(struct sandbox_spec *s, char *err, size_t errlen)
 {
     if (s->has_clock && clock_settime(CLOCK_REALTIME, &s->clock) < 0) {
@@ -68,6 +144,10 @@ static int apply(struct sandbox_spec *s, char *err, size_t errlen)
         snprintf(err, errlen, "sandbox: sethostname: %s", strerror(errno));
         return -1;
     }
+    if (s->rootdisk && mount_rootdisk(s->rootdisk, err, errlen) < 0)
+        return -1;
+    if (s->nhostfiles && write_hostfiles(s, err, errlen) < 0)
+        return -1;
     for (int i = 0; i < PC_SANDBOX_MAX_SHARES; i++) {
         const struct sandbox_share *share = &SANDBOX_SHARES[i];
         if (s->shares[i] && mount(share->tag, share->dir, "9p", 0, SHARE_OPTS) < 0) {

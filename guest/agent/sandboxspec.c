@@ -80,6 +80,32 @@ static int valid_hostname(const char *v)
     return 1;
 }
 
+/* "SLOT:HEX", decoded over its own text: the bytes stay in the buffer. */
+static int add_hostfile(struct sandbox_spec *s, char *val, char *err, size_t errlen)
+{
+    char *colon = strchr(val, ':');
+    if (s->nhostfiles == PC_SANDBOX_MAX_HOSTFILES || !colon || colon == val || colon - val > 2)
+        return fail(err, errlen, "bad or too many", PC_KEY_HOSTFILE);
+    unsigned slot = 0;
+    for (const char *p = val; p < colon; p++) {
+        if (*p < '0' || *p > '9')
+            return fail(err, errlen, "bad slot in", PC_KEY_HOSTFILE);
+        slot = slot * 10 + (unsigned)(*p - '0');
+    }
+    for (int i = 0; i < s->nhostfiles; i++)
+        if (s->hostfiles[i].slot == slot)
+            return fail(err, errlen, "slot given twice in", PC_KEY_HOSTFILE);
+    size_t n;
+    unsigned char *out = (unsigned char *)colon + 1;
+    if (parse_hex(colon + 1, out, PC_SANDBOX_HOSTFILE_MAX, &n))
+        return fail(err, errlen, "bad content in", PC_KEY_HOSTFILE);
+    s->hostfiles[s->nhostfiles].slot = slot;
+    s->hostfiles[s->nhostfiles].bytes = out;
+    s->hostfiles[s->nhostfiles].len = n;
+    s->nhostfiles++;
+    return 0;
+}
+
 static int add_record(struct sandbox_spec *s, const char *key, char *val, char *err, size_t errlen)
 {
     if (!strcmp(key, PC_KEY_SHARE)) {
@@ -111,6 +137,15 @@ static int add_record(struct sandbox_spec *s, const char *key, char *val, char *
             return fail(err, errlen, "bad or repeated", key);
         return 0;
     }
+    if (!strcmp(key, PC_KEY_ROOTDISK)) {
+        int mode = !strcmp(val, "ro") ? ROOTDISK_RO : !strcmp(val, "rw") ? ROOTDISK_RW : 0;
+        if (s->rootdisk || !mode)
+            return fail(err, errlen, "bad or repeated", key);
+        s->rootdisk = mode;
+        return 0;
+    }
+    if (!strcmp(key, PC_KEY_HOSTFILE))
+        return add_hostfile(s, val, err, errlen);
     if (netspec_is_key(key)) {
         return netspec_add(&s->net, key, val, err, errlen);
     }
@@ -132,6 +167,13 @@ int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size
         if (add_record(s, key, val, err, errlen))
             return -1;
     }
+    /* A snapshot-mode VM has its rootfs on the disk and its host files copied
+     * in, never a share in their place. */
+    if (s->rootdisk && s->shares[0])
+        return fail(err, errlen, "a rootdisk and a rootfs share", NULL);
+    if (s->nhostfiles && (!s->rootdisk || s->shares[1]))
+        return fail(err, errlen, "hostfile records without a rootdisk, or with the host share",
+                    NULL);
     return 0;
 }
 

@@ -22,7 +22,17 @@ struct sandbox_spec {
     unsigned char entropy[PC_SANDBOX_ENTROPY_MAX];
     size_t nentropy;
     struct net_spec net;
+    int rootdisk;                      /* 0: none, else ROOTDISK_RO or ROOTDISK_RW */
+    struct {
+        unsigned slot;
+        const unsigned char *bytes;    /* decoded in place, in the parsed buffer */
+        size_t len;
+    } hostfiles[PC_SANDBOX_MAX_HOSTFILES];
+    int nhostfiles;
 };
+
+#define ROOTDISK_RO 1
+#define ROOTDISK_RW 2
 
 /* buf is modified in place; 0, or -1 with err set to one line. */
 int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size_t errlen);

@@ -11,6 +11,7 @@ from typing import Any
 
 from paracell import speckeys as K
 from paracell import unixsock, wire
+from paracell.errors import ParacellError
 from paracell.reclaim import reclaimable
 from paracell.vmm import hostshare, memory
 from paracell.vmm.builder import Device
@@ -109,8 +110,6 @@ class Rendezvous:
         self._listener = unixsock.listen(self.path, backlog=1)
 
     def accept(self, timeout_s: float, what: str) -> socket.socket:
-        from paracell.errors import ParacellError
-
         assert self._listener is not None
         self._listener.settimeout(timeout_s)
         try:
@@ -220,6 +219,68 @@ class Share(Device):
             opts += ",multidevs=remap"
         return ["-fsdev", opts,
                 "-device", f"virtio-9p-device,fsdev={self.tag},mount_tag={self.tag}"]
+
+
+class RootDisk(Device):
+    """A snapshot-mode VM's rootfs: the bundle's rootfs as a read-only ext4
+    image (paracell/images/rootdisk.py) on virtio-blk, with the container's
+    writes in guest RAM (docs/snapshots.md). Nothing of it is on a 9p share,
+    so QEMU can save the VM at any moment."""
+
+    kind = "root-disk"
+    DRIVE_ID = "rootdisk"
+
+    def __init__(self, image: Path | None, writable: bool) -> None:
+        self.image, self.writable = image, writable
+        self._hold = -1
+
+    def build(self, rootfs: Path) -> None:
+        from paracell.images import rootdisk
+
+        self.image = rootdisk.image_for(rootfs)
+
+    def _image(self) -> Path:
+        if self.image is None:
+            raise ParacellError("the root disk was never built")
+        return self.image
+
+    def prepare(self) -> None:
+        from paracell.images import rootdisk
+
+        self._hold = rootdisk.hold(self._image())
+
+    def shape(self) -> dict[str, Any]:
+        # The guest reads the disk's size as it boots, before READY.
+        return {"bytes": os.stat(self._image()).st_size, "writable": self.writable}
+
+    def host_paths(self) -> dict[str, bool]:
+        return {str(self._image()): False}
+
+    def qemu_args(self) -> list[str]:
+        return ["-drive",
+                f"file={self._image()},if=none,id={self.DRIVE_ID},format=raw,readonly=on",
+                "-device", f"virtio-blk-device,drive={self.DRIVE_ID}"]
+
+    def sandbox_records(self) -> list[tuple[str, str]]:
+        return [(K.ROOTDISK, "rw" if self.writable else "ro")]
+
+    def release(self) -> None:
+        if self._hold >= 0:
+            os.close(self._hold)
+            self._hold = -1
+
+
+class HostFiles(Device):
+    """A snapshot-mode VM's copies of host files bound into the container
+    (/etc/hosts and the like), sent in the SANDBOX in place of the host share."""
+
+    kind = "host-files"
+
+    def __init__(self, files: list[tuple[str, bytes]]) -> None:
+        self.files = files  # (bind slot, content)
+
+    def sandbox_records(self) -> list[tuple[str, str]]:
+        return [(K.HOSTFILE, f"{slot}:{content.hex()}") for slot, content in self.files]
 
 
 def rootfs_share(path: Path, readonly: bool) -> Share:

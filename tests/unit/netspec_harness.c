@@ -102,6 +102,13 @@ int main(int argc, char **argv)
             printf("clock %lld.%09ld\n", (long long)sb.clock.tv_sec, sb.clock.tv_nsec);
         if (sb.nentropy)
             printf("entropy %zu\n", sb.nentropy);
+        if (sb.rootdisk)
+            printf("rootdisk %s\n", sb.rootdisk == ROOTDISK_RW ? "rw" : "ro");
+        for (int i = 0; i < sb.nhostfiles; i++) {
+            printf("hostfile %u ", sb.hostfiles[i].slot);
+            fwrite(sb.hostfiles[i].bytes, 1, sb.hostfiles[i].len, stdout);
+            printf("\n");
+        }
     }
     return 0;
 }

@@ -193,3 +193,31 @@ def test_sandbox_records_must_end_with_nul(harness):
 ])
 def test_start_payload_holds_interface_records_only(harness, payload, message):
     assert parse(harness, "start", payload) == message
+
+
+def test_a_snapshot_mode_sandbox_has_a_root_disk_and_copied_host_files(harness):
+    got = parse(harness, "sandbox", [("rootdisk", "rw"), ("hostfile", "0:" + b"127.0.0.1 x".hex()),
+                                     ("hostfile", "2:" + b"nameserver 10.0.0.1".hex())])
+    assert got == ["rootdisk rw", "hostfile 0 127.0.0.1 x", "hostfile 2 nameserver 10.0.0.1"]
+    assert parse(harness, "sandbox", [("rootdisk", "ro")]) == ["rootdisk ro"]
+
+
+@pytest.mark.parametrize("pairs, why", [
+    ([("rootdisk", "rw"), ("rootdisk", "rw")], "bad or repeated rootdisk"),
+    ([("rootdisk", "yes")], "bad or repeated rootdisk"),
+    ([("rootdisk", "rw"), ("share", "rootfs")], "a rootdisk and a rootfs share"),
+    ([("hostfile", "0:41")], "hostfile records without a rootdisk"),
+    ([("rootdisk", "rw"), ("share", "hostshare"), ("hostfile", "0:41")],
+     "hostfile records without a rootdisk, or with the host share"),
+    ([("rootdisk", "rw"), ("hostfile", "0:41"), ("hostfile", "0:42")], "slot given twice"),
+    ([("rootdisk", "rw"), ("hostfile", "x:41")], "bad slot"),
+    ([("rootdisk", "rw"), ("hostfile", "123:41")], "bad or too many"),
+    ([("rootdisk", "rw"), ("hostfile", "0:4")], "bad content"),
+    ([("rootdisk", "rw"), ("hostfile", "0:zz")], "bad content"),
+    ([("rootdisk", "rw"), ("hostfile", "0:" + "41" * (lib.PC_SANDBOX_HOSTFILE_MAX + 1))],
+     "bad content"),
+    ([("rootdisk", "rw")] + [("hostfile", f"{i}:41") for i in range(4)], "bad or too many"),
+])
+def test_bad_snapshot_mode_records_are_refused(harness, pairs, why):
+    got = parse(harness, "sandbox", pairs)
+    assert isinstance(got, str) and why in got, got

@@ -100,7 +100,7 @@ class Sandbox:
         from paracell import settings
         from paracell.guest import artifacts
         from paracell.net import netns
-        from paracell.runtime.bundle import podrole
+        from paracell.runtime.bundle import podrole, snapshotmode
         from paracell.runtime.host import hostside
         from paracell.runtime.sandbox import memorymanager, templating, vmplan
         from paracell.vmm import memory, probe
@@ -126,6 +126,7 @@ class Sandbox:
         # refused create leaves nothing behind, not even there.
         admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
+        snapshot = snapshotmode.plan(bundle, pod_sandbox)
         state_dir = ctx.store.dir(container_id)
         vmm = ctx.vmm(bundle.annotations)
         backend = vmplan.Backend(vmm, ctx.libvirt_uri if vmm == "libvirt" else "")
@@ -138,7 +139,7 @@ class Sandbox:
             memory.path_for(ctx.root, container_id), host.size.memory_mib, memory_plan,
             vcpus=host.size.vcpus, network=network, pod_share=pod_sandbox,
             xgates=xgates_plan.enabled, backend=backend,
-            owner={"id": container_id, "bundle": str(bundle.path)})
+            owner={"id": container_id, "bundle": str(bundle.path)}, snapshot=snapshot)
         # Templates are saved and restored by direct QEMU only (docs/libvirt.md).
         templates = vmm == "qemu" and templating.wanted(ctx.no_template, bundle.annotations)
         return cls(state_dir, builder, agent, config, host, network, memory_plan, xgates_plan,
@@ -152,6 +153,11 @@ class Sandbox:
                         reclaim=self.builder.record())
 
     def provision(self, ctx: Context) -> None:
+        from paracell.vmm.devices import RootDisk
+
+        disk = next((d for d in self.builder.devices if isinstance(d, RootDisk)), None)
+        if disk is not None:
+            disk.build(self.bundle.rootfs)
         self.host.setup(self.config.engine, ctx.log, self.state_dir,
                         Path(self.config.ram_file), self.bundle)
 

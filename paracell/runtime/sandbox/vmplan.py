@@ -9,6 +9,7 @@ from pathlib import Path
 from paracell.guest.artifacts import GuestArtifacts
 from paracell.net.device import NetworkInterfaces
 from paracell.net.netns import JOIN, NEW, NetworkPlan
+from paracell.runtime.bundle.snapshotmode import SnapshotPlan
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.sandbox.memorymanager import MemoryPlan
 from paracell.vmm import devices
@@ -31,7 +32,7 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
                  memory_file: Path, memory_mib: int, memory: MemoryPlan, vcpus: int,
                  network: NetworkPlan | None = None, pod_share: bool = False,
                  xgates: bool = False, backend: Backend = Backend(),
-                 owner: dict[str, str] | None = None,
+                 owner: dict[str, str] | None = None, snapshot: SnapshotPlan | None = None,
                  ) -> tuple[VmBuilder, devices.AgentPort, VmConfig]:
     """The VM's builder, its agent port, and the typed configuration the
     state records: decided here, where each device is chosen."""
@@ -60,10 +61,16 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
     vm.attach(devices.SerialConsole(state_dir / "console.log"))
     vm.attach(devices.DebugExit())
     agent = vm.attach(devices.AgentPort(rendezvous("agent")))
-    vm.attach(devices.rootfs_share(bundle.rootfs, bundle.rootfs_readonly))
-    if bundle.host_binds:
-        vm.attach(devices.HostShare(state_dir / SHARE_DIR,
-                                    [(b.source, b.slot) for b in bundle.host_binds]))
+    if snapshot is not None and snapshot.enabled:
+        # The image is built once the rootfs holds its mount points (provision).
+        vm.attach(devices.RootDisk(None, writable=not bundle.rootfs_readonly))
+        if snapshot.host_files:
+            vm.attach(devices.HostFiles(list(snapshot.host_files)))
+    else:
+        vm.attach(devices.rootfs_share(bundle.rootfs, bundle.rootfs_readonly))
+        if bundle.host_binds:
+            vm.attach(devices.HostShare(state_dir / SHARE_DIR,
+                                        [(b.source, b.slot) for b in bundle.host_binds]))
     if pod_share:
         config.pod_share = str(vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR)).path)
     if not libvirt:
