@@ -83,6 +83,12 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
         return fail(p, PC_PAGER_IO_ERROR, "bad guest RAM layout");
     p->ram_size = ram_size;
     p->ram_split = ram_split;
+    p->gate = malloc(sizeof(pthread_mutex_t));
+    if (!p->gate || pthread_mutex_init(p->gate, NULL)) {
+        free(p->gate);
+        p->gate = NULL;
+        return fail(p, PC_PAGER_IO_ERROR, "allocating the Pager's gate");
+    }
     p->ram_fd = dup(ram_fd);
     p->token_fd = dup(token_fd);
     if (p->ram_fd < 0 || p->token_fd < 0) goto io_error;
@@ -408,7 +414,9 @@ static void *serve(void *arg)
             rc = fail(p, PC_PAGER_IO_ERROR, "reading the doorbell: %s", strerror(errno));
             break;
         }
+        pthread_mutex_lock(p->gate);
         rc = pc_pager_wakeup(p, doorbells, monotonic_ns());
+        pthread_mutex_unlock(p->gate);
         if (rc < 0) break;
     }
     if (rc == PC_PAGER_VIOLATION) p->stats->violations++;
@@ -434,6 +442,18 @@ int pc_pager_start(struct pc_pager *p)
     return PC_PAGER_OK;
 }
 
+void pc_pager_pause(struct pc_pager *p)
+{
+    if (p->gate) pthread_mutex_lock(p->gate);
+}
+
+void pc_pager_resume(struct pc_pager *p, int reattach)
+{
+    if (!p->gate) return;
+    if (reattach) p->attached = 0;
+    pthread_mutex_unlock(p->gate);
+}
+
 void pc_pager_close(struct pc_pager *p)
 {
     if (p->running) {
@@ -453,4 +473,9 @@ void pc_pager_close(struct pc_pager *p)
     close_fd(&p->irq_fd);
     close_fd(&p->stop_fd);
     close_fd(&p->abort_fd);
+    if (p->gate) {
+        pthread_mutex_destroy(p->gate);
+        free(p->gate);
+        p->gate = NULL;
+    }
 }

@@ -50,6 +50,7 @@ struct pc_pager {
     uint64_t vmm_base;    /* that mapping's address in QEMU, 0 while unknown */
     unsigned long thread;
     int running;
+    void *gate;           /* a mutex the thread holds for each wakeup: pc_pager_pause */
     char error[240];
 };
 
@@ -73,6 +74,14 @@ int pc_pager_wakeup(struct pc_pager *p, uint64_t doorbells, uint64_t now_ns);
 void pc_pager_set_vmm(struct pc_pager *p, int pid);
 /* The serving thread: waits for doorbells until pc_pager_stop. */
 int pc_pager_start(struct pc_pager *p);
+/* Waits for the wakeup in progress, if any, and holds the thread off until
+ * pc_pager_resume: nothing is bound or punched meanwhile.  A checkpoint
+ * reads guest RAM, and a rollback rewrites it, under it. */
+void pc_pager_pause(struct pc_pager *p);
+/* Lets the thread go on.  With reattach, the next doorbell takes the
+ * consumer indices from the rings again, as after a restore: a rollback put
+ * back the rings of its checkpoint. */
+void pc_pager_resume(struct pc_pager *p, int reattach);
 /* Stops the thread and releases every fd and mapping. Idempotent. */
 void pc_pager_close(struct pc_pager *p);
 

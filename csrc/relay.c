@@ -77,7 +77,19 @@ struct relay {
                    * agent would stop reading the port with START queued behind */
     int init_exited;
     long long grace_deadline;
+    /* A checkpoint or rollback (docs/snapshots.md): the client that asked
+     * for QUIESCE, -1 for none.  From QUIESCE to its RESUME nothing else
+     * goes to the guest, so the channel is empty both ways once the agent
+     * has answered QUIESCED. */
+    int quiesce_client;
 };
+
+#define ROLLED_BACK_MSG "the sandbox was rolled back to a checkpoint: this session ended"
+#define ROLLED_BACK_STATUS 137  /* its process was killed (SIGKILL) */
+
+/* The guest does not know of anything that arrived since the checkpoint:
+ * every exec session and port-forward stream ends here. */
+static void end_sessions_after_rollback(struct relay *r);
 
 static long long now_ms(void)
 {
@@ -147,6 +159,13 @@ static void client_drop(struct relay *r, int idx)
         sink_signal(&r->to_chan, (unsigned)c->chan, SIGKILL);
         r->chan_owner[c->chan] = -2;
     }
+    if (r->quiesce_client == idx) {
+        /* Whoever asked went away without RESUME: the guest goes on. */
+        unsigned char b[PC_U32_MSG_LEN];
+        pc_resume_encode(b, &(struct pc_resume_msg){0});
+        sink_frame(&r->to_chan, PC_RESUME, 0, (const char *)b, sizeof b);
+        r->quiesce_client = -1;
+    }
     close(c->fd);
     free(c->in.buf);
     free(c->out.buf);
@@ -206,6 +225,29 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             }
             p = made;
             n = (uint32_t)len;
+        }
+        if (type == PC_QUIESCE && r->shim) {
+            if (r->quiesce_client >= 0 || r->init_exited) {
+                const char *msg = r->init_exited ? "container not running"
+                                                 : "a checkpoint or rollback is in progress";
+                sink_frame(&c->out, PC_ERROR, 0, msg, strlen(msg));
+                c->closing = 1;
+                return 0;
+            }
+            r->quiesce_client = idx;
+            return sink_frame(&r->to_chan, PC_QUIESCE, 0, NULL, 0);
+        }
+        if (type == PC_RESUME && r->shim && r->quiesce_client == idx) {
+            struct pc_resume_msg m;
+            if (pc_resume_decode((const unsigned char *)p, n, &m) < 0) {
+                c->closing = 1;
+                return 0;
+            }
+            if (m.flags & PC_RESUME_ROLLED_BACK) end_sessions_after_rollback(r);
+            r->quiesce_client = -1;
+            if (sink_frame(&r->to_chan, PC_RESUME, 0, p, n) < 0) return -1;
+            client_ack(c);
+            return 0;
         }
         if (type == PC_START || type == PC_SIGNAL) {
             if (sink_frame(&r->to_chan, type, 0, p, n) < 0) return -1;
@@ -319,9 +361,26 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
     }
     case PC_READY: case PC_CREATED:
         return 0;
+    case PC_QUIESCED: {
+        int q = r->quiesce_client;
+        if (!r->shim || q < 0 || !r->clients[q]) return 0;  /* its asker left: RESUME is sent */
+        return sink_frame(&r->clients[q]->out, PC_QUIESCED, 0, NULL, 0);
+    }
     default:
         return -1;
     }
+}
+
+static void end_sessions_after_rollback(struct relay *r)
+{
+    unsigned char b[PC_U32_MSG_LEN];
+    pc_exit_encode(b, &(struct pc_exit_msg){ROLLED_BACK_STATUS});
+    for (unsigned ch = 1; ch <= PC_MAX_CHAN; ch++) {
+        if (r->chan_owner[ch] == -1) continue;
+        to_client(r, ch, PC_ERROR, ROLLED_BACK_MSG, sizeof ROLLED_BACK_MSG - 1, 0);
+        to_client(r, ch, PC_EXIT, (const char *)b, sizeof b, 1);
+    }
+    fwd_forget_all(r->fwd);
 }
 
 /* --- local input and signals -------------------------------------------- */
@@ -410,7 +469,7 @@ static void run_loop(struct relay *r)
     int chan_open = 1;
     while (!r->done) {
         if (r->init_exited && (!live_exec_clients(r) || now_ms() >= r->grace_deadline)) break;
-        int room_to_chan = sink_has_room(&r->to_chan);
+        int room_to_chan = sink_has_room(&r->to_chan) && r->quiesce_client < 0;
         short chan_ev = 0;
         if (chan_open && all_sinks_have_room(r)) chan_ev |= POLLIN;
         if (sink_pending(&r->to_chan)) chan_ev |= POLLOUT;
@@ -427,7 +486,9 @@ static void run_loop(struct relay *r)
         for (int i = 0; i < MAX_CLIENTS; i++) {
             struct client *c = r->clients[i];
             short ev = 0;
-            if (c && !c->closing && room_to_chan) ev |= POLLIN;
+            if (c && !c->closing && (room_to_chan || (i == r->quiesce_client &&
+                                                      sink_has_room(&r->to_chan))))
+                ev |= POLLIN;
             if (c && sink_pending(&c->out)) ev |= POLLOUT;
             add_pollfd(pfd, P_FIXED + i, c ? c->fd : -1, ev);
         }
@@ -521,6 +582,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     r->started = !r->shim && cfg->control_fd < 0;
     r->chan_fd = cfg->chan_fd;
     for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) r->chan_owner[ch] = -1;
+    r->quiesce_client = -1;
     r->chan_in.buf = malloc(INBUF_CAP);
     fcntl(r->chan_fd, F_SETFL, fcntl(r->chan_fd, F_GETFL) | O_NONBLOCK);
     sink_init_socket(&r->to_chan, r->chan_fd);

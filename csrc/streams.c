@@ -305,6 +305,12 @@ int fwd_on_frame(struct fwd *f, unsigned type, unsigned id, const char *p, uint3
     }
 }
 
+void fwd_forget_all(struct fwd *f)
+{
+    for (int id = 1; f && id <= PC_FWD_MAX_STREAMS; id++)
+        release(&f->s[id]);
+}
+
 void fwd_free(struct fwd *f)
 {
     if (!f)

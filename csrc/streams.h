@@ -21,6 +21,9 @@ struct fwd;
 struct fwd *fwd_new(const struct pc_fwd_listeners *l, struct sink *to_chan);
 /* Resets every open connection (the channel is gone) and frees f. */
 void fwd_free(struct fwd *f);
+/* Resets every open connection, sending nothing: after a rollback the
+ * guest has no streams (csrc/relay.c). */
+void fwd_forget_all(struct fwd *f);
 /* Fills exactly FWD_POLLFDS slots; room: to_chan may take another frame. */
 void fwd_poll_prepare(struct fwd *f, struct pollfd *pfd, int room);
 void fwd_poll_handle(struct fwd *f, const struct pollfd *pfd);

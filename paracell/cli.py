@@ -238,6 +238,56 @@ def template_rm(keys: tuple[str, ...], everything: bool) -> None:
     click.echo(verb.remove(keys, everything))
 
 
+@main.group()
+def sandbox() -> None:
+    """A snapshot-mode sandbox's checkpoints: checkpoint, roll back (docs/snapshots.md)."""
+
+
+@sandbox.command("checkpoint")
+@click.option("--name", default=None, help="the checkpoint's name (default: ckpt-SEQ)")
+@click.option("--format", "-f", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.argument("container_id")
+def sandbox_checkpoint(container_id: str, name: str | None, fmt: str) -> None:
+    """Pause, save what changed since the last checkpoint, resume; prints its name."""
+    from paracell.runtime.verbs import snapshot
+
+    done = snapshot.checkpoint(_ctx(), container_id, name)
+    click.echo(json.dumps(done) if fmt == "json" else done["name"])
+
+
+@sandbox.command("rollback")
+@click.option("--format", "-f", "fmt", type=click.Choice(["text", "json"]), default="text")
+@click.argument("container_id")
+@click.argument("name")
+def sandbox_rollback(container_id: str, name: str, fmt: str) -> None:
+    """Return the running sandbox to a checkpoint: memory, processes, files."""
+    from paracell.runtime.verbs import snapshot
+
+    done = snapshot.rollback(_ctx(), container_id, name)
+    if fmt == "json":
+        click.echo(json.dumps(done))
+
+
+@sandbox.command("checkpoints")
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
+@click.argument("container_id")
+def sandbox_checkpoints(container_id: str, fmt: str) -> None:
+    """List a sandbox's checkpoints, oldest first."""
+    from paracell.runtime.verbs import snapshot
+
+    click.echo(snapshot.listing(_ctx(), container_id, fmt))
+
+
+@sandbox.command("rm-checkpoint")
+@click.argument("container_id")
+@click.argument("name")
+def sandbox_rm_checkpoint(container_id: str, name: str) -> None:
+    """Remove a checkpoint."""
+    from paracell.runtime.verbs import snapshot
+
+    snapshot.remove(_ctx(), container_id, name)
+
+
 @main.command("list")
 @click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
 @click.option("--quiet", "-q", is_flag=True)

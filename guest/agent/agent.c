@@ -44,6 +44,9 @@ static int port = -1;
 static int port_down;
 static int ever_connected;
 static struct spec spec;
+/* Between QUIESCE and RESUME: nothing new is read from the containers or the
+ * streams, so nothing new is queued; QUIESCED goes once the queue is empty. */
+static int quiescing, quiesced;
 
 /* seccomp=1 in a SPEC and a PC_SECCOMP frame before it go together. */
 static int seccomp_matches(const struct spec *s, const struct seccomp_prog *prog, char *err,
@@ -166,6 +169,19 @@ static int dispatch(const struct frame *f)
     case PC_FWD_CLOSE:
         fwd_handle(&m);
         break;
+    case PC_QUIESCE:
+        quiescing = 1;
+        break;
+    case PC_RESUME:
+        if (!quiesced)
+            loghost("protocol: RESUME without QUIESCE");
+        quiescing = quiesced = 0;
+        if (m.resume.flags & PC_RESUME_ROLLED_BACK) {
+            proc_forget_execs();
+            fwd_forget_all();
+            logmsg("resumed from a checkpoint");
+        }
+        break;
     case PC_POWEROFF:
         vm_power_off(0);
     }
@@ -283,12 +299,16 @@ static void run(int sfd)
         } else {
             timeout = 50;
         }
-        n = proc_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
+        if (!quiescing)
+            n = proc_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
         int procs_end = n;
-        n = fwd_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
+        if (!quiescing)
+            n = fwd_poll_prepare(pfd, n, (int)(sizeof pfd / sizeof pfd[0]));
 
         /* The containers are over: wait for POWEROFF, but not forever. */
-        if (ctr_all_ended() && !proc_active()) {
+        if (quiescing) {
+            idle_since = 0;
+        } else if (ctr_all_ended() && !proc_active()) {
             long long now = now_ms();
             if (outq_pending()) {
                 idle_since = 0;
@@ -337,10 +357,17 @@ static void run(int sfd)
             if (re & (POLLHUP | POLLERR))
                 host_down();
         }
-        proc_poll_handle(pfd, procs_end);
-        fwd_poll_handle(pfd, n);
+        if (!quiescing) {
+            proc_poll_handle(pfd, procs_end);
+            fwd_poll_handle(pfd, n);
+        }
         process_frames();
-        proc_collect();
+        if (!quiescing)
+            proc_collect();
+        if (quiescing && !quiesced && !port_down && !outq_pending()) {
+            chan_send(PC_QUIESCED, 0, NULL, 0);
+            quiesced = 1;
+        }
         /* Push new output now rather than one poll round later. */
         if (!port_down && outq_pending())
             flush_port(&progress);

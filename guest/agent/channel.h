@@ -33,6 +33,7 @@ struct host_msg {
     struct pc_resize_msg resize;
     struct pc_fwd_open_msg fwd_open;     /* port 1..65535, a known family */
     struct pc_fwd_credit_msg credit;
+    struct pc_resume_msg resume;
 };
 
 int chan_init(void);

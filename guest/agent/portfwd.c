@@ -179,6 +179,13 @@ static void take_data(unsigned id, const unsigned char *p, uint32_t n)
     flush_server(id);
 }
 
+void fwd_forget_all(void)
+{
+    for (unsigned id = 1; id <= PC_FWD_MAX_STREAMS; id++)
+        if (streams[id].busy)
+            release(&streams[id]);
+}
+
 void fwd_handle(const struct host_msg *m)
 {
     unsigned id = m->chan;

@@ -14,5 +14,7 @@ void fwd_handle(const struct host_msg *m);
 /* Adds the fds the loop should wait on; returns the new count. */
 int fwd_poll_prepare(struct pollfd *pfd, int n, int max);
 void fwd_poll_handle(const struct pollfd *pfd, int n);
+/* After a rollback: every stream is closed without a frame (the host ended them). */
+void fwd_forget_all(void);
 
 #endif

@@ -47,6 +47,7 @@ struct proc {
     unsigned char *inbuf;
     size_t in_off, in_len;
     int in_eof;
+    int forgotten;      /* a rollback ended its session on the host: no EXIT for it */
 };
 
 static struct proc procs[PC_MAX_CHAN + 1];
@@ -513,16 +514,35 @@ void proc_poll_handle(const struct pollfd *pfd, int n)
     }
 }
 
+void proc_forget_execs(void)
+{
+    for (unsigned c = 1; c <= PC_MAX_CHAN; c++) {
+        struct proc *p = &procs[c];
+        if (p->state == P_FREE || p->is_init)
+            continue;
+        if (!p->exited && p->pid > 0)
+            kill(p->pid, SIGKILL);
+        p->forgotten = 1;
+        close_fd(&p->out_fd);
+        close_fd(&p->err_fd);
+        close_fd(&p->status_fd);
+        close_fd(&p->start_fd);
+        close_stdin(p);
+    }
+}
+
 void proc_collect(void)
 {
     for (unsigned c = 0; c <= PC_MAX_CHAN; c++) {
         struct proc *p = &procs[c];
         if (p->state == P_FREE || !p->exited || p->out_fd >= 0 || p->err_fd >= 0 || p->status_fd >= 0)
             continue;
-        unsigned char b[PC_U32_MSG_LEN];
-        struct pc_exit_msg m = {.status = p->status};
-        pc_exit_encode(b, &m);
-        chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
+        if (!p->forgotten) {
+            unsigned char b[PC_U32_MSG_LEN];
+            struct pc_exit_msg m = {.status = p->status};
+            pc_exit_encode(b, &m);
+            chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
+        }
         close_stdin(p);
         close_fd(&p->start_fd);
         if (p->is_init)

@@ -29,5 +29,7 @@ void proc_poll_handle(const struct pollfd *pfd, int n);
 /* Sends EXIT for every process that has ended and whose output is drained. */
 void proc_collect(void);
 int proc_active(void);
+/* After a rollback: every exec'd process is killed, and leaves without an EXIT. */
+void proc_forget_execs(void);
 
 #endif

@@ -66,6 +66,13 @@ class PagerServer:
         if self._lib.pc_pager_start(self._p) != 0:
             raise ParacellError(self.error)
 
+    def pause(self) -> None:
+        """Holds the thread off between two wakeups (csrc/pager.h)."""
+        self._lib.pc_pager_pause(self._p)
+
+    def resume(self, reattach: bool) -> None:
+        self._lib.pc_pager_resume(self._p, 1 if reattach else 0)
+
     def set_vmm(self, pid: int) -> None:
         """QEMU runs as `pid`: bound memory is mapped into its page tables too."""
         self._lib.pc_pager_set_vmm(self._p, pid)

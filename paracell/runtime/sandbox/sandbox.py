@@ -178,11 +178,21 @@ class Sandbox:
                         hostname=self.bundle.config.get("hostname") or "",
                         console_socket=container.console_socket, terminal=container.terminal,
                         log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
-                        isolation=self.host.isolation, templates=self.templates)
+                        isolation=self.host.isolation, templates=self.templates,
+                        checkpoint_limit=self._checkpoint_limit())
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
             pid_namespace=self.host.isolation.pid_namespace_for_child, place=self._place)
+
+    def _checkpoint_limit(self) -> int:
+        from paracell.sandbox import checkpoints
+        from paracell.vmm.devices import RootDisk
+
+        if self.config.vmm != "qemu" or not any(isinstance(d, RootDisk)
+                                                for d in self.builder.devices):
+            return 0
+        return checkpoints.limit_of(self.bundle.annotations)
 
     def _place(self, pid: int) -> None:
         """A libvirt QEMU (host pid), on its shim's request: into the container's cgroup."""

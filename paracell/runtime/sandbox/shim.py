@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
@@ -56,6 +57,8 @@ class ShimPlan:
     isolation: HostIsolation | None = None
     # Restore from a VM template, or leave one (runtime/sandbox/templating.py).
     templates: bool = False
+    # Snapshot mode (docs/snapshots.md): how many checkpoints it may keep; 0: not in it.
+    checkpoint_limit: int = 0
 
 
 class Shim:
@@ -76,6 +79,7 @@ class Shim:
         # The creator's service that moves a host pid into the container's cgroup.
         self.place: Callable[[int], None] | None = None
         self._jailed = False
+        self.snapshots: Any = None  # paracell/sandbox/service.py, in snapshot mode
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
@@ -145,6 +149,8 @@ class Shim:
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             os.close(devnull)
+        if plan.checkpoint_limit:
+            self._serve_snapshots(vmm)
         # From the moment the pid is published, `kill` may signal us: hold
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
@@ -152,6 +158,21 @@ class Shim:
             return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template=templates.outcome)
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,
                      template=templates.outcome)
+
+    def _serve_snapshots(self, vmm: hypervisor.Hypervisor) -> None:
+        from paracell.sandbox.service import SnapshotService
+        from paracell.vmm import template
+        from paracell.vmm.devices import GuestRam
+
+        ram = next(d for d in self.plan.vm.devices if isinstance(d, GuestRam))
+        pager = self._pager()
+        qmp_socket = Path(self.plan.config.qmp_socket)
+        self.snapshots = SnapshotService(
+            self.plan.state_dir, qmp_socket, self.plan.state_dir / CONTROL_SOCKET, ram.path,
+            ram.size_mib << 20, template.key_of(self.plan.vm.shape()), self.plan.checkpoint_limit,
+            pager.server if pager else None, self.plan.log.warning)
+        self.snapshots.start()
+        self._debug("checkpoints served on snap.sock")
 
     def _launch(self, incoming: bool) -> Vm:
         """QEMU, booting or (incoming) waiting for a saved state. The shim's
@@ -211,6 +232,8 @@ class Shim:
         if self.forward is not None:
             # First: from now on a client is refused rather than left waiting.
             self.forward.detach()
+        if self.snapshots is not None:
+            self.snapshots.close()
         if self.plan.agent.host_end is not None and self.vm is not None and not self.untrusted:
             try:
                 channel.send(self._agent_fd(), lib.PC_POWEROFF)

@@ -34,6 +34,8 @@ _TRANSITIONS: dict[str, dict[str, str]] = {
     "ps": {CREATED: CREATED, RUNNING: RUNNING, PAUSED: PAUSED},
     "update": {CREATED: CREATED, RUNNING: RUNNING, PAUSED: PAUSED},
     "delete": {CREATED: STOPPED, STOPPED: STOPPED},
+    "checkpoint": {RUNNING: RUNNING},
+    "rollback": {RUNNING: RUNNING},
     "delete --force": {s: STOPPED for s in (CREATING, CREATED, RUNNING, PAUSED, STOPPED)},
 }
 

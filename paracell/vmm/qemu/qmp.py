@@ -9,6 +9,7 @@ calls, and a QEMU that died simply refuses the connection.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,36 @@ class AwaitMigration:
     poll_s: float = 0.001
 
 
-def run(socket_path: Path, *commands: Command | AwaitMigration) -> list[Any]:
+@dataclass(frozen=True)
+class AwaitJob:
+    """A step of a session: polls `query-jobs` until the job (a snapshot's
+    save or load) concludes, then dismisses it; its error is the step's."""
+
+    job_id: str
+    timeout_s: float
+    poll_s: float = 0.001
+
+
+@dataclass(frozen=True)
+class Call:
+    """A step of a session: runs fn where it stands, between two commands
+    (what a checkpoint does to guest RAM while the VM is stopped). Its
+    exception ends the session and is raised as it is."""
+
+    fn: Callable[[], None]
+
+
+class StepFailed(Exception):
+    """A Call's own exception, carried out of the session unchanged."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+Step = Command | AwaitMigration | AwaitJob | Call
+
+
+def run(socket_path: Path, *commands: Step) -> list[Any]:
     """Runs the commands in one session; their return values, in order.
     Any failure is one ParacellError naming the command."""
     # Here, not at the top: asyncio costs every VM's shim about 40 ms to
@@ -66,6 +96,17 @@ def run(socket_path: Path, *commands: Command | AwaitMigration) -> list[Any]:
                     await _migrated(client, command)
                     results.append(None)
                     continue
+                if isinstance(command, Call):
+                    try:
+                        command.fn()
+                    except BaseException as err:
+                        raise StepFailed(err) from None
+                    results.append(None)
+                    continue
+                if isinstance(command, AwaitJob):
+                    await _job_done(client, command)
+                    results.append(None)
+                    continue
                 if command.fd >= 0:
                     client.send_fd_scm(command.fd)
                 results.append(await asyncio.wait_for(
@@ -76,6 +117,8 @@ def run(socket_path: Path, *commands: Command | AwaitMigration) -> list[Any]:
 
     try:
         return asyncio.run(session())
+    except StepFailed as failed:
+        raise failed.error from None
     except MigrationError as err:
         raise ParacellError(str(err)) from None
     except Exception as err:  # qemu.qmp raises several unrelated types
@@ -83,8 +126,34 @@ def run(socket_path: Path, *commands: Command | AwaitMigration) -> list[Any]:
         raise ParacellError(f"QMP {current}: {text}") from None
 
 
-def _name(step: Command | AwaitMigration) -> str:
+def _name(step: Step) -> str:
+    if isinstance(step, AwaitJob):
+        return "query-jobs"
+    if isinstance(step, Call):
+        return "a step between commands"
     return step.name if isinstance(step, Command) else "query-migrate"
+
+
+async def _job_done(client: Any, step: AwaitJob) -> None:
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + step.timeout_s
+    while True:
+        jobs = await asyncio.wait_for(client.execute("query-jobs"), COMMAND_TIMEOUT_S)
+        job = next((j for j in jobs or [] if isinstance(j, dict) and j.get("id") == step.job_id),
+                   None)
+        if job is None:
+            raise MigrationError(f"QMP job {step.job_id} is gone")
+        if job.get("status") == "concluded":
+            await asyncio.wait_for(client.execute("job-dismiss", {"id": step.job_id}),
+                                   COMMAND_TIMEOUT_S)
+            if job.get("error"):
+                raise MigrationError(f"{step.job_id}: {str(job['error'])[:200]}")
+            return
+        if loop.time() > deadline:
+            raise MigrationError(f"{step.job_id} did not finish in {step.timeout_s:.0f} s")
+        await asyncio.sleep(step.poll_s)
 
 
 async def _migrated(client: Any, step: AwaitMigration) -> None:

@@ -1,0 +1,245 @@
+/* Guest RAM for incremental checkpoints: see checkpoint.h.
+ *
+ * The VM is stopped while these run.  Dirty pages are found by content, not
+ * by write tracking: this host kernel has no soft-dirty bits
+ * (CONFIG_MEM_SOFT_DIRTY), QEMU saves no RAM with x-ignore-shared, and a
+ * hash per page costs nothing while the sandbox runs.  The hash is XXH3
+ * (Debian's libxxhash) seeded per container, so a guest cannot aim a
+ * collision at it; an accidental one among 2^64 values is what is left. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "checkpoint.h"
+
+#define BATCH_PAGES 256  /* pages written per write() */
+
+static int fail(char *err, int errlen, const char *fmt, const char *what, int e)
+{
+    snprintf(err, (size_t)errlen, fmt, what, strerror(e));
+    return -1;
+}
+
+static uint64_t page_hash(const unsigned char *page, uint64_t seed)
+{
+    uint64_t h = XXH3_64bits_withSeed(page, PC_CKPT_PAGE, seed);
+    return h ? h : 1;  /* 0 means a hole */
+}
+
+/* The RAM file mapped read-only, and which pages hold data. */
+struct ram {
+    const unsigned char *map;
+    uint64_t size, pages;
+    unsigned char *data;  /* one byte per page: 1 where the file has data */
+};
+
+static void ram_close(struct ram *r)
+{
+    if (r->map && r->map != MAP_FAILED) munmap((void *)r->map, r->size);
+    free(r->data);
+}
+
+static int ram_open(struct ram *r, int fd, uint64_t size, char *err, int errlen)
+{
+    memset(r, 0, sizeof *r);
+    struct stat st;
+    if (fstat(fd, &st) < 0) return fail(err, errlen, "%s: %s", "guest RAM", errno);
+    if (size % PC_CKPT_PAGE || (uint64_t)st.st_size != size) {
+        snprintf(err, (size_t)errlen, "guest RAM is %lld bytes, expected %llu",
+                 (long long)st.st_size, (unsigned long long)size);
+        return -1;
+    }
+    r->size = size;
+    r->pages = size / PC_CKPT_PAGE;
+    r->data = calloc(r->pages, 1);
+    r->map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (!r->data || r->map == MAP_FAILED) {
+        int e = errno;
+        ram_close(r);
+        return fail(err, errlen, "%s: %s", "mapping guest RAM", e);
+    }
+    madvise((void *)r->map, size, MADV_SEQUENTIAL);
+    /* Holes are found without touching them: reading one would allocate it. */
+    off_t at = 0;
+    while ((uint64_t)at < size) {
+        off_t start = lseek(fd, at, SEEK_DATA);
+        if (start < 0) break;  /* ENXIO: nothing but holes past at */
+        off_t end = lseek(fd, start, SEEK_HOLE);
+        if (end < 0) end = (off_t)size;
+        for (uint64_t p = (uint64_t)start / PC_CKPT_PAGE; p * PC_CKPT_PAGE < (uint64_t)end; p++)
+            r->data[p] = 1;
+        at = end;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const unsigned char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *prev,
+                    const struct pc_ckpt_loc *parent_loc, uint32_t seq, uint64_t *hashes,
+                    struct pc_ckpt_loc *loc, int out_fd, struct pc_ckpt_figures *fig,
+                    char *err, int errlen)
+{
+    struct ram r;
+    memset(fig, 0, sizeof *fig);
+    if (ram_open(&r, ram_fd, ram_size, err, errlen) < 0) return -1;
+    fig->pages = r.pages;
+    unsigned char *batch = malloc((size_t)BATCH_PAGES * PC_CKPT_PAGE);
+    if (!batch) {
+        ram_close(&r);
+        return fail(err, errlen, "%s: %s", "checkpoint buffer", ENOMEM);
+    }
+    uint32_t slot = 0;
+    size_t queued = 0;
+    int rc = 0;
+    for (uint64_t i = 0; i < r.pages && !rc; i++) {
+        const unsigned char *page = r.map + i * PC_CKPT_PAGE;
+        hashes[i] = r.data[i] ? page_hash(page, seed) : 0;
+        fig->present += r.data[i];
+        if (hashes[i] && (!prev || prev[i] != hashes[i])) {
+            memcpy(batch + queued * PC_CKPT_PAGE, page, PC_CKPT_PAGE);
+            loc[i].seq = seq;
+            loc[i].slot = slot++;
+            fig->changed++;
+            if (++queued == BATCH_PAGES) {
+                rc = write_all(out_fd, batch, queued * PC_CKPT_PAGE);
+                queued = 0;
+            }
+        } else if (!hashes[i]) {
+            loc[i].seq = seq;
+            loc[i].slot = PC_CKPT_NO_SLOT;
+        } else {
+            loc[i] = parent_loc[i];
+        }
+    }
+    if (!rc && queued) rc = write_all(out_fd, batch, queued * PC_CKPT_PAGE);
+    int e = errno;
+    free(batch);
+    ram_close(&r);
+    if (rc) return fail(err, errlen, "%s: %s", "writing the checkpoint's pages", e);
+    fig->bytes = fig->changed * PC_CKPT_PAGE;
+    return 0;
+}
+
+static int file_of(uint32_t seq, const uint32_t *seqs, int nfiles)
+{
+    for (int k = 0; k < nfiles; k++)
+        if (seqs[k] == seq) return k;
+    return -1;
+}
+
+/* Reads the kept page of index i into buf and checks it against want. */
+static int read_kept(uint64_t i, const uint64_t *want, const struct pc_ckpt_loc *loc,
+                     const uint32_t *seqs, const int *page_fds, int nfiles, uint64_t seed,
+                     unsigned char *buf, char *err, int errlen)
+{
+    int k = file_of(loc[i].seq, seqs, nfiles);
+    if (k < 0 || loc[i].slot == PC_CKPT_NO_SLOT) {
+        snprintf(err, (size_t)errlen, "checkpoint page %llu has no kept content",
+                 (unsigned long long)i);
+        return -1;
+    }
+    ssize_t n = pread(page_fds[k], buf, PC_CKPT_PAGE, (off_t)loc[i].slot * PC_CKPT_PAGE);
+    if (n != PC_CKPT_PAGE || page_hash(buf, seed) != want[i]) {
+        snprintf(err, (size_t)errlen, "checkpoint page %llu is %s", (unsigned long long)i,
+                 n != PC_CKPT_PAGE ? "missing (a truncated page file)" : "corrupt (its hash differs)");
+        return -1;
+    }
+    return 0;
+}
+
+/* Every page where have[] (NULL: an empty file) differs from want[]: checked
+ * first, all of them, then written or punched. */
+static int put_back(int fd, uint64_t pages, uint64_t seed, const uint64_t *have,
+                    const uint64_t *want, const struct pc_ckpt_loc *loc, const uint32_t *seqs,
+                    const int *page_fds, int nfiles, struct pc_ckpt_figures *fig, char *err,
+                    int errlen)
+{
+    unsigned char buf[PC_CKPT_PAGE];
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint64_t i = 0; i < pages; i++) {
+            uint64_t now = have ? have[i] : 0;
+            if (now == want[i]) continue;
+            if (!want[i]) {
+                if (pass && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                                      (off_t)(i * PC_CKPT_PAGE), PC_CKPT_PAGE) < 0)
+                    return fail(err, errlen, "%s: %s", "punching guest RAM", errno);
+            } else {
+                if (read_kept(i, want, loc, seqs, page_fds, nfiles, seed, buf, err, errlen) < 0)
+                    return -1;
+                if (pass && pwrite(fd, buf, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) !=
+                                PC_CKPT_PAGE)
+                    return fail(err, errlen, "%s: %s", "writing guest RAM", errno);
+            }
+            if (pass) {
+                fig->changed++;
+                fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
+            }
+        }
+    }
+    return 0;
+}
+
+int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
+                   const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
+                   int nfiles, struct pc_ckpt_figures *fig, char *err, int errlen)
+{
+    struct ram r;
+    memset(fig, 0, sizeof *fig);
+    if (ram_open(&r, ram_fd, ram_size, err, errlen) < 0) return -1;
+    fig->pages = r.pages;
+    uint64_t *have = malloc(r.pages * sizeof *have);
+    if (!have) {
+        ram_close(&r);
+        return fail(err, errlen, "%s: %s", "revert buffer", ENOMEM);
+    }
+    for (uint64_t i = 0; i < r.pages; i++) {
+        have[i] = r.data[i] ? page_hash(r.map + i * PC_CKPT_PAGE, seed) : 0;
+        fig->present += r.data[i];
+    }
+    ram_close(&r);
+    int rc = put_back(ram_fd, ram_size / PC_CKPT_PAGE, seed, have, want, loc, seqs, page_fds,
+                      nfiles, fig, err, errlen);
+    free(have);
+    return rc;
+}
+
+int pc_ckpt_materialize(int out_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
+                        const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
+                        int nfiles, struct pc_ckpt_figures *fig, char *err, int errlen)
+{
+    memset(fig, 0, sizeof *fig);
+    if (ram_size % PC_CKPT_PAGE || ftruncate(out_fd, (off_t)ram_size) < 0) {
+        snprintf(err, (size_t)errlen, "sizing the new guest RAM: %s", strerror(errno));
+        return -1;
+    }
+    fig->pages = ram_size / PC_CKPT_PAGE;
+    return put_back(out_fd, fig->pages, seed, NULL, want, loc, seqs, page_fds, nfiles, fig, err,
+                    errlen);
+}
+
+void pc_ckpt_uses(const struct pc_ckpt_loc *loc, uint64_t pages, uint8_t *used, uint32_t nseq)
+{
+    for (uint64_t i = 0; i < pages; i++)
+        if (loc[i].slot != PC_CKPT_NO_SLOT && loc[i].seq < nseq) used[loc[i].seq] = 1;
+}

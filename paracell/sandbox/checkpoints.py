@@ -1,0 +1,252 @@
+"""A sandbox's checkpoints on disk (docs/snapshots.md), under its state
+directory, removed with it:
+
+  checkpoints/seed          the per-container seed of the page hashes (8 bytes)
+  checkpoints/vmstate.qcow2 QEMU's device states, one internal snapshot per checkpoint
+  checkpoints/NAME/meta.json     what the checkpoint is, and the SHA-256 of the two tables
+  checkpoints/NAME/hashes.bin    every page's hash (u64 LE, 0 for a hole)
+  checkpoints/NAME/loc.bin       where every page's content is kept ((u32 seq, u32 slot) LE)
+  checkpoints/NAME/pages.bin     the pages that changed since its parent, in order
+
+A checkpoint is written into a temporary directory and renamed into place,
+so a reader sees a whole one or none. Everything read back is checked
+before use: the name, every field of meta.json, each file's size, the
+tables' SHA-256, and (in C, before any page is written back) each page
+against its hash.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+
+FORMAT = 1
+DIR = "checkpoints"
+SEED = "seed"
+VMSTATE = "vmstate.qcow2"
+META, HASHES, LOC, PAGES = "meta.json", "hashes.bin", "loc.bin", "pages.bin"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_META_BYTES = 1 << 16
+DEFAULT_LIMIT = 16
+LIMIT_ANNOTATION = "io.paracell.snapshot.max-checkpoints"
+MAX_LIMIT = 256
+_TMP = ".new-"
+
+
+class CheckpointError(ParacellError):
+    """A checkpoint that cannot be used; the text says why, in one line."""
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        shown = name[:40] if isinstance(name, str) else type(name).__name__
+        raise CheckpointError(f"invalid checkpoint name {shown!r}: 1 to 64 letters, digits, "
+                              "'_', '.' or '-', starting with a letter or digit")
+    return name
+
+
+def limit_of(annotations: dict[str, str]) -> int:
+    """How many checkpoints a sandbox may keep: the annotation, else the default."""
+    value = annotations.get(LIMIT_ANNOTATION)
+    if value is None:
+        return DEFAULT_LIMIT
+    if not value.isdigit() or not 1 <= int(value) <= MAX_LIMIT:
+        raise ParacellError(f"invalid annotation {LIMIT_ANNOTATION}={value[:32]!r}: expected "
+                            f"1..{MAX_LIMIT}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str
+    seq: int
+    parent: int  # the seq of the checkpoint its unchanged pages come from; 0 for none
+    created: float
+    key: str  # the VM's shape (paracell/vmm/template.py key_of): a VM of another shape refuses it
+    ram_bytes: int
+    pages_saved: int
+    vmstate_tag: str
+    sha256: dict[str, str]  # file name -> digest
+
+    @property
+    def pages(self) -> int:
+        return self.ram_bytes // 4096
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _regular(path: Path) -> os.stat_result:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {path.parent.name}/{path.name} is missing") \
+            from None
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"checkpoint file {path.parent.name}/{path.name} is not a "
+                              "regular file")
+    return st
+
+
+def _field(meta: dict[str, Any], key: str, kind: type) -> Any:
+    value = meta.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise CheckpointError(f"checkpoint meta.json: {key} is missing or not a {kind.__name__}")
+    return value
+
+
+class CheckpointStore:
+    """One sandbox's checkpoints."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.dir = Path(state_dir) / DIR
+
+    def ensure(self) -> None:
+        self.dir.mkdir(mode=0o700, exist_ok=True)
+        if self.dir.is_symlink() or not self.dir.is_dir():
+            raise CheckpointError(f"{self.dir} is not a directory")
+
+    def seed(self) -> int:
+        """The page hashes' seed: random, made once, never leaves the host."""
+        self.ensure()
+        path = self.dir / SEED
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(8))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 9)
+        finally:
+            os.close(fd)
+        if len(data) != 8:
+            raise CheckpointError("the checkpoints' seed is damaged")
+        return int.from_bytes(data, "little")
+
+    @property
+    def vmstate(self) -> Path:
+        return self.dir / VMSTATE
+
+    def names(self) -> list[str]:
+        if not self.dir.is_dir():
+            return []
+        return sorted(e.name for e in os.scandir(self.dir)
+                      if NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+
+    def load(self, name: str) -> Checkpoint:
+        """The checkpoint, its meta.json checked field by field; the files'
+        digests are checked by `verify`."""
+        check_name(name)
+        where = self.dir / name
+        if where.is_symlink() or not where.is_dir():
+            raise CheckpointError(f"no checkpoint {name!r}")
+        meta_path = where / META
+        st = _regular(meta_path)
+        if st.st_size > MAX_META_BYTES:
+            raise CheckpointError(f"checkpoint {name}: meta.json is larger than "
+                                  f"{MAX_META_BYTES} bytes")
+        try:
+            meta = json.loads(meta_path.read_bytes())
+        except ValueError:
+            raise CheckpointError(f"checkpoint {name}: meta.json is not JSON") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {name}: not a format-{FORMAT} checkpoint")
+        sha = _field(meta, "sha256", dict)
+        if set(sha) != {HASHES, LOC} or not all(
+                isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in sha.values()):
+            raise CheckpointError(f"checkpoint {name}: meta.json has bad digests")
+        found = Checkpoint(
+            name=name, seq=_field(meta, "seq", int), parent=_field(meta, "parent", int),
+            created=float(_field(meta, "created", (int, float))), key=_field(meta, "key", str),
+            ram_bytes=_field(meta, "ram_bytes", int), pages_saved=_field(meta, "pages_saved", int),
+            vmstate_tag=_field(meta, "vmstate_tag", str), sha256=sha)
+        if _field(meta, "name", str) != name or found.seq < 1 or found.parent < 0 \
+                or found.parent >= found.seq or found.ram_bytes <= 0 \
+                or found.ram_bytes % 4096 or found.pages_saved < 0 \
+                or found.vmstate_tag != f"pc-{found.seq}":
+            raise CheckpointError(f"checkpoint {name}: meta.json is inconsistent")
+        return found
+
+    def verify(self, ckpt: Checkpoint, key: str, ram_bytes: int) -> None:
+        """Refuses a checkpoint of another VM, or one whose files are not what
+        it wrote: sizes first, then each file's SHA-256."""
+        if ckpt.key != key:
+            raise CheckpointError(f"checkpoint {ckpt.name} is of another VM (shape {ckpt.key}, "
+                                  f"this VM's is {key}): another guest build or configuration")
+        if ckpt.ram_bytes != ram_bytes:
+            raise CheckpointError(f"checkpoint {ckpt.name} holds {ckpt.ram_bytes >> 20} MiB of "
+                                  f"RAM, this VM has {ram_bytes >> 20} MiB")
+        sizes = {HASHES: ckpt.pages * 8, LOC: ckpt.pages * 8, PAGES: ckpt.pages_saved * 4096}
+        for file, size in sizes.items():
+            path = self.dir / ckpt.name / file
+            if _regular(path).st_size != size:
+                raise CheckpointError(f"checkpoint {ckpt.name}: {file} is "
+                                      f"{os.lstat(path).st_size} bytes, expected {size} "
+                                      "(truncated or damaged)")
+        for file in (HASHES, LOC):
+            if _sha256(self.dir / ckpt.name / file) != ckpt.sha256[file]:
+                raise CheckpointError(f"checkpoint {ckpt.name}: {file} does not match its "
+                                      "digest (damaged or tampered with)")
+
+    def all(self) -> list[Checkpoint]:
+        found = []
+        for name in self.names():
+            with contextlib.suppress(CheckpointError):
+                found.append(self.load(name))
+        return sorted(found, key=lambda c: c.seq)
+
+    def next_seq(self) -> int:
+        return max((c.seq for c in self.all()), default=0) + 1
+
+    def staging(self) -> Path:
+        self.ensure()
+        path = self.dir / f"{_TMP}{os.getpid()}-{time.monotonic_ns()}"
+        path.mkdir(mode=0o700)
+        return path
+
+    def commit(self, staging: Path, ckpt: Checkpoint) -> None:
+        meta = {"format": FORMAT, **asdict(ckpt)}
+        with open(staging / META, "x") as f:
+            json.dump(meta, f)
+        target = self.dir / ckpt.name
+        if target.exists() or target.is_symlink():
+            raise CheckpointError(f"checkpoint {ckpt.name!r} exists already")
+        os.rename(staging, target)
+
+    def discard(self, path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def remove_dir(self, name: str) -> None:
+        check_name(name)
+        shutil.rmtree(self.dir / name, ignore_errors=True)
+
+    def sweep(self) -> None:
+        """Temporary directories a killed checkpoint left."""
+        if self.dir.is_dir():
+            for entry in os.scandir(self.dir):
+                if entry.name.startswith(_TMP):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def digest(path: Path) -> str:
+    return _sha256(path)

@@ -1,0 +1,464 @@
+"""The shim's checkpoint service (docs/snapshots.md): a thread of a
+snapshot-mode container's shim that checkpoints its VM, rolls it back, and
+removes checkpoints, on requests that arrive on `snap.sock` in the state
+directory.
+
+The shim owns the VM, so the work runs here and not in the CLI that asked:
+a client that dies half-way (SIGKILL) changes nothing, and the operation
+runs to its end. Each operation, with the VM's stdio relay still serving:
+  1. QUIESCE on the shim's control socket: the relay stops sending to the
+     guest and the agent answers QUIESCED once it has sent all it had, so
+     the agent channel is empty both ways;
+  2. one QMP session: stop; the Pager's thread held off; guest RAM's pages
+     captured (csrc/checkpoint.c) or put back; QEMU's device state saved
+     into, or loaded from, an internal snapshot of checkpoints/vmstate.qcow2
+     (with x-ignore-shared: RAM is not in it); cont;
+  3. RESUME: after a rollback the relay ends every exec session and
+     port-forward stream, and the agent kills the exec'd processes.
+
+Requests and answers are one JSON object each, on one line (`request` and
+`answer` below are the one definition of that format).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell import unixsock
+from paracell.errors import ParacellError
+from paracell.sandbox.checkpoints import (
+    HASHES,
+    LOC,
+    PAGES,
+    Checkpoint,
+    CheckpointError,
+    CheckpointStore,
+    check_name,
+    digest,
+)
+
+SOCKET = "snap.sock"
+MAX_LINE = 4096
+QUIESCE_TIMEOUT_S = 10.0
+JOB_TIMEOUT_S = 60.0
+VMSTATE_NODE = "pc-vmstate"
+VMSTATE_FDSET = 7
+VMSTATE_SIZE = "64M"  # virtual size of the qcow2; the device states live beside it
+OPS = ("checkpoint", "rollback", "remove")
+
+
+def request(op: str, **args: Any) -> bytes:
+    return json.dumps({"op": op, **args}).encode() + b"\n"
+
+
+def answer(ok: bool, **fields: Any) -> bytes:
+    return json.dumps({"ok": ok, **fields}).encode() + b"\n"
+
+
+@dataclass
+class Base:
+    """What the VM's RAM now derives from: the last checkpoint taken or
+    rolled back to. The next checkpoint saves only what differs from it."""
+
+    seq: int = 0
+    hashes: Any = None  # uint64_t[pages]
+    loc: Any = None     # struct pc_ckpt_loc[pages]
+
+
+class Quiesced:
+    """The agent channel held empty: a control client of the shim's relay."""
+
+    def __init__(self, control: Path) -> None:
+        from paracell._native import lib
+        from paracell.runtime.sandbox import channel
+
+        self.sock = unixsock.connect(control)
+        try:
+            channel.send(self.sock.fileno(), lib.PC_QUIESCE, 0, b"")
+            frame = channel.recv(self.sock.fileno(), QUIESCE_TIMEOUT_S, "QUIESCE")
+            kind, payload = frame.type, frame.payload
+        except ParacellError as err:
+            self.sock.close()
+            raise ParacellError(f"the guest did not quiesce: {err}") from None
+        if kind != lib.PC_QUIESCED:
+            self.sock.close()
+            why = payload.decode(errors="replace")[:200] if kind == lib.PC_ERROR else \
+                f"frame {kind}"
+            raise ParacellError(f"the guest did not quiesce: {why}")
+
+    def resume(self, rolled_back: bool) -> None:
+        from paracell._native import lib
+        from paracell.runtime.sandbox import channel
+
+        flags = lib.PC_RESUME_ROLLED_BACK if rolled_back else 0
+        try:
+            channel.send(self.sock.fileno(), lib.PC_RESUME, 0, flags.to_bytes(4, "little"))
+            channel.recv(self.sock.fileno(), QUIESCE_TIMEOUT_S, "RESUME")
+        finally:
+            # Closing it resumes the guest too, if RESUME did not get through.
+            self.sock.close()
+
+
+class SnapshotService:
+    """One snapshot-mode VM's checkpoints, served from its shim."""
+
+    def __init__(self, state_dir: Path, qmp_socket: Path, control: Path, ram_path: Path,
+                 ram_bytes: int, key: str, limit: int, pager: Any,
+                 log: Callable[[str], None]) -> None:
+        self.state_dir, self.qmp_socket, self.control = state_dir, qmp_socket, control
+        self.ram_path, self.ram_bytes, self.key, self.limit = ram_path, ram_bytes, key, limit
+        self.pager, self.log = pager, log
+        self.store = CheckpointStore(state_dir)
+        self.base = Base()
+        self.vmstate_ready = False
+        self.listener: socket.socket | None = None
+        self.lock = threading.Lock()
+
+    # ---- serving ----
+
+    def start(self) -> None:
+        self.store.ensure()
+        self.store.sweep()
+        self.listener = unixsock.listen(self.state_dir / SOCKET)
+        threading.Thread(target=self._serve, name="snapshots", daemon=True).start()
+
+    def _serve(self) -> None:
+        assert self.listener is not None
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                try:
+                    reply = self._handle(self._read_request(conn))
+                except ParacellError as err:
+                    reply = answer(False, error=str(err))
+                except Exception as err:  # a bug must not end the shim's VM
+                    reply = answer(False, error=f"internal error: {type(err).__name__}: {err}")
+                try:
+                    conn.sendall(reply)
+                except OSError:
+                    pass  # its client is gone: the work was done all the same
+
+    @staticmethod
+    def _read_request(conn: socket.socket) -> dict[str, Any]:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(MAX_LINE + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > MAX_LINE:
+                raise ParacellError("request too long")
+        try:
+            req = json.loads(data)
+        except ValueError:
+            raise ParacellError("request is not JSON") from None
+        if not isinstance(req, dict) or req.get("op") not in OPS:
+            raise ParacellError("unknown request")
+        return req
+
+    def _handle(self, req: dict[str, Any]) -> bytes:
+        name = req.get("name")
+        with self.lock:
+            if req["op"] == "checkpoint":
+                return answer(True, **self.checkpoint(None if name is None else check_name(name)))
+            if req["op"] == "rollback":
+                return answer(True, **self.rollback(check_name(name)))
+            return answer(True, **self.remove(check_name(name)))
+
+    def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            unixsock.unlink(self.state_dir / SOCKET)
+
+    # ---- QEMU ----
+
+    def _vmstate_steps(self) -> list[Any]:
+        """The device states' qcow2, made and handed to QEMU the first time:
+        by fd, since QEMU's jail holds no path of the state directory."""
+        from paracell.vmm.qemu.qmp import Command
+
+        if self.vmstate_ready:
+            return []
+        path = self.store.vmstate
+        if not path.exists():
+            made = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path),
+                                   VMSTATE_SIZE], capture_output=True, text=True, timeout=30)
+            if made.returncode != 0:
+                raise ParacellError(f"qemu-img create: {made.stderr.strip()[:200]}")
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._vmstate_fd = fd  # QEMU keeps its own copy; ours goes after the session
+        return [Command("add-fd", {"fdset-id": VMSTATE_FDSET}, fd=fd),
+                Command("blockdev-add", {"driver": "qcow2", "node-name": VMSTATE_NODE,
+                                         "file": {"driver": "file",
+                                                  "filename": f"/dev/fdset/{VMSTATE_FDSET}"}})]
+
+    def _session(self, *steps: Any) -> None:
+        from paracell.vmm.qemu import qmp
+
+        try:
+            qmp.run(self.qmp_socket, *steps)
+        finally:
+            fd = getattr(self, "_vmstate_fd", -1)
+            if fd >= 0:
+                os.close(fd)
+                self._vmstate_fd = -1
+
+    # ---- the operations ----
+
+    def checkpoint(self, name: str | None) -> dict[str, Any]:
+        from paracell._native import ffi, lib
+        from paracell.vmm.qemu import IGNORE_SHARED
+        from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
+
+        live = self.store.all()
+        if len(live) >= self.limit:
+            raise CheckpointError(f"this sandbox has {len(live)} checkpoints, its limit "
+                                  f"({self.limit}): remove one first (sandbox rm-checkpoint)")
+        seq = max([c.seq for c in live] + [self._retained_max()]) + 1
+        name = name or f"ckpt-{seq}"
+        if (self.store.dir / name).exists():
+            raise CheckpointError(f"checkpoint {name!r} exists already")
+        pages = self.ram_bytes // 4096
+        hashes = ffi.new("uint64_t[]", pages)
+        loc = ffi.new("struct pc_ckpt_loc[]", pages)
+        fig = ffi.new("struct pc_ckpt_figures *")
+        err = ffi.new("char[]", 256)
+        seed = self.store.seed()
+        staging = self.store.staging()
+        vmstate = self._vmstate_steps()
+        timing: dict[str, float] = {}
+
+        def capture() -> None:
+            began = time.monotonic()
+            ram = os.open(self.ram_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            out = os.open(staging / PAGES, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                          0o600)
+            if self.pager is not None:
+                self.pager.pause()
+            try:
+                prev = self.base.hashes if self.base.seq else ffi.NULL
+                parent = self.base.loc if self.base.seq else ffi.NULL
+                if lib.pc_ckpt_capture(ram, self.ram_bytes, seed, prev, parent, seq, hashes, loc,
+                                       out, fig, err, 256) != 0:
+                    raise ParacellError(ffi.string(err).decode(errors="replace"))
+            finally:
+                if self.pager is not None:
+                    self.pager.resume(False)
+                os.close(out)
+                os.close(ram)
+            timing["ram_s"] = time.monotonic() - began
+
+        began = time.monotonic()
+        try:
+            quiet = Quiesced(self.control)
+        except BaseException:
+            self.store.discard(staging)
+            raise
+        try:
+            stopped = time.monotonic()
+            self._session(*vmstate, Command("stop"), Call(capture), IGNORE_SHARED,
+                          Command("snapshot-save", {"job-id": f"save-{seq}", "tag": f"pc-{seq}",
+                                                    "vmstate": VMSTATE_NODE,
+                                                    "devices": [VMSTATE_NODE]}),
+                          AwaitJob(f"save-{seq}", JOB_TIMEOUT_S), Command("cont"))
+            self.vmstate_ready = True
+            resumed = time.monotonic()
+        except BaseException:
+            self._recover()
+            quiet.resume(False)
+            self.store.discard(staging)
+            raise
+        quiet.resume(False)
+        answered = time.monotonic()
+        for file, data in ((HASHES, hashes), (LOC, loc)):
+            (staging / file).write_bytes(ffi.buffer(data))
+        ckpt = Checkpoint(name=name, seq=seq, parent=self.base.seq, created=time.time(),
+                          key=self.key, ram_bytes=self.ram_bytes, pages_saved=int(fig.changed),
+                          vmstate_tag=f"pc-{seq}",
+                          sha256={f: digest(staging / f) for f in (HASHES, LOC)})
+        try:
+            self.store.commit(staging, ckpt)
+        except BaseException:
+            self.store.discard(staging)
+            raise
+        self.base = Base(seq, hashes, loc)
+        return {"name": name, "seq": seq, "paused_s": round(resumed - stopped, 6),
+                "quiesce_s": round(stopped - began, 6), "ram_s": round(timing["ram_s"], 6),
+                "total_s": round(answered - began, 6), "pages_saved": int(fig.changed),
+                "pages_present": int(fig.present), "bytes": int(fig.bytes)}
+
+    def _recover(self) -> None:
+        """After a failed save: the VM goes on as it was."""
+        from paracell.vmm.qemu.qmp import Command
+
+        try:
+            self._session(Command("cont"))
+        except ParacellError as err:
+            self.log(f"checkpoint: the VM could not be resumed: {err}")
+
+    def _page_files(self) -> tuple[list[int], list[int]]:
+        """Every checkpoint's page file, live or kept for those that build on
+        it, opened: (seqs, fds)."""
+        seqs, fds = [], []
+        for ckpt in self.store.all():
+            seqs.append(ckpt.seq)
+            fds.append(os.open(self.store.dir / ckpt.name / PAGES,
+                               os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        for seq, path in self._retained():
+            seqs.append(seq)
+            fds.append(os.open(path / PAGES, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+        return seqs, fds
+
+    def _tables(self, ckpt: Checkpoint) -> tuple[Any, Any]:
+        from paracell._native import ffi
+
+        hashes = ffi.new("uint64_t[]", ckpt.pages)
+        loc = ffi.new("struct pc_ckpt_loc[]", ckpt.pages)
+        for file, table in ((HASHES, hashes), (LOC, loc)):
+            with open(self.store.dir / ckpt.name / file, "rb") as f:
+                if f.readinto(ffi.buffer(table)) != ckpt.pages * 8:
+                    raise CheckpointError(f"checkpoint {ckpt.name}: {file} is short")
+        return hashes, loc
+
+    def rollback(self, name: str) -> dict[str, Any]:
+        from paracell._native import ffi, lib
+        from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
+
+        began = time.monotonic()
+        ckpt = self.store.load(name)
+        self.store.verify(ckpt, self.key, self.ram_bytes)
+        hashes, loc = self._tables(ckpt)
+        seed = self.store.seed()
+        fig = ffi.new("struct pc_ckpt_figures *")
+        err = ffi.new("char[]", 256)
+        seqs, fds = self._page_files()
+        state = {"reverted": False}
+
+        def revert() -> None:
+            ram = os.open(self.ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if self.pager is not None:
+                self.pager.pause()
+            try:
+                rc = lib.pc_ckpt_revert(ram, self.ram_bytes, seed, hashes, loc,
+                                        ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
+                                        len(fds), fig, err, 256)
+                # The C code checks every page before it writes one: a failure
+                # with nothing changed leaves the VM as it was.
+                state["reverted"] = fig.changed > 0 or rc == 0
+                if rc != 0:
+                    raise CheckpointError(f"checkpoint {name}: "
+                                          f"{ffi.string(err).decode(errors='replace')}")
+            finally:
+                if self.pager is not None:
+                    self.pager.resume(bool(state["reverted"]))
+                os.close(ram)
+
+        try:
+            quiet = Quiesced(self.control)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        try:
+            stopped = time.monotonic()
+            self._session(*self._vmstate_steps(), Command("stop"), Call(revert),
+                          Command("snapshot-load", {"job-id": f"load-{ckpt.seq}",
+                                                    "tag": ckpt.vmstate_tag,
+                                                    "vmstate": VMSTATE_NODE,
+                                                    "devices": [VMSTATE_NODE]}),
+                          AwaitJob(f"load-{ckpt.seq}", JOB_TIMEOUT_S), Command("cont"))
+            self.vmstate_ready = True
+            resumed = time.monotonic()
+        except BaseException as failure:
+            if state["reverted"]:
+                # Half a rollback is no state to run on: the container stops.
+                self.log(f"rollback to {name} failed after guest RAM was rewritten: {failure}; "
+                         "stopping the VM")
+                self._quit()
+                raise ParacellError(f"rollback to {name} failed ({failure}); the container "
+                                    "was stopped") from None
+            self._recover()
+            quiet.resume(False)
+            raise
+        finally:
+            for fd in fds:
+                os.close(fd)
+        quiet.resume(True)
+        self.base = Base(ckpt.seq, hashes, loc)
+        return {"name": name, "seq": ckpt.seq, "paused_s": round(resumed - stopped, 6),
+                "total_s": round(time.monotonic() - began, 6),
+                "pages_rewritten": int(fig.changed)}
+
+    def _quit(self) -> None:
+        from paracell.vmm.qemu.qmp import Command
+
+        try:
+            self._session(Command("quit"))
+        except ParacellError:
+            pass
+
+    # ---- removal, and the page files that outlive their checkpoints ----
+
+    def _retained(self) -> list[tuple[int, Path]]:
+        found = []
+        if self.store.dir.is_dir():
+            for entry in os.scandir(self.store.dir):
+                if entry.name.startswith(".kept-") and entry.name[6:].isdigit():
+                    found.append((int(entry.name[6:]), Path(entry.path)))
+        return found
+
+    def _retained_max(self) -> int:
+        return max((seq for seq, _ in self._retained()), default=0)
+
+    def remove(self, name: str) -> dict[str, Any]:
+        """The checkpoint's name and device state go at once; its page file
+        stays while a remaining checkpoint (or the running VM's base) keeps
+        pages in it, and goes with the last of them."""
+        from paracell.vmm.qemu.qmp import AwaitJob, Command
+
+        ckpt = self.store.load(name)
+        try:
+            self._session(*self._vmstate_steps(),
+                          Command("snapshot-delete", {"job-id": f"del-{ckpt.seq}",
+                                                      "tag": ckpt.vmstate_tag,
+                                                      "devices": [VMSTATE_NODE]}),
+                          AwaitJob(f"del-{ckpt.seq}", JOB_TIMEOUT_S))
+            self.vmstate_ready = True
+        except ParacellError as err:
+            self.log(f"checkpoint {name}: its device state was not deleted: {err}")
+        kept = self.store.dir / f".kept-{ckpt.seq}"
+        os.rename(self.store.dir / name, kept)
+        for file in ("meta.json", HASHES, LOC):
+            (kept / file).unlink(missing_ok=True)
+        freed = self._collect()
+        return {"name": name, "seq": ckpt.seq, "page_files_freed": freed}
+
+    def _collect(self) -> int:
+        from paracell._native import ffi, lib
+
+        top = max([c.seq for c in self.store.all()] + [self._retained_max(), self.base.seq]) + 1
+        used = ffi.new("uint8_t[]", top)
+        for ckpt in self.store.all():
+            _, loc = self._tables(ckpt)
+            lib.pc_ckpt_uses(loc, ckpt.pages, used, top)
+        if self.base.seq:
+            lib.pc_ckpt_uses(self.base.loc, self.ram_bytes // 4096, used, top)
+        freed = 0
+        for seq, path in self._retained():
+            if not used[seq]:
+                self.store.discard(path)
+                freed += 1
+        return freed
