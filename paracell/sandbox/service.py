@@ -132,7 +132,11 @@ class SnapshotService:
         threading.Thread(target=self._serve, name="snapshots", daemon=True).start()
 
     def _serve(self) -> None:
+        import signal
+
         assert self.listener is not None
+        # Every signal sent to the shim is the relay's, to pass on to the container.
+        signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
         while True:
             try:
                 conn, _ = self.listener.accept()

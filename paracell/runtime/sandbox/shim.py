@@ -149,11 +149,13 @@ class Shim:
             for fd in (0, 1, 2):
                 os.dup2(devnull, fd)
             os.close(devnull)
-        if plan.checkpoint_limit:
-            self._serve_snapshots(vmm)
         # From the moment the pid is published, `kill` may signal us: hold
         # the signals until the relay's signalfd picks them up.
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        if plan.checkpoint_limit:
+            # After the mask: a thread that took a forwarded signal would
+            # keep it from the relay (the container would never get it).
+            self._serve_snapshots(vmm)
         if iso is not None:
             return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template=templates.outcome)
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,

@@ -1,0 +1,238 @@
+"""Checkpoint and rollback of a running snapshot-mode sandbox, on real VMs
+(docs/snapshots.md): memory, processes and files come back exactly, over
+many rounds and along a chain; exec sessions end with a clear status;
+bad names, damaged checkpoints and containers not in snapshot mode are
+refused in one line with nothing changed; a client killed mid-way leaves
+the sandbox running; nothing is left after delete. Behaviour only: no
+timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PARACELL, wait_status
+
+pytestmark = pytest.mark.integration
+
+SNAPSHOT = {"io.paracell.snapshot": "on"}
+
+# The container's init (memfill.c): MIB of memory filled with a pattern of
+# a seed, /data holding the seed; SIGUSR1 moves both on, and /report says
+# what the process holds.
+MEMFILL = Path(__file__).with_name("memfill.c")
+
+
+@pytest.fixture
+def memfill_rootfs(writable_rootfs: Path) -> Path:
+    subprocess.run(["gcc", "-O2", "-static", "-o", str(writable_rootfs / "bin" / "memfill"),
+                    str(MEMFILL)], check=True, capture_output=True)
+    return writable_rootfs
+
+
+def snapshot_bundle(make_bundle, rootfs: Path, args: list[str], **annotations: str) -> Path:
+    def mutate(config: dict) -> None:
+        config["annotations"] = dict(SNAPSHOT, **annotations)
+    return make_bundle(args, rootfs=rootfs, readonly=False, mutate=mutate)
+
+
+def report(runtime, cid: str) -> dict[str, str]:
+    result = runtime("exec", cid, "cat", "/report", check=True)
+    return dict(part.split("=", 1) for part in result.stdout.decode().split())
+
+
+def wait_seed(runtime, cid: str, seed: int) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while True:
+        # The first /report comes once the whole buffer is filled.
+        first = runtime("exec", cid, "test", "-e", "/report").returncode == 0
+        got = report(runtime, cid) if first else {"seed": "none yet"}
+        if got["seed"] == str(seed):
+            return got
+        assert time.monotonic() < deadline, f"seed never became {seed}: {got}"
+        time.sleep(0.1)
+
+
+def bump(runtime, cid: str, to: int) -> dict[str, str]:
+    runtime("kill", cid, "USR1", check=True)
+    return wait_seed(runtime, cid, to)
+
+
+def checkpoint(runtime, cid: str, name: str | None = None) -> dict:
+    args = ["sandbox", "checkpoint", "-f", "json", cid] + (["--name", name] if name else [])
+    result = runtime(*args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def rollback(runtime, cid: str, name: str) -> None:
+    result = runtime("sandbox", "rollback", cid, name)
+    assert result.returncode == 0, result.stderr
+
+
+def started(runtime, make_bundle, rootfs: Path, cid: str, mib: int = 16, **annotations: str):
+    bundle = snapshot_bundle(make_bundle, rootfs, ["memfill", str(mib)], **annotations)
+    runtime("run", "--detach", "--bundle", str(bundle), cid, check=True)
+    wait_status(runtime, cid, "running")
+    return wait_seed(runtime, cid, 1)
+
+
+def test_rollback_restores_memory_files_pid_and_fds_exactly_for_50_rounds(
+        runtime, make_bundle, memfill_rootfs: Path):
+    first = started(runtime, make_bundle, memfill_rootfs, "ck-rounds")
+    assert first["mem"] == "ok" and first["data"] == "1"
+    seed = 1
+    previous = None
+    for r in range(50):
+        name = f"round{r}"
+        done = checkpoint(runtime, "ck-rounds", name)
+        assert done["name"] == name and done["pages_saved"] > 0
+        if previous:
+            runtime("sandbox", "rm-checkpoint", "ck-rounds", previous, check=True)
+        changed = bump(runtime, "ck-rounds", seed + 1)
+        assert changed["data"] == str(seed + 1) and changed["mem"] == "ok"
+        rollback(runtime, "ck-rounds", name)
+        back = report(runtime, "ck-rounds")
+        # /report itself is rolled back: what it says is the checkpoint's moment.
+        assert back == {**first, "seed": str(seed), "data": str(seed)}, (r, back)
+        # And the process goes on from there: it takes the next change.
+        seed += 1
+        assert bump(runtime, "ck-rounds", seed)["mem"] == "ok"
+        previous = name
+    listed = json.loads(runtime("sandbox", "checkpoints", "-f", "json", "ck-rounds",
+                                check=True).stdout)
+    assert [c["name"] for c in listed] == ["round49"]
+
+
+def test_a_chain_of_three_rolls_back_to_the_first_then_the_third(
+        runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-chain")
+    saved = {}
+    for k in (1, 2, 3):
+        saved[k] = checkpoint(runtime, "ck-chain", f"c{k}")
+        bump(runtime, "ck-chain", k + 1)
+    # Incremental: the first holds the whole guest, the others what changed.
+    assert saved[2]["pages_saved"] < saved[1]["pages_saved"]
+    rollback(runtime, "ck-chain", "c1")
+    got = report(runtime, "ck-chain")
+    assert (got["seed"], got["mem"], got["data"]) == ("1", "ok", "1")
+    rollback(runtime, "ck-chain", "c3")
+    got = report(runtime, "ck-chain")
+    assert (got["seed"], got["mem"], got["data"]) == ("3", "ok", "3")
+    rollback(runtime, "ck-chain", "c2")
+    got = report(runtime, "ck-chain")
+    assert (got["seed"], got["mem"], got["data"]) == ("2", "ok", "2")
+
+
+def test_an_open_exec_session_ends_with_a_clear_status_on_rollback(
+        runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-exec")
+    checkpoint(runtime, "ck-exec", "before")
+    session = subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", "ck-exec",
+                                "sleep", "300"], env=runtime.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    time.sleep(2)
+    rollback(runtime, "ck-exec", "before")
+    out, err = session.communicate(timeout=60)
+    assert session.returncode == 137, (session.returncode, err)
+    assert b"rolled back to a checkpoint" in err
+    # The sandbox takes new sessions after it.
+    assert runtime("exec", "ck-exec", "true").returncode == 0
+    ps = runtime("exec", "ck-exec", "ps", check=True).stdout
+    assert b"sleep 300" not in ps
+
+
+def test_bad_requests_are_refused_in_one_line_and_change_nothing(
+        runtime, make_bundle, memfill_rootfs: Path, busybox_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-bad",
+            **{"io.paracell.snapshot.max-checkpoints": "2"})
+    checkpoint(runtime, "ck-bad", "good")
+    ckdir = runtime.root / "ck-bad" / "checkpoints"
+
+    def refused(*args: str, says: str) -> None:
+        result = runtime(*args)
+        line = result.stderr.decode().strip()
+        assert result.returncode != 0 and "\n" not in line and says in line, (args, line)
+
+    for name in ("../x", "a/b", "..", "x" * 300, ".hidden", ""):
+        refused("sandbox", "checkpoint", "--name", name, "ck-bad", says="checkpoint name")
+        refused("sandbox", "rollback", "ck-bad", name, says="checkpoint name")
+    refused("sandbox", "rollback", "ck-bad", "missing", says="no checkpoint")
+    refused("sandbox", "checkpoint", "--name", "good", "ck-bad", says="exists already")
+    checkpoint(runtime, "ck-bad", "second")
+    refused("sandbox", "checkpoint", "ck-bad", says="limit")
+    # A damaged checkpoint: its hash table truncated, then tampered with.
+    bump(runtime, "ck-bad", 2)
+    hashes = ckdir / "good" / "hashes.bin"
+    original = hashes.read_bytes()
+    hashes.write_bytes(original[:-8])
+    refused("sandbox", "rollback", "ck-bad", "good", says="truncated")
+    hashes.write_bytes(original[:8] + bytes(8) + original[16:])
+    refused("sandbox", "rollback", "ck-bad", "good", says="digest")
+    hashes.write_bytes(original)
+    # Pages of its content flipped (one in 16: the rollback needs the
+    # 16 MiB the change rewrote): every page is checked before any is written back.
+    pages = ckdir / "good" / "pages.bin"
+    kept = pages.read_bytes()
+    data = bytearray(kept)
+    for at in range(100, len(data), 16 * 4096):
+        data[at] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    refused("sandbox", "rollback", "ck-bad", "good", says="corrupt")
+    got = report(runtime, "ck-bad")
+    assert (got["seed"], got["mem"]) == ("2", "ok")  # nothing was rolled back
+    pages.write_bytes(kept)
+    # A link where a checkpoint's directory must be.
+    (ckdir / "linked").symlink_to(ckdir / "second")
+    refused("sandbox", "rollback", "ck-bad", "linked", says="no checkpoint")
+    (ckdir / "linked").unlink()
+    rollback(runtime, "ck-bad", "second")
+    assert report(runtime, "ck-bad")["seed"] == "1"
+    # Not in snapshot mode.
+    plain = make_bundle(["sleep", "100"])
+    runtime("run", "--detach", "--bundle", str(plain), "ck-plain", check=True)
+    wait_status(runtime, "ck-plain", "running")
+    refused("sandbox", "checkpoint", "ck-plain", says="not in snapshot mode")
+    refused("sandbox", "checkpoint", "ck-none", says="does not exist")
+
+
+def test_a_client_killed_at_any_moment_leaves_the_sandbox_running(
+        runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-kill", mib=32)
+    checkpoint(runtime, "ck-kill", "base")
+    for i, delay in enumerate((0.0, 0.05, 0.15, 0.3, 0.6)):
+        verb = ["checkpoint", "ck-kill", "--name", f"k{i}"] if i % 2 == 0 else \
+            ["rollback", "ck-kill", "base"]
+        proc = subprocess.Popen([PARACELL, "--root", str(runtime.root), "sandbox", *verb],
+                                env=runtime.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        # The shim finishes what it began: the sandbox runs, whole.
+        got = report(runtime, "ck-kill")
+        assert got["mem"] == "ok", (delay, got)
+        assert json.loads(runtime("state", "ck-kill", check=True).stdout)["status"] == "running"
+    names = {c["name"] for c in json.loads(runtime("sandbox", "checkpoints", "-f", "json",
+                                                   "ck-kill", check=True).stdout)}
+    assert "base" in names
+    assert not any(p.name.startswith(".new-") for p in
+                   (runtime.root / "ck-kill" / "checkpoints").iterdir())
+
+
+def test_nothing_is_left_after_delete(runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-gone")
+    checkpoint(runtime, "ck-gone", "a")
+    bump(runtime, "ck-gone", 2)
+    checkpoint(runtime, "ck-gone", "b")
+    rollback(runtime, "ck-gone", "a")
+    runtime("kill", "ck-gone", "KILL", check=True)
+    wait_status(runtime, "ck-gone", "stopped")
+    runtime("delete", "ck-gone", check=True)
+    assert not (runtime.root / "ck-gone").exists()
+    runtime.assert_no_leaks()
