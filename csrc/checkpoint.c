@@ -30,10 +30,22 @@ static int fail(char *err, int errlen, const char *fmt, const char *what, int e)
     return -1;
 }
 
+static const unsigned char zero_page[PC_CKPT_PAGE];
+
+/* A page of zeros hashes as a hole: it reads the same, and neither is saved. */
 static uint64_t page_hash(const unsigned char *page, uint64_t seed)
 {
     uint64_t h = XXH3_64bits_withSeed(page, PC_CKPT_PAGE, seed);
-    return h ? h : 1;  /* 0 means a hole */
+    static uint64_t zero_seed, zero_hash;
+    static int known;
+    if (!known || zero_seed != seed) {
+        zero_hash = XXH3_64bits_withSeed(zero_page, PC_CKPT_PAGE, seed);
+        zero_seed = seed;
+        known = 1;
+    }
+    if (h == zero_hash && !memcmp(page, zero_page, PC_CKPT_PAGE))
+        return 0;
+    return h ? h : 1;
 }
 
 /* The RAM file mapped read-only, and which pages hold data. */

@@ -1,8 +1,8 @@
 /* Guest RAM for incremental checkpoints (docs/snapshots.md): which pages
  * changed since the previous checkpoint, their contents, and the way back.
  * Every page of the RAM file has a 64-bit hash, seeded per container: 0
- * for a hole (a page the guest never touched or the Pager gave back),
- * else XXH3 of its 4 KiB, never 0.  A checkpoint keeps its pages' hashes,
+ * for a hole (a page the guest never touched or the Pager gave back) or a
+ * page of zeros, else XXH3 of its 4 KiB, never 0.  A checkpoint keeps its pages' hashes,
  * the pages that changed since its parent, and for every page where its
  * content is kept (`struct pc_ckpt_loc`): in which checkpoint's page file,
  * at which slot.  Handed to cffi's cdef like relay.h: keep to its subset. */

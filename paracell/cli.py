@@ -497,6 +497,25 @@ def bench_memory(quick: bool, output: str) -> None:
     click.echo(bench_memory_mod.run(_ctx(), quick, output))
 
 
+@bench.command("snapshot")
+@click.option("--rounds", default=10, show_default=True, type=click.IntRange(2, 100))
+@click.option("--sizes", default="16,64,256", show_default=True,
+              help="MiB the workload touches, one sandbox each")
+@click.option("--output", "-o", default="bench-results/snapshot.json")
+def bench_snapshot(rounds: int, sizes: str, output: str) -> None:
+    """Checkpoint and rollback of a snapshot-mode sandbox (docs/snapshots.md)."""
+    from paracell.bench import snapshot as bench_snapshot_mod
+
+    try:
+        chosen = tuple(int(s) for s in sizes.split(","))
+    except ValueError:
+        chosen = ()
+    if not chosen or any(not 1 <= s <= 320 for s in chosen):
+        raise ParacellError("paracell bench snapshot: --sizes is MiB from 1 to 320, "
+                            "comma-separated")
+    click.echo(bench_snapshot_mod.run(_ctx(), rounds, output, chosen))
+
+
 @bench.command("cli")
 @click.option("--runs", default=30, show_default=True)
 @click.option("--output", "-o", default="bench-results/cli.json")

@@ -339,6 +339,7 @@ class SnapshotService:
 
     def rollback(self, name: str) -> dict[str, Any]:
         from paracell._native import ffi, lib
+        from paracell.vmm.qemu import IGNORE_SHARED
         from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
 
         began = time.monotonic()
@@ -378,7 +379,8 @@ class SnapshotService:
             raise
         try:
             stopped = time.monotonic()
-            self._session(*self._vmstate_steps(), Command("stop"), Call(revert),
+            # The capability again: whoever else spoke QMP since may have cleared it.
+            self._session(*self._vmstate_steps(), IGNORE_SHARED, Command("stop"), Call(revert),
                           Command("snapshot-load", {"job-id": f"load-{ckpt.seq}",
                                                     "tag": ckpt.vmstate_tag,
                                                     "vmstate": VMSTATE_NODE,

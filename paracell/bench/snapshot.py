@@ -1,0 +1,276 @@
+"""`paracell bench snapshot`: checkpoint and rollback of a running
+snapshot-mode sandbox (docs/snapshots.md), for a Debian python3 process
+that has touched 16, 64 and 256 MiB.
+
+For each size, one sandbox: a full first checkpoint, then ROUNDS rounds of
+(4 MiB changed, an incremental checkpoint, and as the baseline the whole VM
+saved as a template is: device state plus a sparse copy of its RAM) and then ROUNDS rollbacks to the
+first checkpoint, each after another 4 MiB change. Latencies are the
+shim's (pause to resume), the Python API's (request to running: what an
+agent framework waits for) and the CLI's (with its process start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from paracell.bench import common, userland
+from paracell.runtime.context import Context
+
+SIZES_MIB = (16, 64, 256)
+GUEST_MIB = 512
+CHANGE_MIB = 4
+ROUNDS = 10
+WORKLOAD = Path(__file__).resolve().parent / "programs" / "snapshot_workload.py"
+# Published figures to set beside ours (docs/snapshots.md has the sources).
+ANCHORS = {
+    "DeltaBox (arXiv 2605.22781)": {"checkpoint_ms": 14, "rollback_ms": 5,
+                                    "rollback_v2_ms": 1.86},
+    "CubeSandbox on a PVM cloud VM": {"snapshot_ms": [42, 258], "restore_ms": [54, 83],
+                                      "rollback_ms": 90},
+}
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "p95": _p95(values), "n": len(values)}
+
+
+class Box:
+    """One sandbox of the bench, driven through the CLI and the Python API."""
+
+    def __init__(self, root: Path, env: dict[str, str], cid: str) -> None:
+        self.root, self.env, self.cid = root, env, cid
+        self.cli = [common.paracell_executable(), "--root", str(root)]
+        self.generation = 0
+
+    def run(self, bundle: Path) -> None:
+        common.run_detached([*self.cli, "run", "--detach", "--bundle", str(bundle), self.cid],
+                            env=self.env)
+        self.wait(0)
+
+    def wait(self, generation: int) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if self._gen() == generation:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"bench snapshot: the workload never reached generation {generation}")
+
+    def _gen(self) -> int:
+        import subprocess
+
+        out = subprocess.run([*self.cli, "exec", self.cid, "cat", "/gen"], env=self.env,
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return int(out.stdout) if out.returncode == 0 and out.stdout.strip().isdigit() else -1
+
+    def change(self) -> None:
+        self.generation += 1
+        common.run_checked([*self.cli, "kill", self.cid, "USR1"], env=self.env)
+        self.wait(self.generation)
+
+    def api(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
+        from paracell.sandbox import client
+
+        began = time.perf_counter()
+        done = client.ask(self.root / self.cid, self.cid, op, **args)
+        return done, time.perf_counter() - began
+
+    def cli_time(self, *verb: str) -> float:
+        began = time.perf_counter()
+        common.run_checked([*self.cli, "sandbox", *verb], env=self.env)
+        return time.perf_counter() - began
+
+    def full_save(self, path: Path) -> float:
+        """The baseline, a whole VM saved the way templates are: stopped, its
+        device state migrated to a file (x-ignore-shared) and every page it
+        has copied (holes kept), then resumed. Not through QEMU's RAM
+        migration: reading the guest's holes would allocate them."""
+        from paracell.vmm import template
+        from paracell.vmm.qemu import IGNORE_SHARED, qmp
+        from paracell.vmm.qemu.qmp import AwaitMigration, Call, Command
+
+        state = json.loads((self.root / self.cid / "state.json").read_text())
+        sock = Path(state["vm"]["config"]["qmp_socket"])
+        ram = Path(state["vm"]["config"]["ram_file"])
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        copy = path.with_suffix(".ram")
+
+        def copy_ram() -> None:
+            src = os.open(ram, os.O_RDONLY | os.O_CLOEXEC)
+            dst = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                template.sparse_copy(src, dst)
+            finally:
+                os.close(src)
+                os.close(dst)
+
+        began = time.perf_counter()
+        try:
+            qmp.run(sock, IGNORE_SHARED, Command("stop"), Call(copy_ram),
+                    Command("getfd", {"fdname": "bench-save"}, fd=fd),
+                    Command("migrate", {"uri": "fd:bench-save"}),
+                    AwaitMigration("bench save", 120), Command("cont"))
+        finally:
+            os.close(fd)
+        took = time.perf_counter() - began
+        path.unlink()
+        copy.unlink(missing_ok=True)
+        return took
+
+    def delete(self) -> None:
+        import subprocess
+
+        subprocess.run([*self.cli, "delete", "--force", self.cid], env=self.env,
+                       capture_output=True)
+
+
+def _bundle(base: Path, mib: int) -> Path:
+    from paracell.runtime.bundle import defaultspec
+
+    rootfs = userland.rootfs()
+    dest = rootfs / "usr" / "local" / "bin" / WORKLOAD.name
+    dest.write_bytes(WORKLOAD.read_bytes())
+    bundle = base / f"bundle-{mib}"
+    bundle.mkdir()
+    config = defaultspec.default_config([str(userland.PYTHON.resolve()), "-B",
+                                         f"/usr/local/bin/{WORKLOAD.name}", str(mib),
+                                         str(CHANGE_MIB)])
+    config["root"] = {"path": str(rootfs), "readonly": False}
+    config["annotations"] = {"io.paracell.snapshot": "on",
+                             "io.paracell.snapshot.max-checkpoints": str(ROUNDS + 4)}
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+def _one_size(base: Path, env: dict[str, str], mib: int, rounds: int) -> dict[str, Any]:
+    box = Box(base / "root", env, f"bench-snap-{mib}")
+    box.run(_bundle(base, mib))
+    out: dict[str, Any] = {"touched_mib": mib, "changed_mib": CHANGE_MIB}
+    try:
+        first, first_api = box.api("checkpoint", name="base")
+        out["first"] = {"paused_ms": first["paused_s"] * 1e3, "api_ms": first_api * 1e3,
+                        "bytes": first["bytes"]}
+        ck_paused, ck_api, ck_cli, sizes, full = [], [], [], [], []
+        for r in range(rounds):
+            common.progress("snapshot", f"{mib} MiB: checkpoint round {r + 1}/{rounds}")
+            box.change()
+            if r % 2 == 0:
+                done, took = box.api("checkpoint", name=f"r{r}")
+                ck_api.append(took * 1e3)
+            else:
+                ck_cli.append(box.cli_time("checkpoint", "--name", f"r{r}", box.cid) * 1e3)
+                done = json.loads((box.root / box.cid / "checkpoints" / f"r{r}" /
+                                   "meta.json").read_text())
+                done = {"paused_s": None, "bytes": done["pages_saved"] * 4096}
+            if done["paused_s"] is not None:
+                ck_paused.append(done["paused_s"] * 1e3)
+            sizes.append(done["bytes"])
+            full.append(box.full_save(base / "full.state") * 1e3)
+        rb_paused, rb_api, rb_cli = [], [], []
+        for r in range(rounds):
+            common.progress("snapshot", f"{mib} MiB: rollback round {r + 1}/{rounds}")
+            box.change()
+            if r % 2 == 0:
+                done, took = box.api("rollback", name="base")
+                rb_paused.append(done["paused_s"] * 1e3)
+                rb_api.append(took * 1e3)
+            else:
+                rb_cli.append(box.cli_time("rollback", box.cid, "base") * 1e3)
+            box.generation = 0  # the workload is back at the first checkpoint
+        out.update({
+            "checkpoint_paused_ms": _stats(ck_paused), "checkpoint_api_ms": _stats(ck_api),
+            "checkpoint_cli_ms": _stats(ck_cli), "checkpoint_bytes": _stats(sizes),
+            "baseline_full_save_ms": _stats(full),
+            "checkpoint_vs_full_save": statistics.median(ck_paused) / statistics.median(full),
+            "rollback_paused_ms": _stats(rb_paused), "rollback_api_ms": _stats(rb_api),
+            "rollback_cli_ms": _stats(rb_cli)})
+    finally:
+        box.delete()
+    return out
+
+
+def goals(results: dict[int, dict[str, Any]]) -> list[tuple[str, bool | None]]:
+    mid = results.get(64)
+    return [
+        ("checkpoint <= 50 ms (pause to resume), 64 MiB touched, 4 MiB changed",
+         mid is not None and mid["checkpoint_paused_ms"]["median"] <= 50),
+        ("rollback <= 100 ms (request to running, Python API), 64 MiB touched",
+         mid is not None and mid["rollback_api_ms"]["median"] <= 100),
+        ("10 forks running within 1 s", None),
+        ("10 forks < 3x the host memory of one", None),
+    ]
+
+
+def run(ctx: Context, rounds: int, output: str, sizes: tuple[int, ...] = SIZES_MIB) -> str:
+    base = Path(tempfile.mkdtemp(prefix="paracell-snapbench-"))
+    env = dict(os.environ, PARACELL_GUEST_MEMORY_MIB=str(GUEST_MIB),
+               PARACELL_TEMPLATES=str(base / "templates"))
+    results: dict[int, dict[str, Any]] = {}
+    with common.sigterm_as_interrupt():
+        for mib in sizes:
+            common.progress("snapshot", f"{mib} MiB touched: starting its sandbox")
+            results[mib] = _one_size(base, env, mib, rounds)
+    checked = goals(results)
+    png = _plot(results, Path(output).with_suffix(".png"))
+    common.write_result(output, {
+        "benchmark": "snapshot", "guest_mib": GUEST_MIB, "rounds": rounds,
+        "results": {str(k): v for k, v in results.items()}, "anchors": ANCHORS,
+        "goals": {name: met for name, met in checked}, "plot": str(png),
+        "fork": "not built yet: `sandbox fork` does not exist (docs/snapshots.md)"})
+    lines = [f"{'touched':>8} {'ckpt ms':>8} {'p95':>6} {'api ms':>7} {'cli ms':>7} "
+             f"{'MiB':>6} {'full save':>9} {'ratio':>6} {'rollback':>9} {'p95':>6} "
+             f"{'api ms':>7} {'cli ms':>7}"]
+    for mib, x in results.items():
+        lines.append(
+            f"{mib:>6}Mi {x['checkpoint_paused_ms']['median']:8.1f} "
+            f"{x['checkpoint_paused_ms']['p95']:6.1f} {x['checkpoint_api_ms']['median']:7.1f} "
+            f"{x['checkpoint_cli_ms']['median']:7.1f} "
+            f"{x['checkpoint_bytes']['median'] / 2**20:6.2f} "
+            f"{x['baseline_full_save_ms']['median']:9.1f} {x['checkpoint_vs_full_save']:6.3f} "
+            f"{x['rollback_paused_ms']['median']:9.1f} {x['rollback_paused_ms']['p95']:6.1f} "
+            f"{x['rollback_api_ms']['median']:7.1f} {x['rollback_cli_ms']['median']:7.1f}")
+    for name, met in checked:
+        lines.append(f"goal {'met' if met else 'NOT met' if met is False else 'not measured'}: "
+                     f"{name}" + ("" if met is not None else " (sandbox fork is not built yet)"))
+    lines.append(f"wrote {output} and {png}")
+    return "\n".join(lines)
+
+
+def _plot(results: dict[int, dict[str, Any]], output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paracell.bench.plot import save_figure
+
+    sizes = list(results)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.25
+    xs = range(len(sizes))
+    for k, (key, label) in enumerate((("checkpoint_paused_ms", "checkpoint (pause to resume)"),
+                                      ("rollback_api_ms", "rollback (request to running)"),
+                                      ("baseline_full_save_ms", "whole-VM save (baseline)"))):
+        ax.bar([x + (k - 1) * width for x in xs], [results[s][key]["median"] for s in sizes],
+               width, label=label)
+    ax.axhline(14, color="gray", ls=":", lw=1)
+    ax.text(len(sizes) - 0.5, 15, "DeltaBox checkpoint 14 ms", fontsize=7, ha="right")
+    ax.axhline(90, color="gray", ls="--", lw=1)
+    ax.text(len(sizes) - 0.5, 92, "CubeSandbox rollback ~90 ms", fontsize=7, ha="right")
+    ax.set_xticks(list(xs), [f"{s} MiB touched" for s in sizes])
+    ax.set_yscale("log")
+    ax.set_ylabel("ms (median, log scale)")
+    ax.set_title(f"Snapshot-mode sandbox under TCG: {CHANGE_MIB} MiB changed per round")
+    ax.legend(fontsize=8)
+    return save_figure(fig, output)
