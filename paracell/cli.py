@@ -268,6 +268,20 @@ def sandbox_rollback(container_id: str, name: str, fmt: str) -> None:
         click.echo(json.dumps(done))
 
 
+@sandbox.command("fork")
+@click.option("--count", "-n", default=1, show_default=True, type=int)
+@click.option("--id-prefix", default=None, help="the forks' ids are PREFIX1..PREFIXn "
+              "(default: ID-fork-)")
+@click.argument("container_id")
+@click.argument("name", required=False)
+def sandbox_fork(container_id: str, name: str | None, count: int, id_prefix: str | None) -> None:
+    """Start COUNT sandboxes that go on from checkpoint NAME (or from now)."""
+    from paracell.runtime.verbs import snapshot
+
+    for fid in snapshot.fork(_ctx(), container_id, name, count, id_prefix):
+        click.echo(fid)
+
+
 @sandbox.command("checkpoints")
 @click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
 @click.argument("container_id")

@@ -43,6 +43,8 @@ enum pc_type {
      * empty both ways while the VM is saved or loaded. */
     PC_QUIESCE = 13,  /* no payload */
     PC_RESUME = 14,   /* struct pc_resume_msg */
+    PC_FORKED = 15,   /* a fork's new identity, SANDBOX records, while quiesced before its
+                       * RESUME; guest answers ATTACHED or ERROR */
 
     /* guest -> host */
     PC_READY = 16,    /* agent is up; struct pc_ready_msg; nothing attached yet */
@@ -137,6 +139,9 @@ struct pc_fwd_credit_msg {
  *                    read-only, or under a writable layer in guest RAM
  *   hostfile=SLOT:HEX  snapshot mode: a host file copied in, in place of the
  *                    9p share's bind slot SLOT (a decimal number)
+ * A FORKED payload has hostname, clock and entropy as here, plus
+ *   container=ID     the container's new id (it was the parent's)
+ *   machineid=HEX    32 hex digits for the container's /etc/machine-id
  * Every key but net.addr/net.route/net.spare/share/hostfile at most once. */
 #define PC_SANDBOX_MAX_SHARES 3
 #define PC_SANDBOX_HOSTNAME_MAX 64

@@ -59,6 +59,7 @@
 #define PC_KEY_SHARE "share"
 #define PC_KEY_ROOTDISK "rootdisk"
 #define PC_KEY_HOSTFILE "hostfile"
+#define PC_KEY_MACHINE_ID "machineid"
 #define PC_KEY_CLOCK "clock"
 #define PC_KEY_ENTROPY "entropy"
 #define PC_KEY_NET_IF "net.if"

@@ -74,6 +74,17 @@ static void handle_sandbox(const struct host_msg *m)
     chan_send_text(PC_ERROR, m->chan, err);
 }
 
+static void handle_forked(const struct host_msg *m)
+{
+    char err[ERRTEXT_MAX] = "";
+    if (sandbox_fork((char *)m->data, m->len, err, sizeof err) == 0) {
+        chan_send(PC_ATTACHED, m->chan, NULL, 0);
+        return;
+    }
+    loghost("%s", err);
+    chan_send_text(PC_ERROR, m->chan, err);
+}
+
 static void handle_spec(const struct host_msg *m)
 {
     char err[ERRTEXT_MAX] = "";
@@ -171,6 +182,9 @@ static int dispatch(const struct frame *f)
         break;
     case PC_QUIESCE:
         quiescing = 1;
+        break;
+    case PC_FORKED:
+        handle_forked(&m);
         break;
     case PC_RESUME:
         if (!quiesced)

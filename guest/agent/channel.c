@@ -278,6 +278,7 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
     case PC_STDIN:
     case PC_POWEROFF:
     case PC_QUIESCE:
+    case PC_FORKED: /* records, checked by sandbox_fork */
         return 0;
     case PC_RESUME:
         if (h->chan == 0 && pc_resume_decode(f->payload, h->len, &m->resume) == 0)

@@ -4,11 +4,13 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -192,4 +194,33 @@ int ctr_signal_all(const struct ctr *c, int signo)
     closedir(d);
     errno = failed;
     return failed ? -1 : 0;
+}
+
+int ctr_reidentify(const char *id, const char *hostname, char *err, size_t errlen)
+{
+    struct ctr *c = NULL;
+    int live = 0;
+    for (int i = 0; i < CTR_MAX; i++)
+        if (ctrs[i].state == CTR_LIVE) {
+            c = &ctrs[i];
+            live++;
+        }
+    if (live != 1) {
+        snprintf(err, errlen, "fork: %d live containers, expected 1", live);
+        return -1;
+    }
+    snprintf(c->id, sizeof c->id, "%s", id);
+    /* The container's own UTS namespace, from a child: the agent keeps its own. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (setns(c->ns[CTR_NS_UTS], CLONE_NEWUTS) < 0 || sethostname(hostname, strlen(hostname)) < 0)
+            _exit(1);
+        _exit(0);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st)) {
+        snprintf(err, errlen, "fork: the container's hostname could not be set");
+        return -1;
+    }
+    return 0;
 }

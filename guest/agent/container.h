@@ -53,6 +53,9 @@ void ctr_init_exited(struct ctr *c);
 void ctr_init_reported(struct ctr *c);
 /* 1 once some container existed and every one has ended: the VM's work is done. */
 int ctr_all_ended(void);
+/* A fork: the one CTR_LIVE container takes a new id, and its UTS namespace
+ * the new hostname.  0, or -1 with err set. */
+int ctr_reidentify(const char *id, const char *hostname, char *err, size_t errlen);
 /* Sends signo to every process of a CTR_LIVE container: 0, or -1 with errno. */
 int ctr_signal_all(const struct ctr *c, int signo);
 

@@ -6,15 +6,18 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/openat2.h>
 #include <linux/random.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "container.h"
 #include "log.h"
 #include "net.h"
 #include "sandboxspec.h"
@@ -156,6 +159,69 @@ static int apply(struct sandbox_spec *s, char *err, size_t errlen)
         }
     }
     return net_configure(&s->net, err, errlen);
+}
+
+/* /etc/machine-id of the container's rootfs, where the image has one: the
+ * path resolved inside the rootfs, so a link in the image cannot lead out. */
+static int write_machine_id(const char *hex, char *err, size_t errlen)
+{
+    int root = open(PC_ROOTFS_DIR, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (root < 0)
+        return failed(err, errlen, "open", PC_ROOTFS_DIR);
+    struct open_how how = {.flags = O_WRONLY | O_TRUNC | O_CLOEXEC, .resolve = RESOLVE_IN_ROOT};
+    int fd = (int)syscall(SYS_openat2, root, "etc/machine-id", &how, sizeof how);
+    int e = errno;
+    close(root);
+    if (fd < 0) {
+        if (e == ENOENT)
+            return 0;
+        errno = e;
+        return failed(err, errlen, "open", "/etc/machine-id");
+    }
+    char line[34];
+    snprintf(line, sizeof line, "%s\n", hex);
+    ssize_t n = write(fd, line, 33);
+    e = errno;
+    close(fd);
+    if (n != 33) {
+        errno = n < 0 ? e : EIO;
+        return failed(err, errlen, "write", "/etc/machine-id");
+    }
+    return 0;
+}
+
+int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
+{
+    struct sandbox_spec f;
+    if (!attached) {
+        snprintf(err, errlen, "fork: this VM was never attached");
+        return -1;
+    }
+    if (sandbox_parse(buf, len, &f, err, errlen) < 0)
+        return -1;
+    if (!f.container || !f.hostname || !f.nentropy || !f.machine_id || f.rootdisk ||
+        f.nhostfiles || f.shares[0] || f.shares[1] || f.shares[2]) {
+        snprintf(err, errlen, "fork: needs container, hostname, entropy and machineid only");
+        return -1;
+    }
+    if (f.has_clock && clock_settime(CLOCK_REALTIME, &f.clock) < 0) {
+        snprintf(err, errlen, "fork: clock: %s", strerror(errno));
+        return -1;
+    }
+    int rc = add_entropy(f.entropy, f.nentropy, err, errlen);
+    explicit_bzero(f.entropy, sizeof f.entropy);
+    if (rc < 0)
+        return -1;
+    if (sethostname(f.hostname, strlen(f.hostname)) < 0) {
+        snprintf(err, errlen, "fork: sethostname: %s", strerror(errno));
+        return -1;
+    }
+    if (ctr_reidentify(f.container, f.hostname, err, errlen) < 0)
+        return -1;
+    if (write_machine_id(f.machine_id, err, errlen) < 0)
+        return -1;
+    logmsg("forked: now container %s", f.container);
+    return 0;
 }
 
 int sandbox_attach(char *buf, size_t len, char *err, size_t errlen)

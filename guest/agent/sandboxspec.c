@@ -146,6 +146,19 @@ static int add_record(struct sandbox_spec *s, const char *key, char *val, char *
     }
     if (!strcmp(key, PC_KEY_HOSTFILE))
         return add_hostfile(s, val, err, errlen);
+    if (!strcmp(key, PC_KEY_CONTAINER)) {
+        size_t n = strlen(val);
+        if (s->container || !n || n > PC_SPEC_MAX_CONTAINER_ID || !valid_hostname(val))
+            return fail(err, errlen, "bad or repeated", key);
+        s->container = val;
+        return 0;
+    }
+    if (!strcmp(key, PC_KEY_MACHINE_ID)) {
+        if (s->machine_id || strlen(val) != 32 || strspn(val, "0123456789abcdef") != 32)
+            return fail(err, errlen, "bad or repeated", key);
+        s->machine_id = val;
+        return 0;
+    }
     if (netspec_is_key(key)) {
         return netspec_add(&s->net, key, val, err, errlen);
     }

@@ -29,6 +29,8 @@ struct sandbox_spec {
         size_t len;
     } hostfiles[PC_SANDBOX_MAX_HOSTFILES];
     int nhostfiles;
+    const char *container;             /* FORKED: the container's new id */
+    const char *machine_id;            /* FORKED: 32 hex digits */
 };
 
 #define ROOTDISK_RO 1

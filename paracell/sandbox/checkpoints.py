@@ -42,6 +42,7 @@ DEFAULT_LIMIT = 16
 LIMIT_ANNOTATION = "io.paracell.snapshot.max-checkpoints"
 MAX_LIMIT = 256
 _TMP = ".new-"
+KEPT = ".kept-"
 
 
 class CheckpointError(ParacellError):
@@ -78,6 +79,7 @@ class Checkpoint:
     pages_saved: int
     vmstate_tag: str
     sha256: dict[str, str]  # file name -> digest
+    rootdisk: str  # the image the VM's files live on: a fork of it must boot the same one
 
     @property
     def pages(self) -> int:
@@ -179,7 +181,8 @@ class CheckpointStore:
             name=name, seq=_field(meta, "seq", int), parent=_field(meta, "parent", int),
             created=float(_field(meta, "created", (int, float))), key=_field(meta, "key", str),
             ram_bytes=_field(meta, "ram_bytes", int), pages_saved=_field(meta, "pages_saved", int),
-            vmstate_tag=_field(meta, "vmstate_tag", str), sha256=sha)
+            vmstate_tag=_field(meta, "vmstate_tag", str), sha256=sha,
+            rootdisk=_field(meta, "rootdisk", str))
         if _field(meta, "name", str) != name or found.seq < 1 or found.parent < 0 \
                 or found.parent >= found.seq or found.ram_bytes <= 0 \
                 or found.ram_bytes % 4096 or found.pages_saved < 0 \
@@ -207,6 +210,46 @@ class CheckpointStore:
             if _sha256(self.dir / ckpt.name / file) != ckpt.sha256[file]:
                 raise CheckpointError(f"checkpoint {ckpt.name}: {file} does not match its "
                                       "digest (damaged or tampered with)")
+
+    def tables(self, ckpt: Checkpoint) -> tuple[Any, Any]:
+        """Its page hashes and page locations, as the C code takes them."""
+        from paracell._native import ffi
+
+        hashes = ffi.new("uint64_t[]", ckpt.pages)
+        loc = ffi.new("struct pc_ckpt_loc[]", ckpt.pages)
+        for file, table in ((HASHES, hashes), (LOC, loc)):
+            with open(self.dir / ckpt.name / file, "rb") as f:
+                if f.readinto(ffi.buffer(table)) != ckpt.pages * 8:
+                    raise CheckpointError(f"checkpoint {ckpt.name}: {file} is short")
+        return hashes, loc
+
+    def retained(self) -> list[tuple[int, Path]]:
+        """Page files of removed checkpoints that others still build on."""
+        found = []
+        if self.dir.is_dir():
+            for entry in os.scandir(self.dir):
+                if entry.name.startswith(KEPT) and entry.name[len(KEPT):].isdigit() \
+                        and entry.is_dir(follow_symlinks=False):
+                    found.append((int(entry.name[len(KEPT):]), Path(entry.path)))
+        return found
+
+    def page_files(self) -> tuple[list[int], list[int]]:
+        """Every page file, of live checkpoints and retained ones, opened:
+        (seqs, fds). The caller closes the fds."""
+        seqs, fds = [], []
+        try:
+            for ckpt in self.all():
+                fds.append(os.open(self.dir / ckpt.name / PAGES,
+                                   os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                seqs.append(ckpt.seq)
+            for seq, path in self.retained():
+                fds.append(os.open(path / PAGES, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                seqs.append(seq)
+        except OSError as err:
+            for fd in fds:
+                os.close(fd)
+            raise CheckpointError(f"a checkpoint's page file: {err.strerror}") from None
+        return seqs, fds
 
     def all(self) -> list[Checkpoint]:
         found = []

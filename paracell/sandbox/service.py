@@ -37,6 +37,7 @@ from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.sandbox.checkpoints import (
     HASHES,
+    KEPT,
     LOC,
     PAGES,
     Checkpoint,
@@ -112,11 +113,11 @@ class SnapshotService:
     """One snapshot-mode VM's checkpoints, served from its shim."""
 
     def __init__(self, state_dir: Path, qmp_socket: Path, control: Path, ram_path: Path,
-                 ram_bytes: int, key: str, limit: int, pager: Any,
+                 ram_bytes: int, key: str, limit: int, pager: Any, rootdisk: Path,
                  log: Callable[[str], None]) -> None:
         self.state_dir, self.qmp_socket, self.control = state_dir, qmp_socket, control
         self.ram_path, self.ram_bytes, self.key, self.limit = ram_path, ram_bytes, key, limit
-        self.pager, self.log = pager, log
+        self.pager, self.log, self.rootdisk = pager, log, rootdisk
         self.store = CheckpointStore(state_dir)
         self.base = Base()
         self.vmstate_ready = False
@@ -292,7 +293,8 @@ class SnapshotService:
         ckpt = Checkpoint(name=name, seq=seq, parent=self.base.seq, created=time.time(),
                           key=self.key, ram_bytes=self.ram_bytes, pages_saved=int(fig.changed),
                           vmstate_tag=f"pc-{seq}",
-                          sha256={f: digest(staging / f) for f in (HASHES, LOC)})
+                          sha256={f: digest(staging / f) for f in (HASHES, LOC)},
+                          rootdisk=str(self.rootdisk))
         try:
             self.store.commit(staging, ckpt)
         except BaseException:
@@ -313,30 +315,6 @@ class SnapshotService:
         except ParacellError as err:
             self.log(f"checkpoint: the VM could not be resumed: {err}")
 
-    def _page_files(self) -> tuple[list[int], list[int]]:
-        """Every checkpoint's page file, live or kept for those that build on
-        it, opened: (seqs, fds)."""
-        seqs, fds = [], []
-        for ckpt in self.store.all():
-            seqs.append(ckpt.seq)
-            fds.append(os.open(self.store.dir / ckpt.name / PAGES,
-                               os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
-        for seq, path in self._retained():
-            seqs.append(seq)
-            fds.append(os.open(path / PAGES, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
-        return seqs, fds
-
-    def _tables(self, ckpt: Checkpoint) -> tuple[Any, Any]:
-        from paracell._native import ffi
-
-        hashes = ffi.new("uint64_t[]", ckpt.pages)
-        loc = ffi.new("struct pc_ckpt_loc[]", ckpt.pages)
-        for file, table in ((HASHES, hashes), (LOC, loc)):
-            with open(self.store.dir / ckpt.name / file, "rb") as f:
-                if f.readinto(ffi.buffer(table)) != ckpt.pages * 8:
-                    raise CheckpointError(f"checkpoint {ckpt.name}: {file} is short")
-        return hashes, loc
-
     def rollback(self, name: str) -> dict[str, Any]:
         from paracell._native import ffi, lib
         from paracell.vmm.qemu import IGNORE_SHARED
@@ -345,11 +323,11 @@ class SnapshotService:
         began = time.monotonic()
         ckpt = self.store.load(name)
         self.store.verify(ckpt, self.key, self.ram_bytes)
-        hashes, loc = self._tables(ckpt)
+        hashes, loc = self.store.tables(ckpt)
         seed = self.store.seed()
         fig = ffi.new("struct pc_ckpt_figures *")
         err = ffi.new("char[]", 256)
-        seqs, fds = self._page_files()
+        seqs, fds = self.store.page_files()
         state = {"reverted": False}
 
         def revert() -> None:
@@ -418,16 +396,8 @@ class SnapshotService:
 
     # ---- removal, and the page files that outlive their checkpoints ----
 
-    def _retained(self) -> list[tuple[int, Path]]:
-        found = []
-        if self.store.dir.is_dir():
-            for entry in os.scandir(self.store.dir):
-                if entry.name.startswith(".kept-") and entry.name[6:].isdigit():
-                    found.append((int(entry.name[6:]), Path(entry.path)))
-        return found
-
     def _retained_max(self) -> int:
-        return max((seq for seq, _ in self._retained()), default=0)
+        return max((seq for seq, _ in self.store.retained()), default=0)
 
     def remove(self, name: str) -> dict[str, Any]:
         """The checkpoint's name and device state go at once; its page file
@@ -445,7 +415,7 @@ class SnapshotService:
             self.vmstate_ready = True
         except ParacellError as err:
             self.log(f"checkpoint {name}: its device state was not deleted: {err}")
-        kept = self.store.dir / f".kept-{ckpt.seq}"
+        kept = self.store.dir / f"{KEPT}{ckpt.seq}"
         os.rename(self.store.dir / name, kept)
         for file in ("meta.json", HASHES, LOC):
             (kept / file).unlink(missing_ok=True)
@@ -458,12 +428,12 @@ class SnapshotService:
         top = max([c.seq for c in self.store.all()] + [self._retained_max(), self.base.seq]) + 1
         used = ffi.new("uint8_t[]", top)
         for ckpt in self.store.all():
-            _, loc = self._tables(ckpt)
+            _, loc = self.store.tables(ckpt)
             lib.pc_ckpt_uses(loc, ckpt.pages, used, top)
         if self.base.seq:
             lib.pc_ckpt_uses(self.base.loc, self.ram_bytes // 4096, used, top)
         freed = 0
-        for seq, path in self._retained():
+        for seq, path in self.store.retained():
             if not used[seq]:
                 self.store.discard(path)
                 freed += 1

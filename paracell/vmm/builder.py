@@ -206,9 +206,10 @@ class VmBuilder:
             "devices": [{"kind": d.kind, **d.shape()} for d in self.devices],
         }
 
-    def command_line(self, incoming: bool = False) -> list[str]:
+    def command_line(self, incoming: bool = False, paused: bool = False) -> list[str]:
         """QEMU's argv; with `incoming`, it waits for a saved state
-        (Hypervisor.restore) instead of booting."""
+        (Hypervisor.restore) instead of booting; with `paused`, its vCPUs
+        wait for `cont` (a fork loads its checkpoint first)."""
         m = self.machine
         argv = [
             m.qemu,
@@ -227,10 +228,13 @@ class VmBuilder:
             argv += device.qemu_args()
         if incoming:
             argv += ["-incoming", "defer"]
+        if paused:
+            argv += ["-S"]
         return argv
 
     def launch(self, log_path: Path, before_start: Callable[[], None] | None = None,
-               preexec: Callable[[], None] | None = None, incoming: bool = False) -> Vm:
+               preexec: Callable[[], None] | None = None, incoming: bool = False,
+               paused: bool = False) -> Vm:
         """`before_start` runs once the devices' host resources exist (the
         shim's jail); `preexec` in QEMU's child before exec (its privileges)."""
         prepared: list[Device] = []
@@ -240,7 +244,7 @@ class VmBuilder:
                 prepared.append(device)
             if before_start is not None:
                 before_start()
-            proc = _start_qemu(self.command_line(incoming),
+            proc = _start_qemu(self.command_line(incoming, paused),
                                tuple(fd for d in self.devices for fd in d.pass_fds()), log_path,
                                preexec)
         except BaseException:

@@ -52,11 +52,13 @@ class Hypervisor(ABC):
     def launch(self, vm: VmBuilder, log_path: Path,
                before_start: Callable[[], None] | None = None,
                preexec: Callable[[], None] | None = None, incoming: bool = False,
-               settle: Callable[[int], None] | None = None) -> Vm:
+               settle: Callable[[int], None] | None = None, paused: bool = False) -> Vm:
         """Starts the VM (in the shim). With `incoming`, it waits, stopped,
-        for `restore` instead of booting. `settle(host pid)` runs once
-        QEMU exists and before the guest has run, for a QEMU that is not
-        the shim's child (it joins the container's cgroup there)."""
+        for `restore` instead of booting; with `paused`, it has booted
+        nothing yet and waits for `resume` (a fork loads its checkpoint).
+        `settle(host pid)` runs once QEMU exists and before the guest has
+        run, for a QEMU that is not the shim's child (it joins the
+        container's cgroup there)."""
 
     @abstractmethod
     def pause(self) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from paracell.runtime.sandbox.spawn import Spawned
 from paracell.runtime.state.store import ContainerState, VmRecord
@@ -91,6 +91,7 @@ class Sandbox:
     bundle: Bundle
     templates: bool = False  # restore from a VM template (runtime/sandbox/templating.py)
     engine_notice: str = ""
+    fork: Any = None  # the checkpoint a fork goes on from (paracell/sandbox/forking.py)
 
     @classmethod
     def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_role: PodRole,
@@ -156,7 +157,9 @@ class Sandbox:
         from paracell.vmm.devices import RootDisk
 
         disk = next((d for d in self.builder.devices if isinstance(d, RootDisk)), None)
-        if disk is not None:
+        if disk is not None and self.fork is not None:
+            disk.image = Path(self.fork.rootdisk)  # its parent's files, whatever the tree is now
+        elif disk is not None:
             disk.build(self.bundle.rootfs)
         self.host.setup(self.config.engine, ctx.log, self.state_dir,
                         Path(self.config.ram_file), self.bundle)
@@ -178,8 +181,9 @@ class Sandbox:
                         hostname=self.bundle.config.get("hostname") or "",
                         console_socket=container.console_socket, terminal=container.terminal,
                         log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
-                        isolation=self.host.isolation, templates=self.templates,
-                        checkpoint_limit=self._checkpoint_limit())
+                        isolation=self.host.isolation,
+                        templates=self.templates and self.fork is None,
+                        checkpoint_limit=self._checkpoint_limit(), fork=self.fork)
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,

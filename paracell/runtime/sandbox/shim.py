@@ -59,6 +59,8 @@ class ShimPlan:
     templates: bool = False
     # Snapshot mode (docs/snapshots.md): how many checkpoints it may keep; 0: not in it.
     checkpoint_limit: int = 0
+    # A fork (paracell/sandbox/forking.py): the checkpoint its VM goes on from.
+    fork: Any = None
 
 
 class Shim:
@@ -118,6 +120,8 @@ class Shim:
         netns.enter(plan.network)
         vmm = hypervisor.for_vm(plan.config)
         templates = Templating(plan.vm, vmm, self._launch, plan.log.warning, self._debug)
+        if plan.fork is not None:
+            return self._boot_fork(vmm)
         self.vm = templates.restore() if plan.templates else None
         if self.vm is None:
             self.vm = self._launch(False)
@@ -161,22 +165,43 @@ class Shim:
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,
                      template=templates.outcome)
 
+    def _boot_fork(self, vmm: hypervisor.Hypervisor) -> Ready:
+        """A fork's VM goes on from its parent's checkpoint: no SANDBOX and
+        no SPEC, its container runs already (paracell/sandbox/forking.py)."""
+        from paracell.sandbox import forking
+
+        plan = self.plan
+        restore = forking.ForkRestore(plan.fork, plan.state_dir, plan.vm,
+                                      Path(plan.config.qmp_socket),
+                                      lambda: self._launch(False, paused=True), self._debug)
+        self.vm = restore.restore()
+        forking.identify(self._agent_fd(), plan.fork, BOOT_TIMEOUT_S)
+        self._debug(f"fork {plan.fork.container_id} took its identity")
+        signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
+        if plan.checkpoint_limit:
+            self._serve_snapshots(vmm)
+        iso = plan.isolation
+        if iso is not None:
+            return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template="")
+        return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0, template="")
+
     def _serve_snapshots(self, vmm: hypervisor.Hypervisor) -> None:
         from paracell.sandbox.service import SnapshotService
         from paracell.vmm import template
-        from paracell.vmm.devices import GuestRam
+        from paracell.vmm.devices import GuestRam, RootDisk
 
         ram = next(d for d in self.plan.vm.devices if isinstance(d, GuestRam))
+        disk = next(d for d in self.plan.vm.devices if isinstance(d, RootDisk))
         pager = self._pager()
         qmp_socket = Path(self.plan.config.qmp_socket)
         self.snapshots = SnapshotService(
             self.plan.state_dir, qmp_socket, self.plan.state_dir / CONTROL_SOCKET, ram.path,
             ram.size_mib << 20, template.key_of(self.plan.vm.shape()), self.plan.checkpoint_limit,
-            pager.server if pager else None, self.plan.log.warning)
+            pager.server if pager else None, disk.image, self.plan.log.warning)
         self.snapshots.start()
         self._debug("checkpoints served on snap.sock")
 
-    def _launch(self, incoming: bool) -> Vm:
+    def _launch(self, incoming: bool, paused: bool = False) -> Vm:
         """QEMU, booting or (incoming) waiting for a saved state. The shim's
         jail is made once, by the first launch that gets that far; a
         relaunch (a restore that failed) runs in it."""
@@ -198,7 +223,8 @@ class Shim:
 
         return hypervisor.for_vm(plan.config, iso.host_proc if iso else -1).launch(
             plan.vm, plan.state_dir / "qemu.log", before_start=jail,
-            preexec=iso.qemu_preexec if iso else None, incoming=incoming, settle=settle)
+            preexec=iso.qemu_preexec if iso else None, incoming=incoming, settle=settle,
+            paused=paused)
 
     def _pager(self) -> PagerChannel | None:
         return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)

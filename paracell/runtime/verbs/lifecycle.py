@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import kill_same, process_start_time
@@ -55,6 +56,7 @@ def create(
     pid_file: str | None,
     console_socket: str | None,
     detach: bool = True,
+    fork: Any = None,
 ) -> ContainerState:
     """The one create path: a Container in a Sandbox of its own, or in its
     pod's (runtime/sandbox/sandbox.py). Everything the container will hold is in
@@ -82,6 +84,11 @@ def create(
         pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id, xgates_plan)
         if pod_role.kind == "member" else
         Sandbox.plan(ctx, container_id, bundle, pod_role, xgates_plan))
+    if fork is not None:
+        # A fork's VM goes on from its parent's checkpoint (paracell/sandbox/forking.py).
+        if not isinstance(placement, Sandbox) or placement._checkpoint_limit() == 0:
+            raise ParacellError("only a snapshot-mode sandbox of its own can be forked")
+        placement.fork = fork
     container = Container(container_id, bundle, spec.init_launch_spec(
         container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
         terminal, console_socket)

@@ -57,3 +57,69 @@ def listing(ctx: Context, container_id: str, fmt: str) -> str:
         lines.append(f"{r['name']:<24} {r['seq']:>4} {r['parent'] or '-':>6} "
                      f"{r['bytes'] / 2**20:>8.1f}Mi  {when}")
     return "\n".join(lines)
+
+
+FORK_MAX = 64
+
+
+def fork(ctx: Context, container_id: str, name: str | None, count: int,
+         prefix: str | None) -> list[str]:
+    """COUNT new sandboxes that go on from a checkpoint (taken now without
+    NAME), each its own container: their ids, in order."""
+    import dataclasses
+
+    from paracell.net import netns
+    from paracell.runtime.state.ids import check_id
+    from paracell.runtime.verbs import lifecycle
+    from paracell.sandbox import forking
+
+    if not 1 <= count <= FORK_MAX:
+        raise ParacellError(f"--count must be 1..{FORK_MAX}")
+    parent = ctx.store.load(container_id)
+    status.transition("checkpoint", parent.status, container_id)
+    if parent.vm.config.network in (netns.JOIN, netns.NEW):
+        raise ParacellError(f"container {container_id} has network interfaces: forking such a "
+                            "sandbox is not supported yet (two forks would share its addresses)")
+    if parent.vm.config.vmm != "qemu":
+        raise ParacellError("only a sandbox under direct QEMU can be forked")
+    ids = [f"{prefix if prefix is not None else container_id + '-fork-'}{i}"
+           for i in range(1, count + 1)]
+    for fid in ids:
+        check_id(fid)
+        if ctx.store.is_container_dir(fid):
+            raise ParacellError(f"container {fid} exists already")
+    if name is None:
+        name = checkpoint(ctx, container_id, None)["name"]
+    sources = [forking.source(ctx.store.dir(container_id), name, fid) for fid in ids]
+    made = []
+    detached = dataclasses.replace(ctx, no_template=True)
+    with _StdioToDevnull():
+        for fid, src in zip(ids, sources, strict=True):
+            lifecycle.create(detached, fid, parent.bundle, None, None, fork=src)
+            with ctx.store.locked(fid):
+                state = ctx.store.load(fid)
+                state.status = status.RUNNING
+                ctx.store.save(state)
+            made.append(fid)
+    return made
+
+
+class _StdioToDevnull:
+    """A fork's shim keeps the stdio it is given for its container's life; the
+    forks' output goes nowhere, and the caller's own stdio stays free."""
+
+    def __enter__(self) -> None:
+        import os
+
+        self.saved = [os.dup(fd) for fd in (0, 1, 2)]
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        for fd, copy in zip((0, 1, 2), self.saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)

@@ -161,10 +161,10 @@ class LibvirtHypervisor(Hypervisor):
     def launch(self, vm: VmBuilder, log_path: Path,
                before_start: Callable[[], None] | None = None,
                preexec: Callable[[], None] | None = None, incoming: bool = False,
-               settle: Callable[[int], None] | None = None) -> Vm:
+               settle: Callable[[int], None] | None = None, paused: bool = False) -> Vm:
         from paracell.vmm.libvirt.watch import DomainWatch
 
-        if incoming:
+        if incoming or paused:
             raise ParacellError(NOT_SUPPORTED)
         ram = next((d for d in vm.devices if d.kind == "guest-ram"), None)
         if ram is None:

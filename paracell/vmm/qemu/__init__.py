@@ -38,9 +38,9 @@ class QemuHypervisor(Hypervisor):
     def launch(self, vm: VmBuilder, log_path: Path,
                before_start: Callable[[], None] | None = None,
                preexec: Callable[[], None] | None = None, incoming: bool = False,
-               settle: Callable[[int], None] | None = None) -> Vm:
+               settle: Callable[[int], None] | None = None, paused: bool = False) -> Vm:
         # QEMU is the shim's child: it is born where the shim is, and needs no settling.
-        return vm.launch(log_path, before_start, preexec, incoming=incoming)
+        return vm.launch(log_path, before_start, preexec, incoming=incoming, paused=paused)
 
     def pause(self) -> None:
         qmp.execute(self.qmp_socket, "stop")

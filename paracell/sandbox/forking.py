@@ -1,0 +1,160 @@
+"""A fork: a new sandbox that goes on from a checkpoint of another
+(docs/snapshots.md). Its shim launches QEMU with the vCPUs held (`-S`) on
+a RAM file that holds the checkpoint's pages, loads the checkpoint's device
+state from a copy of the parent's qcow2, and lets it run; the guest wakes
+where the checkpoint left it, quiesced, and takes its new identity (FORKED:
+the container's id, hostname, machine-id, fresh entropy and the clock)
+before its RESUME.
+
+A fork has no memory in common with its parent: guest RAM is a file that
+QEMU maps shared, which the Pager and the host's view of guest memory need,
+so each fork gets its own copy of the checkpoint's pages, the ones with
+data only (holes and zero pages stay holes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell.errors import ParacellError
+from paracell.sandbox.checkpoints import CheckpointError, CheckpointStore, check_name
+
+FORK_NODE = "pc-forksrc"
+FORK_FDSET = 8
+SOURCE_COPY = "fork-source.qcow2"
+HOSTNAME_MAX = 64
+
+
+@dataclass(frozen=True)
+class ForkSource:
+    parent_dir: str   # the parent's state directory
+    checkpoint: str   # the checkpoint it goes on from
+    container_id: str  # the fork's own id
+    rootdisk: str     # the image the parent's files live on (the checkpoint's)
+
+    def hostname(self) -> str:
+        """The fork's hostname: its id where that is a hostname."""
+        name = self.container_id[:HOSTNAME_MAX]
+        ok = name and all(c.isalnum() or c in "-." for c in name) and name[0].isalnum()
+        return name if ok else f"fork-{uuid.uuid4().hex[:12]}"
+
+
+def source(parent_dir: Path, checkpoint: str, container_id: str) -> ForkSource:
+    """Checks that the checkpoint exists and can be read; the rest is checked
+    against the fork's own VM when its shim loads it."""
+    ckpt = CheckpointStore(parent_dir).load(check_name(checkpoint))
+    if not Path(ckpt.rootdisk).is_file():
+        raise CheckpointError(f"checkpoint {checkpoint}: its root disk {ckpt.rootdisk} is gone")
+    return ForkSource(str(parent_dir), checkpoint, container_id, ckpt.rootdisk)
+
+
+def identity_payload(fork: ForkSource) -> bytes:
+    from paracell import speckeys as K
+    from paracell.runtime.bundle.spec import encode_records
+    from paracell.runtime.sandbox.sandboxspec import ENTROPY_BYTES, clock_record
+
+    return encode_records([(K.CONTAINER, fork.container_id), (K.HOSTNAME, fork.hostname()),
+                           (K.MACHINE_ID, uuid.uuid4().hex),
+                           (K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()),
+                           clock_record(time.time_ns())])
+
+
+class ForkRestore:
+    """The fork's VM, in its shim: launched held, loaded, running."""
+
+    def __init__(self, fork: ForkSource, state_dir: Path, vm: Any, qmp_socket: Path,
+                 launch: Callable[[], Any], debug: Callable[[str], None]) -> None:
+        self.fork, self.state_dir, self.vm, self.qmp_socket = fork, state_dir, vm, qmp_socket
+        self._launch, self._debug = launch, debug
+
+    def restore(self) -> Any:
+        from paracell._native import ffi, lib
+        from paracell.vmm import template
+        from paracell.vmm.devices import GuestRam
+        from paracell.vmm.qemu import IGNORE_SHARED, qmp
+        from paracell.vmm.qemu.qmp import AwaitJob, Command
+
+        began = time.monotonic()
+        store = CheckpointStore(Path(self.fork.parent_dir))
+        ckpt = store.load(self.fork.checkpoint)
+        ram = next(d for d in self.vm.devices if isinstance(d, GuestRam))
+        store.verify(ckpt, template.key_of(self.vm.shape()), ram.size_mib << 20)
+        hashes, loc = store.tables(ckpt)
+        seed = store.seed()
+        seqs, fds = store.page_files()
+        copy = self.state_dir / SOURCE_COPY
+        try:
+            shutil.copyfile(store.vmstate, copy)
+        except OSError as err:
+            for fd in fds:
+                os.close(fd)
+            raise CheckpointError(f"checkpoint {ckpt.name}: its device state: "
+                                  f"{err.strerror}") from None
+
+        def fill(target: int) -> None:
+            fig = ffi.new("struct pc_ckpt_figures *")
+            err = ffi.new("char[]", 256)
+            if lib.pc_ckpt_materialize(target, ram.size_mib << 20, seed, hashes, loc,
+                                       ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
+                                       len(fds), fig, err, 256) != 0:
+                raise CheckpointError(f"checkpoint {ckpt.name}: "
+                                      f"{ffi.string(err).decode(errors='replace')}")
+
+        ram.fill = fill
+        vm = None
+        try:
+            vm = self._launch()
+            loaded = time.monotonic()
+            fd = os.open(copy, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                qmp.run(self.qmp_socket, IGNORE_SHARED,
+                        Command("add-fd", {"fdset-id": FORK_FDSET}, fd=fd),
+                        Command("blockdev-add", {"driver": "qcow2", "node-name": FORK_NODE,
+                                                 "file": {"driver": "file", "filename":
+                                                          f"/dev/fdset/{FORK_FDSET}"}}),
+                        Command("snapshot-load", {"job-id": "fork-load",
+                                                  "tag": ckpt.vmstate_tag, "vmstate": FORK_NODE,
+                                                  "devices": [FORK_NODE]}),
+                        AwaitJob("fork-load", 60), Command("blockdev-del",
+                                                           {"node-name": FORK_NODE}),
+                        Command("remove-fd", {"fdset-id": FORK_FDSET}), Command("cont"))
+            finally:
+                os.close(fd)
+        except BaseException:
+            if vm is not None:
+                vm.kill()
+                vm.stop(5)
+                vm.release()
+            raise
+        finally:
+            ram.fill = None
+            for fd in fds:
+                os.close(fd)
+            copy.unlink(missing_ok=True)
+        self._debug(f"forked from checkpoint {ckpt.name} of {self.fork.parent_dir} in "
+                    f"{time.monotonic() - began:.3f} s (RAM and QEMU ready in "
+                    f"{loaded - began:.3f} s)")
+        return vm
+
+
+def identify(agent_fd: int, fork: ForkSource, timeout_s: float) -> None:
+    """The guest's new identity, then its RESUME: it wakes as it was at the
+    checkpoint, quiesced, with its parent's exec sessions, which it drops."""
+    from paracell._native import lib
+    from paracell.runtime.sandbox import channel
+
+    channel.send(agent_fd, lib.PC_FORKED, 0, identity_payload(fork))
+    answer = channel.recv(agent_fd, timeout_s, "FORKED")
+    if answer.type != lib.PC_ATTACHED:
+        why = channel.printable(answer.payload) if answer.type == lib.PC_ERROR else \
+            f"frame {answer.type}"
+        raise ParacellError(f"the fork did not take its identity: {why}")
+    channel.send(agent_fd, lib.PC_RESUME, 0,
+                 lib.PC_RESUME_ROLLED_BACK.to_bytes(4, "little"))
