@@ -1,8 +1,8 @@
 """A sandbox's checkpoints on disk (docs/snapshots.md), under its state
 directory, removed with it:
 
-  checkpoints/seed          the per-container seed of the page hashes (8 bytes)
-  checkpoints/vmstate.qcow2 QEMU's device states, one internal snapshot per checkpoint
+  checkpoints/.seed          the per-container seed of the page hashes (8 bytes)
+  checkpoints/.vmstate.qcow2 QEMU's device states, one internal snapshot per checkpoint
   checkpoints/NAME/meta.json     what the checkpoint is, and the SHA-256 of the two tables
   checkpoints/NAME/hashes.bin    every page's hash (u64 LE, 0 for a hole)
   checkpoints/NAME/loc.bin       where every page's content is kept ((u32 seq, u32 slot) LE)
@@ -33,8 +33,9 @@ from paracell.errors import ParacellError
 
 FORMAT = 1
 DIR = "checkpoints"
-SEED = "seed"
-VMSTATE = "vmstate.qcow2"
+# Internal files begin with a dot, which no checkpoint name may.
+SEED = ".seed"
+VMSTATE = ".vmstate.qcow2"
 META, HASHES, LOC, PAGES = "meta.json", "hashes.bin", "loc.bin", "pages.bin"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_META_BYTES = 1 << 16

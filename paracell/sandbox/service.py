@@ -11,7 +11,7 @@ runs to its end. Each operation, with the VM's stdio relay still serving:
      the agent channel is empty both ways;
   2. one QMP session: stop; the Pager's thread held off; guest RAM's pages
      captured (csrc/checkpoint.c) or put back; QEMU's device state saved
-     into, or loaded from, an internal snapshot of checkpoints/vmstate.qcow2
+     into, or loaded from, an internal snapshot of checkpoints/.vmstate.qcow2
      (with x-ignore-shared: RAM is not in it); cont;
   3. RESUME: after a rollback the relay ends every exec session and
      port-forward stream, and the agent kills the exec'd processes.

@@ -236,3 +236,60 @@ def test_nothing_is_left_after_delete(runtime, make_bundle, memfill_rootfs: Path
     runtime("delete", "ck-gone", check=True)
     assert not (runtime.root / "ck-gone").exists()
     runtime.assert_no_leaks()
+
+
+def test_five_forks_run_at_once_each_their_own(runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-parent")
+    checkpoint(runtime, "ck-parent", "seed")
+    bump(runtime, "ck-parent", 2)  # the parent moves on; the forks start from the checkpoint
+    result = runtime("sandbox", "fork", "--count", "5", "--id-prefix", "ck-f", "ck-parent",
+                     "seed")
+    assert result.returncode == 0, result.stderr
+    forks = result.stdout.decode().split()
+    assert forks == [f"ck-f{i}" for i in range(1, 6)]
+    seen = {}
+    for fid in forks:
+        assert json.loads(runtime("state", fid, check=True).stdout)["status"] == "running"
+        got = report(runtime, fid)
+        assert (got["seed"], got["mem"], got["data"]) == ("1", "ok", "1"), (fid, got)
+        out = runtime("exec", fid, "sh", "-c", "hostname; head -c 16 /dev/urandom | od -An -tx1 "
+                      f"| tr -d ' \\n'; echo; echo {fid} > /mine", check=True).stdout.decode()
+        hostname, random = out.split()
+        seen[fid] = (hostname, random)
+    assert len({h for h, _ in seen.values()}) == 5 and len({r for _, r in seen.values()}) == 5
+    assert all(seen[fid][0] == fid for fid in forks)
+    # A file written in one is not in another, nor in the parent.
+    for fid in forks:
+        assert runtime("exec", fid, "cat", "/mine", check=True).stdout == f"{fid}\n".encode()
+    assert runtime("exec", "ck-parent", "test", "-e", "/mine").returncode != 0
+    # Deleting the parent leaves the forks running; each goes on by itself.
+    runtime("delete", "--force", "ck-parent", check=True)
+    for fid in forks[:2]:
+        assert bump(runtime, fid, 2)["mem"] == "ok"
+    assert json.loads(runtime("state", "ck-f5", check=True).stdout)["status"] == "running"
+    # A fork is a snapshot-mode sandbox too: it checkpoints and rolls back.
+    checkpoint(runtime, "ck-f1", "own")
+    bump(runtime, "ck-f1", 3)
+    rollback(runtime, "ck-f1", "own")
+    assert report(runtime, "ck-f1")["seed"] == "2"
+    for fid in forks:
+        runtime("delete", "--force", fid, check=True)
+    runtime.assert_no_leaks()
+
+
+def test_a_fork_from_now_and_bad_fork_requests(runtime, make_bundle, memfill_rootfs: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-now")
+    result = runtime("sandbox", "fork", "ck-now")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().split() == ["ck-now-fork-1"]
+    assert report(runtime, "ck-now-fork-1")["mem"] == "ok"
+    # The checkpoint it took is the parent's own.
+    assert len(json.loads(runtime("sandbox", "checkpoints", "-f", "json", "ck-now",
+                                  check=True).stdout)) == 1
+    for args, says in ((["--count", "0", "ck-now"], "--count"),
+                       (["ck-now", "nope"], "no checkpoint"),
+                       (["--id-prefix", "ck-now-fork-", "ck-now"], "exists already"),
+                       (["--id-prefix", "bad/", "ck-now"], "")):
+        result = runtime("sandbox", "fork", *args)
+        assert result.returncode != 0, args
+        assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr.decode()

@@ -82,6 +82,8 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
                             "sandbox is not supported yet (two forks would share its addresses)")
     if parent.vm.config.vmm != "qemu":
         raise ParacellError("only a sandbox under direct QEMU can be forked")
+    if name is not None:
+        CheckpointStore(ctx.store.dir(container_id)).load(check_name(name))
     ids = [f"{prefix if prefix is not None else container_id + '-fork-'}{i}"
            for i in range(1, count + 1)]
     for fid in ids:
