@@ -377,18 +377,65 @@ def update(resources: str | None, container_id: str, cpu_shares: str | None,
     verb.update(_ctx(), container_id, resources, values)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("container_id", required=False)
-def checkpoint(container_id: str | None) -> None:
-    """Not supported yet."""
-    raise ParacellError("checkpoint is not supported by paracell yet")
+# CRIU's knobs that mean nothing for a whole VM's snapshot: accepted, as runc
+# accepts them, and ignored (the guest keeps its TCP, sockets and locks).
+_CRIU_FLAGS = ("tcp-established", "ext-unix-sk", "shell-job", "file-locks", "auto-dedup",
+               "no-subreaper", "no-pivot")
+_CRIU_VALUES = ("manage-cgroups-mode", "empty-ns", "lsm-profile", "lsm-mount-context")
+# And those that ask for what a VM snapshot does not do: refused.
+_REFUSED = ("pre-dump", "lazy-pages")
+_REFUSED_VALUES = ("page-server", "parent-path", "status-fd")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.argument("container_id", required=False)
-def restore(container_id: str | None) -> None:
-    """Not supported yet."""
-    raise ParacellError("restore is not supported by paracell yet")
+def _criu_options(command: Callable[..., None]) -> Callable[..., None]:
+    for flag in _CRIU_FLAGS + _REFUSED:
+        command = click.option(f"--{flag}", is_flag=True, hidden=True)(command)
+    for flag in _CRIU_VALUES + _REFUSED_VALUES:
+        command = click.option(f"--{flag}", default=None, hidden=True)(command)
+    return command
+
+
+def _refuse_criu_only(flags: dict[str, object]) -> None:
+    for flag in _REFUSED + _REFUSED_VALUES:
+        if flags.get(flag.replace("-", "_")):
+            raise ParacellError(f"--{flag} is not supported: ParaCell checkpoints the whole VM "
+                                "(docs/snapshots.md)")
+
+
+@main.command()
+@click.option("--image-path", required=True, help="directory for the checkpoint")
+@click.option("--work-path", default=None, help="directory for its log")
+@click.option("--leave-running", is_flag=True, help="leave the container running afterwards")
+@_criu_options
+@click.argument("container_id")
+def checkpoint(container_id: str, image_path: str, work_path: str | None, leave_running: bool,
+               **criu: object) -> None:
+    """Checkpoint a running snapshot-mode container into --image-path."""
+    from paracell.runtime.verbs import snapshot
+
+    _refuse_criu_only(criu)
+    snapshot.runc_checkpoint(_ctx(), container_id, image_path, work_path, leave_running)
+
+
+@main.command()
+@click.option("--image-path", required=True, help="directory of the checkpoint")
+@click.option("--work-path", default=None)
+@click.option("--bundle", "-b", default=".")
+@click.option("--detach", "-d", is_flag=True)
+@click.option("--pid-file", default=None)
+@click.option("--console-socket", default=None)
+@_criu_options
+@click.argument("container_id")
+def restore(container_id: str, image_path: str, work_path: str | None, bundle: str,
+            detach: bool, pid_file: str | None, console_socket: str | None,
+            **criu: object) -> None:
+    """Restore a container from a checkpoint made by `checkpoint`."""
+    from paracell.runtime.verbs import snapshot
+
+    _refuse_criu_only(criu)
+    if console_socket:
+        raise ParacellError("a restored container has no terminal yet (--console-socket)")
+    snapshot.runc_restore(_ctx(), container_id, image_path, work_path, bundle, detach, pid_file)
 
 
 @main.command()

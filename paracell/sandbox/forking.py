@@ -38,10 +38,11 @@ class ForkSource:
     checkpoint: str   # the checkpoint it goes on from
     container_id: str  # the fork's own id
     rootdisk: str     # the image the parent's files live on (the checkpoint's)
+    wanted_hostname: str = ""  # a restore's: its bundle's; a fork's: its id
 
     def hostname(self) -> str:
-        """The fork's hostname: its id where that is a hostname."""
-        name = self.container_id[:HOSTNAME_MAX]
+        """The fork's hostname: its bundle's or its id, where that is a hostname."""
+        name = (self.wanted_hostname or self.container_id)[:HOSTNAME_MAX]
         ok = name and all(c.isalnum() or c in "-." for c in name) and name[0].isalnum()
         return name if ok else f"fork-{uuid.uuid4().hex[:12]}"
 

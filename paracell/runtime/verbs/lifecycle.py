@@ -87,7 +87,10 @@ def create(
     if fork is not None:
         # A fork's VM goes on from its parent's checkpoint (paracell/sandbox/forking.py).
         if not isinstance(placement, Sandbox) or placement._checkpoint_limit() == 0:
-            raise ParacellError("only a snapshot-mode sandbox of its own can be forked")
+            raise ParacellError("only a snapshot-mode sandbox of its own can be forked or "
+                                "restored (annotation io.paracell.snapshot: \"on\")")
+        if terminal:
+            raise ParacellError("a forked or restored container has no terminal yet")
         placement.fork = fork
     container = Container(container_id, bundle, spec.init_launch_spec(
         container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),

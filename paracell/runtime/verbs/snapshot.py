@@ -106,6 +106,66 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     return made
 
 
+def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path: str | None,
+                    leave_running: bool) -> None:
+    """runc's `checkpoint --image-path`: a checkpoint flattened into the image
+    directory; the container stops after it unless --leave-running."""
+    from paracell.runtime.sandbox.signals import SIGKILL
+    from paracell.runtime.verbs import kill
+    from paracell.sandbox import images
+
+    state_dir = _running(ctx, container_id, "checkpoint")
+    if not (state_dir / "snap.sock").exists():
+        raise ParacellError(f"container {container_id} is not in snapshot mode (it needs the "
+                            "annotation io.paracell.snapshot: \"on\" at create); ParaCell "
+                            "checkpoints VMs, not processes, and uses no CRIU")
+    done = checkpoint(ctx, container_id, None)
+    store = CheckpointStore(state_dir)
+    try:
+        images.export(store, store.load(done["name"]), image_path)
+    finally:
+        client.ask(state_dir, container_id, "remove", name=done["name"])
+    if work_path:
+        work = images.directory(work_path, "--work-path", create=True)
+        (work / "dump.log").write_text(f"paracell: checkpoint {done['name']} of {container_id} "
+                                       f"exported to {image_path}\n")
+    if not leave_running:
+        kill.deliver(ctx.store, container_id, SIGKILL, False, None)
+
+
+def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: str | None,
+                 bundle: str, detach: bool, pid_file: str | None) -> None:
+    """runc's `restore --image-path`: a new container, from its bundle, that
+    goes on from the image's checkpoint."""
+    import dataclasses
+    from pathlib import Path
+
+    from paracell.runtime.bundle import spec
+    from paracell.runtime.verbs import lifecycle
+    from paracell.sandbox import forking, images
+
+    if not detach:
+        raise ParacellError("restore needs --detach: a restored container's stdio is /dev/null")
+    store = images.image_store(image_path)
+    ckpt = store.load(images.IMAGE_NAME)
+    if not Path(ckpt.rootdisk).is_file():
+        raise ParacellError(f"the checkpoint's root disk {ckpt.rootdisk} is gone from this host")
+    hostname = spec.load_bundle(bundle).config.get("hostname") or ""
+    source = forking.ForkSource(str(store.dir.parent), images.IMAGE_NAME, container_id,
+                                ckpt.rootdisk, wanted_hostname=hostname)
+    with _StdioToDevnull():
+        lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id, bundle,
+                         pid_file, None, fork=source)
+    with ctx.store.locked(container_id):
+        state = ctx.store.load(container_id)
+        state.status = status.RUNNING
+        ctx.store.save(state)
+    if work_path:
+        work = images.directory(work_path, "--work-path", create=True)
+        (work / "restore.log").write_text(f"paracell: {container_id} restored from "
+                                          f"{image_path}\n")
+
+
 class _StdioToDevnull:
     """A fork's shim keeps the stdio it is given for its container's life; the
     forks' output goes nowhere, and the caller's own stdio stays free."""
