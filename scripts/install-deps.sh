@@ -9,7 +9,7 @@ packages=(
     iproute2 nftables conntrack socat bindfs fuse3
     mmdebstrap wrk redis-tools
     libvirt-daemon-system libvirt-dev pkg-config
-    e2fsprogs libxxhash-dev qemu-utils
+    e2fsprogs libxxhash-dev qemu-utils criu
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -31,6 +31,9 @@ from paracell.sandbox.checkpoints import (
 
 IMAGE_NAME = "image"
 MARKER = "paracell-checkpoint.json"
+# podman counts a checkpoint as complete when CRIU's inventory file exists
+# in it; ParaCell uses no CRIU, and this file only says so.
+INVENTORY = "inventory.img"
 FORMAT = 1
 
 
@@ -100,6 +103,8 @@ def export(source: CheckpointStore, ckpt: Checkpoint, image_path: str) -> Path:
         for fd in fds:
             os.close(fd)
     (image / MARKER).write_text(json.dumps({"format": FORMAT, "checkpoint": IMAGE_NAME}))
+    (image / INVENTORY).write_text("not a CRIU image: a ParaCell VM checkpoint "
+                                   f"(see {MARKER})\n")
     return image
 
 

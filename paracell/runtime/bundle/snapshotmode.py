@@ -19,7 +19,11 @@ from paracell.runtime.bundle.spec import Bundle
 
 ANNOTATION = "io.paracell.snapshot"
 SWITCH = {"on": True, "off": False}
-COPIED_IN = ("/etc/hosts", "/etc/resolv.conf", "/etc/hostname")
+COPIED_IN = ("/etc/hosts", "/etc/resolv.conf", "/etc/hostname", "/run/.containerenv")
+# podman binds a tmpfs of its own on /dev/shm: in the guest it is a tmpfs of
+# the VM's, which a snapshot holds (the host's would not be shared anyway).
+GUEST_TMPFS = ("/dev/shm",)
+SHM_OPTIONS = "mode=1777,size=65536k"
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,23 @@ def _read_small(path: str, dest: str) -> bytes:
     return data
 
 
+def _guest_tmpfs_for_shm(bundle: Bundle, by_slot: dict[str | None, str]) -> None:
+    """A host bind on /dev/shm becomes a tmpfs in the guest."""
+    from dataclasses import replace
+
+    from paracell.linux import MS_NODEV, MS_NOEXEC, MS_NOSUID
+
+    moved = {slot for slot, dest in by_slot.items() if dest in GUEST_TMPFS}
+    if not moved:
+        return
+    bundle.mounts = [replace(m, kind="tmpfs", source="shm", flags=MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                             data=SHM_OPTIONS, host_slot=None, copyup=False)
+                     if m.host_slot in moved else m for m in bundle.mounts]
+    bundle.host_binds = [b for b in bundle.host_binds if b.slot not in moved]
+    for slot in moved:
+        by_slot.pop(slot, None)
+
+
 def plan(bundle: Bundle, pod: bool) -> SnapshotPlan:
     """Refuses what a snapshot cannot hold, in one line; reads the files it copies in."""
     if not wanted(bundle.annotations):
@@ -65,6 +86,7 @@ def plan(bundle: Bundle, pod: bool) -> SnapshotPlan:
     if pod:
         raise ParacellError("snapshot mode is for a container in a VM of its own, not a pod's")
     by_slot = {m.host_slot: m.dest for m in bundle.mounts if m.host_slot is not None}
+    _guest_tmpfs_for_shm(bundle, by_slot)
     files = []
     for bind in bundle.host_binds:
         dest = by_slot.get(bind.slot, "?")
