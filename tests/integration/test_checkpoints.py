@@ -9,6 +9,7 @@ timing is asserted."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -293,3 +294,75 @@ def test_a_fork_from_now_and_bad_fork_requests(runtime, make_bundle, memfill_roo
         result = runtime("sandbox", "fork", *args)
         assert result.returncode != 0, args
         assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr.decode()
+
+
+def test_runc_checkpoint_and_restore_into_a_new_id_and_bundle(
+        runtime, make_bundle, memfill_rootfs: Path, tmp_path: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-runc")
+    before = bump(runtime, "ck-runc", 2)
+    image, work = tmp_path / "image", tmp_path / "work"
+    result = runtime("checkpoint", "--image-path", str(image), "--work-path", str(work),
+                     "--leave-running", "--tcp-established", "ck-runc")
+    assert result.returncode == 0, result.stderr
+    assert (image / "inventory.img").is_file() and (work / "dump.log").is_file()
+    assert json.loads(runtime("state", "ck-runc", check=True).stdout)["status"] == "running"
+    bump(runtime, "ck-runc", 3)
+    # Another bundle of the same image, another id: it goes on from the checkpoint.
+    other = snapshot_bundle(make_bundle, memfill_rootfs, ["memfill", "16"])
+    pid_file = tmp_path / "restored.pid"
+    result = runtime("restore", "--image-path", str(image), "--bundle", str(other), "--detach",
+                     "--pid-file", str(pid_file), "ck-restored")
+    assert result.returncode == 0, result.stderr
+    state = json.loads(runtime("state", "ck-restored", check=True).stdout)
+    assert state["status"] == "running" and int(pid_file.read_text()) == state["pid"]
+    got = report(runtime, "ck-restored")
+    assert (got["seed"], got["mem"], got["fds"]) == ("2", "ok", before["fds"])
+    assert report(runtime, "ck-runc")["seed"] == "3"  # the original went on
+    # Without --leave-running the container stops, as under runc.
+    result = runtime("checkpoint", "--image-path", str(tmp_path / "image2"), "ck-runc")
+    assert result.returncode == 0, result.stderr
+    wait_status(runtime, "ck-runc", "stopped")
+
+
+def test_runc_checkpoint_and_restore_refuse_bad_input_in_one_line(
+        runtime, make_bundle, memfill_rootfs: Path, tmp_path: Path):
+    started(runtime, make_bundle, memfill_rootfs, "ck-rbad")
+    plain = make_bundle(["sleep", "100"])
+    runtime("run", "--detach", "--bundle", str(plain), "ck-rplain", check=True)
+    wait_status(runtime, "ck-rplain", "running")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("x")
+    (tmp_path / "link").symlink_to(full)
+    image = tmp_path / "image"
+    assert runtime("checkpoint", "--image-path", str(image), "--leave-running",
+                   "ck-rbad").returncode == 0
+    bundle = snapshot_bundle(make_bundle, memfill_rootfs, ["memfill", "16"])
+    hashes = image / "checkpoints" / "image" / "hashes.bin"
+    tampered = tmp_path / "tampered"
+    shutil.copytree(image, tampered, symlinks=True)
+    data = bytearray((tampered / "checkpoints" / "image" / "hashes.bin").read_bytes())
+    data[8] ^= 1
+    (tampered / "checkpoints" / "image" / "hashes.bin").write_bytes(bytes(data))
+    cases = [
+        (["checkpoint", "--image-path", str(tmp_path / "i1"), "ck-rplain"], "snapshot mode"),
+        (["checkpoint", "--image-path", str(full), "ck-rbad"], "not empty"),
+        (["checkpoint", "--image-path", str(tmp_path / "link"), "ck-rbad"], "not a directory"),
+        (["checkpoint", "--image-path", str(tmp_path / "i2"), "--pre-dump", "ck-rbad"],
+         "not supported"),
+        (["restore", "--image-path", str(image), "--bundle", str(bundle), "ck-r1"], "--detach"),
+        (["restore", "--image-path", str(full), "--bundle", str(bundle), "-d", "ck-r2"],
+         "no ParaCell checkpoint"),
+        (["restore", "--image-path", str(tampered), "--bundle", str(bundle), "-d", "ck-r3"],
+         "digest"),
+        (["restore", "--image-path", str(image), "--bundle", str(plain), "-d", "ck-r4"],
+         "snapshot-mode"),
+    ]
+    for args, says in cases:
+        result = runtime(*args)
+        line = result.stderr.decode().strip()
+        assert result.returncode != 0 and "\n" not in line and says in line, (args, line)
+    assert hashes.is_file()
+    for cid in ("ck-r2", "ck-r3", "ck-r4"):
+        assert not (runtime.root / cid).exists()
+    assert json.loads(runtime("state", "ck-rbad", check=True).stdout)["status"] == "running"

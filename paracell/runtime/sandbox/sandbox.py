@@ -128,6 +128,12 @@ class Sandbox:
         admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
         snapshot = snapshotmode.plan(bundle, pod_sandbox)
+        if snapshot.enabled and ctx.vmm(bundle.annotations) != "qemu":
+            from paracell.errors import ParacellError
+
+            raise ParacellError("snapshot mode needs direct QEMU (--vmm qemu): its checkpoints "
+                                "load device state in place, which ParaCell does not ask of "
+                                "libvirt")
         state_dir = ctx.store.dir(container_id)
         vmm = ctx.vmm(bundle.annotations)
         backend = vmplan.Backend(vmm, ctx.libvirt_uri if vmm == "libvirt" else "")
