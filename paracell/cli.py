@@ -403,22 +403,24 @@ def _refuse_criu_only(flags: dict[str, object]) -> None:
 
 
 @main.command()
-@click.option("--image-path", required=True, help="directory for the checkpoint")
+@click.option("--image-path", default=None, help="directory for the checkpoint")
 @click.option("--work-path", default=None, help="directory for its log")
 @click.option("--leave-running", is_flag=True, help="leave the container running afterwards")
 @_criu_options
 @click.argument("container_id")
-def checkpoint(container_id: str, image_path: str, work_path: str | None, leave_running: bool,
-               **criu: object) -> None:
+def checkpoint(container_id: str, image_path: str | None, work_path: str | None,
+               leave_running: bool, **criu: object) -> None:
     """Checkpoint a running snapshot-mode container into --image-path."""
     from paracell.runtime.verbs import snapshot
 
     _refuse_criu_only(criu)
+    if not image_path:
+        raise ParacellError("checkpoint needs --image-path DIR")
     snapshot.runc_checkpoint(_ctx(), container_id, image_path, work_path, leave_running)
 
 
 @main.command()
-@click.option("--image-path", required=True, help="directory of the checkpoint")
+@click.option("--image-path", default=None, help="directory of the checkpoint")
 @click.option("--work-path", default=None)
 @click.option("--bundle", "-b", default=".")
 @click.option("--detach", "-d", is_flag=True)
@@ -426,13 +428,15 @@ def checkpoint(container_id: str, image_path: str, work_path: str | None, leave_
 @click.option("--console-socket", default=None)
 @_criu_options
 @click.argument("container_id")
-def restore(container_id: str, image_path: str, work_path: str | None, bundle: str,
+def restore(container_id: str, image_path: str | None, work_path: str | None, bundle: str,
             detach: bool, pid_file: str | None, console_socket: str | None,
             **criu: object) -> None:
     """Restore a container from a checkpoint made by `checkpoint`."""
     from paracell.runtime.verbs import snapshot
 
     _refuse_criu_only(criu)
+    if not image_path:
+        raise ParacellError("restore needs --image-path DIR")
     if console_socket:
         raise ParacellError("a restored container has no terminal yet (--console-socket)")
     snapshot.runc_restore(_ctx(), container_id, image_path, work_path, bundle, detach, pid_file)

@@ -197,7 +197,7 @@ int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
         snprintf(err, errlen, "fork: this VM was never attached");
         return -1;
     }
-    if (sandbox_parse(buf, len, &f, err, errlen) < 0)
+    if (sandbox_parse_forked(buf, len, &f, err, errlen) < 0)
         return -1;
     if (!f.container || !f.hostname || !f.nentropy || !f.machine_id || f.rootdisk ||
         f.nhostfiles || f.shares[0] || f.shares[1] || f.shares[2]) {

@@ -146,6 +146,8 @@ static int add_record(struct sandbox_spec *s, const char *key, char *val, char *
     }
     if (!strcmp(key, PC_KEY_HOSTFILE))
         return add_hostfile(s, val, err, errlen);
+    if (!s->forked && (!strcmp(key, PC_KEY_CONTAINER) || !strcmp(key, PC_KEY_MACHINE_ID)))
+        return fail(err, errlen, "unknown key", key);
     if (!strcmp(key, PC_KEY_CONTAINER)) {
         size_t n = strlen(val);
         if (s->container || !n || n > PC_SPEC_MAX_CONTAINER_ID || !valid_hostname(val))
@@ -165,9 +167,11 @@ static int add_record(struct sandbox_spec *s, const char *key, char *val, char *
     return fail(err, errlen, "unknown key", key);
 }
 
-int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size_t errlen)
+static int parse(char *buf, size_t len, struct sandbox_spec *s, int forked, char *err,
+                 size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    s->forked = forked;
     if (len && buf[len - 1])
         return fail(err, errlen, "records must each end with a NUL byte", NULL);
     for (char *p = buf, *end = buf + len; p < end;) {
@@ -190,3 +194,14 @@ int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size
     return 0;
 }
 
+
+int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size_t errlen)
+{
+    return parse(buf, len, s, 0, err, errlen);
+}
+
+int sandbox_parse_forked(char *buf, size_t len, struct sandbox_spec *s, char *err,
+                         size_t errlen)
+{
+    return parse(buf, len, s, 1, err, errlen);
+}

@@ -31,6 +31,7 @@ struct sandbox_spec {
     int nhostfiles;
     const char *container;             /* FORKED: the container's new id */
     const char *machine_id;            /* FORKED: 32 hex digits */
+    int forked;                        /* parsed as FORKED, not SANDBOX */
 };
 
 #define ROOTDISK_RO 1
@@ -38,5 +39,8 @@ struct sandbox_spec {
 
 /* buf is modified in place; 0, or -1 with err set to one line. */
 int sandbox_parse(char *buf, size_t len, struct sandbox_spec *s, char *err, size_t errlen);
+/* The same for a FORKED payload: container and machineid are its keys only. */
+int sandbox_parse_forked(char *buf, size_t len, struct sandbox_spec *s, char *err,
+                         size_t errlen);
 
 #endif

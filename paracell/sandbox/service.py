@@ -243,7 +243,6 @@ class SnapshotService:
         err = ffi.new("char[]", 256)
         seed = self.store.seed()
         staging = self.store.staging()
-        vmstate = self._vmstate_steps()
         timing: dict[str, float] = {}
 
         def capture() -> None:
@@ -274,7 +273,7 @@ class SnapshotService:
             raise
         try:
             stopped = time.monotonic()
-            self._session(*vmstate, Command("stop"), Call(capture), IGNORE_SHARED,
+            self._session(*self._vmstate_steps(), Command("stop"), Call(capture), IGNORE_SHARED,
                           Command("snapshot-save", {"job-id": f"save-{seq}", "tag": f"pc-{seq}",
                                                     "vmstate": VMSTATE_NODE,
                                                     "devices": [VMSTATE_NODE]}),

@@ -9,6 +9,7 @@ timing is asserted."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -173,7 +174,9 @@ def test_bad_requests_are_refused_in_one_line_and_change_nothing(
     original = hashes.read_bytes()
     hashes.write_bytes(original[:-8])
     refused("sandbox", "rollback", "ck-bad", "good", says="truncated")
-    hashes.write_bytes(original[:8] + bytes(8) + original[16:])
+    tampered_table = bytearray(original)
+    tampered_table[8] ^= 1  # a change whatever page 1's hash was
+    hashes.write_bytes(bytes(tampered_table))
     refused("sandbox", "rollback", "ck-bad", "good", says="digest")
     hashes.write_bytes(original)
     # Pages of its content flipped (one in 16: the rollback needs the
@@ -366,3 +369,27 @@ def test_runc_checkpoint_and_restore_refuse_bad_input_in_one_line(
     for cid in ("ck-r2", "ck-r3", "ck-r4"):
         assert not (runtime.root / cid).exists()
     assert json.loads(runtime("state", "ck-rbad", check=True).stdout)["status"] == "running"
+
+
+@pytest.mark.parametrize("verb", ["checkpoint", "rollback"])
+def test_a_shim_killed_mid_operation_leaves_a_stopped_deletable_container(
+        runtime, make_bundle, memfill_rootfs: Path, verb: str):
+    """The other way a checkpoint or rollback can be cut short: the shim
+    itself dies (SIGKILL). The container is then stopped, never half rolled
+    back, and delete leaves nothing."""
+    for i, delay in enumerate((0.05, 0.2, 0.4)):
+        cid = f"ck-shim-{verb}-{i}"
+        started(runtime, make_bundle, memfill_rootfs, cid)
+        checkpoint(runtime, cid, "base")
+        bump(runtime, cid, 2)
+        args = ["checkpoint", cid] if verb == "checkpoint" else ["rollback", cid, "base"]
+        proc = subprocess.Popen([PARACELL, "--root", str(runtime.root), "sandbox", *args],
+                                env=runtime.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        shim = json.loads((runtime.root / cid / "state.json").read_text())["shim_pid"]
+        os.kill(shim, signal.SIGKILL)
+        proc.wait(timeout=120)
+        wait_status(runtime, cid, "stopped")
+        runtime("delete", cid, check=True)
+    runtime.assert_no_leaks()

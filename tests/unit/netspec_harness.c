@@ -3,6 +3,7 @@
  * sandboxspec.c and spec.c, so the tests exercise the code that runs in the guest.
  *
  *   netspec_harness sandbox < PAYLOAD  a SANDBOX payload through sandbox_parse
+ *   netspec_harness forked < PAYLOAD   a FORKED payload through sandbox_parse_forked
  *   netspec_harness start < PAYLOAD    a START payload through netspec_parse
  *   netspec_harness spec < PAYLOAD     a launch spec through spec_parse (no network)
  *
@@ -75,8 +76,12 @@ int main(int argc, char **argv)
     size_t len = fread(buf, 1, sizeof buf, stdin);
     const char *mode = argc == 2 ? argv[1] : "";
     int rc;
+    int forked = !strcmp(mode, "forked");
+    if (forked)
+        mode = "sandbox";
     if (!strcmp(mode, "sandbox"))
-        rc = sandbox_parse(buf, len, &sb, err, sizeof err);
+        rc = forked ? sandbox_parse_forked(buf, len, &sb, err, sizeof err)
+                    : sandbox_parse(buf, len, &sb, err, sizeof err);
     else if (!strcmp(mode, "start"))
         rc = netspec_parse(buf, len, &n, err, sizeof err);
     else if (!strcmp(mode, "spec"))
@@ -102,6 +107,10 @@ int main(int argc, char **argv)
             printf("clock %lld.%09ld\n", (long long)sb.clock.tv_sec, sb.clock.tv_nsec);
         if (sb.nentropy)
             printf("entropy %zu\n", sb.nentropy);
+        if (sb.container)
+            printf("container %s\n", sb.container);
+        if (sb.machine_id)
+            printf("machineid %s\n", sb.machine_id);
         if (sb.rootdisk)
             printf("rootdisk %s\n", sb.rootdisk == ROOTDISK_RW ? "rw" : "ro");
         for (int i = 0; i < sb.nhostfiles; i++) {

@@ -221,3 +221,15 @@ def test_a_snapshot_mode_sandbox_has_a_root_disk_and_copied_host_files(harness):
 def test_bad_snapshot_mode_records_are_refused(harness, pairs, why):
     got = parse(harness, "sandbox", pairs)
     assert isinstance(got, str) and why in got, got
+
+
+def test_a_forks_identity_parses_and_its_keys_are_refused_in_a_sandbox(harness):
+    pairs = [("container", "fork-1"), ("hostname", "fork-1"), ("machineid", "ab" * 16),
+             ("entropy", "00" * 32)]
+    got = parse(harness, "forked", pairs)
+    assert "container fork-1" in got and f"machineid {'ab' * 16}" in got
+    assert parse(harness, "sandbox", pairs) == "sandbox: unknown key container"
+    for bad in ([("machineid", "xy" * 16)], [("machineid", "ab")],
+                [("container", "a/b" * 100)], [("container", "c"), ("container", "d")]):
+        got = parse(harness, "forked", bad)
+        assert isinstance(got, str) and "bad or repeated" in got, (bad, got)

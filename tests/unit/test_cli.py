@@ -33,8 +33,11 @@ def test_features_is_json():
 def test_refusals_are_one_line(tmp_path):
     root = str(tmp_path / "root")
     for args, text in (
-        (["checkpoint", "x"], b"not supported"),
-        (["restore", "x"], b"not supported"),
+        (["checkpoint", "x"], b"needs --image-path"),
+        (["restore", "x"], b"needs --image-path"),
+        (["checkpoint", "--image-path", str(tmp_path / "i"), "x"], b"container x does not exist"),
+        (["checkpoint", "--image-path", str(tmp_path / "i"), "--pre-dump", "x"],
+         b"--pre-dump is not supported"),
         # Accepted by every verb (podman passes it to all); create refuses it
         # where systemd is not PID 1 (tests/integration/test_hostside.py).
         (["--systemd-cgroup", "state", "x"], b"container x does not exist"),
