@@ -186,6 +186,14 @@ static void client_ack(struct client *c)
     c->closing = 1;
 }
 
+/* One line of why, then the client is hung up on. */
+static int refuse(struct client *c, const char *why)
+{
+    sink_frame(&c->out, PC_ERROR, 0, why, strlen(why));
+    c->closing = 1;
+    return 0;
+}
+
 static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned chan,
                            const char *p, uint32_t n)
 {
@@ -199,13 +207,9 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
         }
         if (type == PC_SPEC || type == PC_SECCOMP) {
             int ch = r->init_exited ? -1 : free_chan(r);
-            if (ch < 0) {
-                const char *msg = r->init_exited ? "container not running"
-                                                 : "too many processes in this container";
-                sink_frame(&c->out, PC_ERROR, 0, msg, strlen(msg));
-                c->closing = 1;
-                return 0;
-            }
+            if (ch < 0)
+                return refuse(c, r->init_exited ? "container not running"
+                                                : "too many processes in this container");
             c->chan = ch;
             c->spec_sent = type == PC_SPEC;
             r->chan_owner[ch] = idx;
@@ -218,22 +222,15 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             int len = r->start_payload(made, (int)sizeof made);
             if (len < 0 || len > (int)sizeof made) {
                 made[sizeof made - 1] = 0;
-                const char *why = len < 0 ? made : "start payload too large";
-                sink_frame(&c->out, PC_ERROR, 0, why, strlen(why));
-                c->closing = 1;
-                return 0;
+                return refuse(c, len < 0 ? made : "start payload too large");
             }
             p = made;
             n = (uint32_t)len;
         }
         if (type == PC_QUIESCE && r->shim) {
-            if (r->quiesce_client >= 0 || r->init_exited) {
-                const char *msg = r->init_exited ? "container not running"
-                                                 : "a checkpoint or rollback is in progress";
-                sink_frame(&c->out, PC_ERROR, 0, msg, strlen(msg));
-                c->closing = 1;
-                return 0;
-            }
+            if (r->quiesce_client >= 0 || r->init_exited)
+                return refuse(c, r->init_exited ? "container not running"
+                                                : "a checkpoint or rollback is in progress");
             r->quiesce_client = idx;
             return sink_frame(&r->to_chan, PC_QUIESCE, 0, NULL, 0);
         }

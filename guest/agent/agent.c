@@ -63,21 +63,12 @@ static int seccomp_matches(const struct spec *s, const struct seccomp_prog *prog
     return 0;
 }
 
-static void handle_sandbox(const struct host_msg *m)
+/* SANDBOX and FORKED: records applied, answered ATTACHED or ERROR. */
+static void handle_attach(const struct host_msg *m,
+                          int (*apply)(char *, size_t, char *, size_t))
 {
     char err[ERRTEXT_MAX] = "";
-    if (sandbox_attach((char *)m->data, m->len, err, sizeof err) == 0) {
-        chan_send(PC_ATTACHED, m->chan, NULL, 0);
-        return;
-    }
-    loghost("%s", err);
-    chan_send_text(PC_ERROR, m->chan, err);
-}
-
-static void handle_forked(const struct host_msg *m)
-{
-    char err[ERRTEXT_MAX] = "";
-    if (sandbox_fork((char *)m->data, m->len, err, sizeof err) == 0) {
+    if (apply((char *)m->data, m->len, err, sizeof err) == 0) {
         chan_send(PC_ATTACHED, m->chan, NULL, 0);
         return;
     }
@@ -147,7 +138,7 @@ static int dispatch(const struct frame *f)
     }
     switch (m.type) {
     case PC_SANDBOX:
-        handle_sandbox(&m);
+        handle_attach(&m, sandbox_attach);
         break;
     case PC_SPEC:
         handle_spec(&m);
@@ -184,7 +175,7 @@ static int dispatch(const struct frame *f)
         quiescing = 1;
         break;
     case PC_FORKED:
-        handle_forked(&m);
+        handle_attach(&m, sandbox_fork);
         break;
     case PC_RESUME:
         if (!quiesced)

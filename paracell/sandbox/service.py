@@ -121,6 +121,7 @@ class SnapshotService:
         self.store = CheckpointStore(state_dir)
         self.base = Base()
         self.vmstate_ready = False
+        self.vmstate_fd = -1  # ours of the qcow2 while QEMU takes its copy (_vmstate_steps)
         self.listener: socket.socket | None = None
         self.lock = threading.Lock()
 
@@ -204,7 +205,7 @@ class SnapshotService:
             if made.returncode != 0:
                 raise ParacellError(f"qemu-img create: {made.stderr.strip()[:200]}")
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self._vmstate_fd = fd  # QEMU keeps its own copy; ours goes after the session
+        self.vmstate_fd = fd  # QEMU keeps its own copy; ours goes after the session
         return [Command("add-fd", {"fdset-id": VMSTATE_FDSET}, fd=fd),
                 Command("blockdev-add", {"driver": "qcow2", "node-name": VMSTATE_NODE,
                                          "file": {"driver": "file",
@@ -216,10 +217,9 @@ class SnapshotService:
         try:
             qmp.run(self.qmp_socket, *steps)
         finally:
-            fd = getattr(self, "_vmstate_fd", -1)
-            if fd >= 0:
-                os.close(fd)
-                self._vmstate_fd = -1
+            if self.vmstate_fd >= 0:
+                os.close(self.vmstate_fd)
+                self.vmstate_fd = -1
 
     # ---- the operations ----
 

@@ -96,14 +96,25 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     made = []
     detached = dataclasses.replace(ctx, no_template=True)
     with _StdioToDevnull():
-        for fid, src in zip(ids, sources, strict=True):
-            lifecycle.create(detached, fid, parent.bundle, None, None, fork=src)
-            with ctx.store.locked(fid):
-                state = ctx.store.load(fid)
-                state.status = status.RUNNING
-                ctx.store.save(state)
-            made.append(fid)
+        try:
+            for fid, src in zip(ids, sources, strict=True):
+                lifecycle.create(detached, fid, parent.bundle, None, None, fork=src)
+                made.append(fid)
+                _mark_running(ctx, fid)
+        except BaseException:
+            # All of them or none: the forks made so far go too.
+            for fid in made:
+                lifecycle.delete(ctx, fid, force=True)
+            raise
     return made
+
+
+def _mark_running(ctx: Context, container_id: str) -> None:
+    """A fork or a restore: its init runs already, with no `start`."""
+    with ctx.store.locked(container_id):
+        state = ctx.store.load(container_id)
+        state.status = status.RUNNING
+        ctx.store.save(state)
 
 
 def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path: str | None,
@@ -156,10 +167,7 @@ def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: st
     with _StdioToDevnull():
         lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id, bundle,
                          pid_file, None, fork=source)
-    with ctx.store.locked(container_id):
-        state = ctx.store.load(container_id)
-        state.status = status.RUNNING
-        ctx.store.save(state)
+    _mark_running(ctx, container_id)
     if work_path:
         work = images.directory(work_path, "--work-path", create=True)
         (work / "restore.log").write_text(f"paracell: {container_id} restored from "
