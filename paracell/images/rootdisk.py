@@ -17,6 +17,14 @@ The size is rounded up to a power of two (at least 64 MiB): the guest reads
 its disk's capacity at boot, before a template is saved, so the size is part
 of the VM's shape, and rounding lets trees of one size class share templates.
 
+Each image's name ends in the SHA-256 of its content, computed as it is
+built. A checkpoint records that digest, never a path: a fork or a restore
+finds its disk in this cache by the digest and checks the content against
+it before QEMU opens it (`find`), and an image from elsewhere brings its
+disk, which is copied in and checked the same way (`import_disk`). So a
+checkpoint image, whoever wrote it, can never name a host file for QEMU
+to open.
+
 A running container holds a shared lock on its image; the cache keeps the
 MAX_IMAGES most recently used and never removes one that is locked.
 """
@@ -27,6 +35,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -42,6 +51,9 @@ MAX_ENTRIES = 2_000_000
 MAX_IMAGES = 16
 MKFS_TIMEOUT_S = 600
 SUFFIX = ".ext4"
+DIGEST = re.compile(r"[0-9a-f]{64}")
+# Disks brought by a checkpoint image have no tree of this host behind them.
+IMPORTED = "imported"
 
 
 def cache() -> Path:
@@ -113,25 +125,117 @@ def _usable(path: Path, size: int) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == size
 
 
+def _named(directory: Path, prefix: str = "", suffix: str = SUFFIX) -> list[Path]:
+    """The cache's images whose names start and end so (no temporaries)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in sorted(names)
+            if n.startswith(prefix) and n.endswith(suffix) and not n.startswith(".")]
+
+
+def digest_of(path: Path) -> str:
+    """The content digest an image's name carries."""
+    digest = path.name.removesuffix(SUFFIX).rpartition("-")[2]
+    if not DIGEST.fullmatch(digest):
+        raise ParacellError(f"root disk {path.name} carries no content digest")
+    return digest
+
+
 def image_for(rootfs: Path) -> Path:
     """The cached image of this tree, built if the cache has none."""
     key, content, entries = tree_key(rootfs)
     size = image_bytes(content, entries)
     directory = cache()
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    path = directory / f"{key}-{size >> 20}M{SUFFIX}"
-    if _usable(path, size):
-        os.utime(path, follow_symlinks=False)
-        return path
-    with _locked(directory, key):
-        if not _usable(path, size):
-            _build(rootfs, path, size, entries)
+    prefix = f"{key}-{size >> 20}M-"
+    found = next((p for p in _named(directory, prefix) if _usable(p, size)), None)
+    if found is None:
+        with _locked(directory, key):
+            found = next((p for p in _named(directory, prefix) if _usable(p, size)), None)
+            if found is None:
+                found = _build(rootfs, directory, prefix, size, entries)
+        _evict(directory, keep=found)
+    os.utime(found, follow_symlinks=False)
+    return found
+
+
+def _sha256(fd: int) -> str:
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _open_image(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ParacellError(f"root disk {path.name} is not a regular file")
+    return fd
+
+
+def find(digest: str) -> Path | None:
+    """The cached image with this content, checked byte for byte against the
+    digest; None if the cache has none whose content matches its name."""
+    if not DIGEST.fullmatch(digest):
+        raise ParacellError("a root disk digest must be 64 hex digits")
+    for path in _named(cache(), suffix=f"-{digest}{SUFFIX}"):
+        try:
+            fd = _open_image(path)
+        except (OSError, ParacellError):
+            continue
+        try:
+            matches = _sha256(fd) == digest
+        finally:
+            os.close(fd)
+        if matches:
+            os.utime(path, follow_symlinks=False)
+            return path
+    return None
+
+
+def import_disk(source_fd: int, digest: str) -> Path:
+    """A root disk from elsewhere (a checkpoint image), copied into the cache
+    and checked against its digest there, so QEMU opens only the cache's copy."""
+    from paracell import safefs
+
+    if not DIGEST.fullmatch(digest):
+        raise ParacellError("a root disk digest must be 64 hex digits")
+    size = safefs.check_regular(source_fd, "the image's root disk", MAX_BYTES).st_size
+    if size < MIN_BYTES or size & (size - 1):
+        raise ParacellError(f"the image's root disk is {size} bytes: a root disk is a power "
+                            f"of two from {MIN_BYTES >> 20} MiB")
+    directory = cache()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{IMPORTED}-{size >> 20}M-{digest}{SUFFIX}"
+    with _locked(directory, digest[:32]):
+        # A damaged copy of the same name is replaced (a VM using it keeps its inode).
+        tmp = path.with_name(f".new-{os.getpid()}-{path.name}")
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                safefs.sparse_copy(source_fd, fd, size)
+                if _sha256(fd) != digest:
+                    raise ParacellError("the image's root disk does not match its digest "
+                                        "(damaged or tampered with)")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(tmp, 0o444)
+            os.rename(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
     _evict(directory, keep=path)
     return path
 
 
-def _build(rootfs: Path, path: Path, size: int, entries: int) -> None:
-    tmp = path.with_name(f".new-{os.getpid()}-{path.name}")
+def _build(rootfs: Path, directory: Path, prefix: str, size: int, entries: int) -> Path:
+    tmp = directory / f".new-{os.getpid()}-{prefix}{SUFFIX}"
     try:
         with open(tmp, "xb") as f:
             f.truncate(size)
@@ -152,10 +256,12 @@ def _build(rootfs: Path, path: Path, size: int, entries: int) -> None:
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.fsync(fd)
+            path = directory / f"{prefix}{_sha256(fd)}{SUFFIX}"
         finally:
             os.close(fd)
         os.chmod(tmp, 0o444)
         os.rename(tmp, path)
+        return path
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

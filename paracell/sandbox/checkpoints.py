@@ -10,28 +10,32 @@ directory, removed with it:
 
 A checkpoint is written into a temporary directory and renamed into place,
 so a reader sees a whole one or none. Everything read back is checked
-before use: the name, every field of meta.json, each file's size, the
-tables' SHA-256, and (in C, before any page is written back) each page
-against its hash.
+before use: the name, every field of meta.json (numbers within what a VM
+can hold), each file's size, the tables' SHA-256, and (in C, before any
+page is written back) each page against its hash. The root disk is named
+by its content digest, never by a path (paracell/images/rootdisk.py).
+A checkpoint that fails these checks is skipped by listings, with one
+warning, and refused by name.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from paracell.errors import ParacellError
 
-FORMAT = 1
+FORMAT = 2
 DIR = "checkpoints"
 # Internal files begin with a dot, which no checkpoint name may.
 SEED = ".seed"
@@ -39,11 +43,18 @@ VMSTATE = ".vmstate.qcow2"
 META, HASHES, LOC, PAGES = "meta.json", "hashes.bin", "loc.bin", "pages.bin"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_META_BYTES = 1 << 16
+# A qcow2 of device states: tens of KiB each, and the qcow2's own tables.
+MAX_VMSTATE_BYTES = 64 << 20
 DEFAULT_LIMIT = 16
 LIMIT_ANNOTATION = "io.paracell.snapshot.max-checkpoints"
 MAX_LIMIT = 256
 _TMP = ".new-"
 KEPT = ".kept-"
+# What a checkpoint's numbers may be: a sequence number fits the page
+# tables' u32, RAM is what a guest can have.
+MAX_SEQ = (1 << 31) - 1
+MAX_RAM_BYTES = 1 << 40
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class CheckpointError(ParacellError):
@@ -80,7 +91,9 @@ class Checkpoint:
     pages_saved: int
     vmstate_tag: str
     sha256: dict[str, str]  # file name -> digest
-    rootdisk: str  # the image the VM's files live on: a fork of it must boot the same one
+    # The content digest of the image the VM's files live on: a fork of it
+    # boots the cached image of that content, and no other.
+    rootdisk_sha256: str
 
     @property
     def pages(self) -> int:
@@ -88,10 +101,18 @@ class Checkpoint:
 
 
 def _sha256(path: Path) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        return _fd_sha256(fd)
+    finally:
+        os.close(fd)
+
+
+def _fd_sha256(fd: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -107,11 +128,61 @@ def _regular(path: Path) -> os.stat_result:
     return st
 
 
-def _field(meta: dict[str, Any], key: str, kind: type) -> Any:
+def _field(meta: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
     value = meta.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise CheckpointError(f"checkpoint meta.json: {key} is missing or not a {kind.__name__}")
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise CheckpointError(f"checkpoint meta.json: {key} is missing or of the wrong type")
     return value
+
+
+def _number(meta: dict[str, Any], key: str, low: int, high: int) -> int:
+    value = _field(meta, key, int)
+    if not low <= value <= high:
+        raise CheckpointError(f"checkpoint meta.json: {key} is out of range")
+    return value
+
+
+def _time(meta: dict[str, Any], key: str) -> float:
+    try:
+        value = float(_field(meta, key, (int, float)))
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value) or value < 0:
+        raise CheckpointError(f"checkpoint meta.json: {key} is out of range")
+    return value
+
+
+def parse_meta(raw: bytes, name: str) -> Checkpoint:
+    """A checkpoint's meta.json, checked field by field: damage of any kind,
+    however deep or large, is one CheckpointError."""
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise CheckpointError(f"checkpoint {name}: meta.json is not JSON") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {name}: not a format-{FORMAT} checkpoint")
+    sha = _field(meta, "sha256", dict)
+    if set(sha) != {HASHES, LOC} or not all(
+            isinstance(v, str) and SHA256.fullmatch(v) for v in sha.values()):
+        raise CheckpointError(f"checkpoint {name}: meta.json has bad digests")
+    found = Checkpoint(
+        name=name, seq=_number(meta, "seq", 1, MAX_SEQ),
+        parent=_number(meta, "parent", 0, MAX_SEQ), created=_time(meta, "created"),
+        key=_field(meta, "key", str), ram_bytes=_number(meta, "ram_bytes", 4096, MAX_RAM_BYTES),
+        pages_saved=_number(meta, "pages_saved", 0, MAX_RAM_BYTES // 4096),
+        vmstate_tag=_field(meta, "vmstate_tag", str), sha256=sha,
+        rootdisk_sha256=_field(meta, "rootdisk_sha256", str))
+    if _field(meta, "name", str) != name or found.parent >= found.seq \
+            or found.ram_bytes % 4096 or found.pages_saved > found.pages \
+            or found.vmstate_tag != f"pc-{found.seq}" \
+            or not SHA256.fullmatch(found.rootdisk_sha256):
+        raise CheckpointError(f"checkpoint {name}: meta.json is inconsistent")
+    return found
+
+
+def meta_json(ckpt: Checkpoint) -> bytes:
+    """The one writer of what parse_meta reads."""
+    return json.dumps({"format": FORMAT, **asdict(ckpt)}).encode()
 
 
 class CheckpointStore:
@@ -150,6 +221,40 @@ class CheckpointStore:
     def vmstate(self) -> Path:
         return self.dir / VMSTATE
 
+    def _open_vmstate(self) -> tuple[int, int]:
+        from paracell import safefs
+
+        try:
+            fd = os.open(self.vmstate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            raise CheckpointError(f"the device states' qcow2: {err.strerror}") from None
+        try:
+            st = safefs.check_regular(fd, "the device states' qcow2", MAX_VMSTATE_BYTES)
+        except ParacellError as err:
+            os.close(fd)
+            raise CheckpointError(str(err)) from None
+        return fd, st.st_size
+
+    def copy_vmstate(self, target_fd: int) -> str:
+        """The device states' qcow2 into target (open for reading too), never
+        through a link and bounded by what it can be; the SHA-256 of what was
+        copied."""
+        from paracell import safefs
+
+        fd, size = self._open_vmstate()
+        try:
+            safefs.sparse_copy(fd, target_fd, size)
+        finally:
+            os.close(fd)
+        return _fd_sha256(target_fd)
+
+    def vmstate_digest(self) -> str:
+        fd, _ = self._open_vmstate()
+        try:
+            return _fd_sha256(fd)
+        finally:
+            os.close(fd)
+
     def names(self) -> list[str]:
         if not self.dir.is_dir():
             return []
@@ -168,28 +273,7 @@ class CheckpointStore:
         if st.st_size > MAX_META_BYTES:
             raise CheckpointError(f"checkpoint {name}: meta.json is larger than "
                                   f"{MAX_META_BYTES} bytes")
-        try:
-            meta = json.loads(meta_path.read_bytes())
-        except ValueError:
-            raise CheckpointError(f"checkpoint {name}: meta.json is not JSON") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {name}: not a format-{FORMAT} checkpoint")
-        sha = _field(meta, "sha256", dict)
-        if set(sha) != {HASHES, LOC} or not all(
-                isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) for v in sha.values()):
-            raise CheckpointError(f"checkpoint {name}: meta.json has bad digests")
-        found = Checkpoint(
-            name=name, seq=_field(meta, "seq", int), parent=_field(meta, "parent", int),
-            created=float(_field(meta, "created", (int, float))), key=_field(meta, "key", str),
-            ram_bytes=_field(meta, "ram_bytes", int), pages_saved=_field(meta, "pages_saved", int),
-            vmstate_tag=_field(meta, "vmstate_tag", str), sha256=sha,
-            rootdisk=_field(meta, "rootdisk", str))
-        if _field(meta, "name", str) != name or found.seq < 1 or found.parent < 0 \
-                or found.parent >= found.seq or found.ram_bytes <= 0 \
-                or found.ram_bytes % 4096 or found.pages_saved < 0 \
-                or found.vmstate_tag != f"pc-{found.seq}":
-            raise CheckpointError(f"checkpoint {name}: meta.json is inconsistent")
-        return found
+        return parse_meta(meta_path.read_bytes(), name)
 
     def verify(self, ckpt: Checkpoint, key: str, ram_bytes: int) -> None:
         """Refuses a checkpoint of another VM, or one whose files are not what
@@ -252,11 +336,17 @@ class CheckpointStore:
             raise CheckpointError(f"a checkpoint's page file: {err.strerror}") from None
         return seqs, fds
 
-    def all(self) -> list[Checkpoint]:
+    def all(self, warn: Callable[[str], None] | None = None) -> list[Checkpoint]:
+        """Every checkpoint that can be read, oldest first; a damaged one is
+        skipped, and told to `warn` in one line."""
         found = []
         for name in self.names():
-            with contextlib.suppress(CheckpointError):
+            try:
                 found.append(self.load(name))
+            except (CheckpointError, OSError) as err:
+                if warn is not None:
+                    why = err.strerror if isinstance(err, OSError) else str(err)
+                    warn(f"checkpoint {name} skipped: {why}")
         return sorted(found, key=lambda c: c.seq)
 
     def next_seq(self) -> int:
@@ -269,9 +359,8 @@ class CheckpointStore:
         return path
 
     def commit(self, staging: Path, ckpt: Checkpoint) -> None:
-        meta = {"format": FORMAT, **asdict(ckpt)}
-        with open(staging / META, "x") as f:
-            json.dump(meta, f)
+        with open(staging / META, "xb") as f:
+            f.write(meta_json(ckpt))
         target = self.dir / ckpt.name
         if target.exists() or target.is_symlink():
             raise CheckpointError(f"checkpoint {ckpt.name!r} exists already")

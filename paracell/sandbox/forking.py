@@ -15,7 +15,6 @@ data only (holes and zero pages stay holes).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +36,7 @@ class ForkSource:
     parent_dir: str   # the parent's state directory
     checkpoint: str   # the checkpoint it goes on from
     container_id: str  # the fork's own id
-    rootdisk: str     # the image the parent's files live on (the checkpoint's)
+    rootdisk: str     # the cached image of the checkpoint's root disk digest
     wanted_hostname: str = ""  # a restore's: its bundle's; a fork's: its id
 
     def hostname(self) -> str:
@@ -48,12 +47,16 @@ class ForkSource:
 
 
 def source(parent_dir: Path, checkpoint: str, container_id: str) -> ForkSource:
-    """Checks that the checkpoint exists and can be read; the rest is checked
-    against the fork's own VM when its shim loads it."""
+    """Checks that the checkpoint exists and can be read, and finds its root
+    disk in the cache by content; the rest is checked against the fork's own
+    VM when its shim loads it."""
+    from paracell.images import rootdisk
+
     ckpt = CheckpointStore(parent_dir).load(check_name(checkpoint))
-    if not Path(ckpt.rootdisk).is_file():
-        raise CheckpointError(f"checkpoint {checkpoint}: its root disk {ckpt.rootdisk} is gone")
-    return ForkSource(str(parent_dir), checkpoint, container_id, ckpt.rootdisk)
+    disk = rootdisk.find(ckpt.rootdisk_sha256)
+    if disk is None:
+        raise CheckpointError(f"checkpoint {checkpoint}: its root disk is gone from the cache")
+    return ForkSource(str(parent_dir), checkpoint, container_id, str(disk))
 
 
 def identity_payload(fork: ForkSource) -> bytes:
@@ -92,12 +95,18 @@ class ForkRestore:
         seqs, fds = store.page_files()
         copy = self.state_dir / SOURCE_COPY
         try:
-            shutil.copyfile(store.vmstate, copy)
-        except OSError as err:
+            target = os.open(copy, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+            try:
+                store.copy_vmstate(target)
+            finally:
+                os.close(target)
+        except (OSError, ParacellError) as err:
             for fd in fds:
                 os.close(fd)
-            raise CheckpointError(f"checkpoint {ckpt.name}: its device state: "
-                                  f"{err.strerror}") from None
+            copy.unlink(missing_ok=True)
+            why = err.strerror if isinstance(err, OSError) else str(err)
+            raise CheckpointError(f"checkpoint {ckpt.name}: its device state: {why}") from None
 
         def fill(target: int) -> None:
             fig = ffi.new("struct pc_ckpt_figures *")

@@ -35,6 +35,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
+from paracell.images import rootdisk
 from paracell.sandbox.checkpoints import (
     HASHES,
     KEPT,
@@ -228,7 +229,7 @@ class SnapshotService:
         from paracell.vmm.qemu import IGNORE_SHARED
         from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
 
-        live = self.store.all()
+        live = self.store.all(self.log)
         if len(live) >= self.limit:
             raise CheckpointError(f"this sandbox has {len(live)} checkpoints, its limit "
                                   f"({self.limit}): remove one first (sandbox rm-checkpoint)")
@@ -293,7 +294,7 @@ class SnapshotService:
                           key=self.key, ram_bytes=self.ram_bytes, pages_saved=int(fig.changed),
                           vmstate_tag=f"pc-{seq}",
                           sha256={f: digest(staging / f) for f in (HASHES, LOC)},
-                          rootdisk=str(self.rootdisk))
+                          rootdisk_sha256=rootdisk.digest_of(self.rootdisk))
         try:
             self.store.commit(staging, ckpt)
         except BaseException:

@@ -341,12 +341,12 @@ def test_runc_checkpoint_and_restore_refuse_bad_input_in_one_line(
     assert runtime("checkpoint", "--image-path", str(image), "--leave-running",
                    "ck-rbad").returncode == 0
     bundle = snapshot_bundle(make_bundle, memfill_rootfs, ["memfill", "16"])
-    hashes = image / "checkpoints" / "image" / "hashes.bin"
+    hashes = image / "hashes.bin"
     tampered = tmp_path / "tampered"
     shutil.copytree(image, tampered, symlinks=True)
-    data = bytearray((tampered / "checkpoints" / "image" / "hashes.bin").read_bytes())
+    data = bytearray((tampered / "hashes.bin").read_bytes())
     data[8] ^= 1
-    (tampered / "checkpoints" / "image" / "hashes.bin").write_bytes(bytes(data))
+    (tampered / "hashes.bin").write_bytes(bytes(data))
     cases = [
         (["checkpoint", "--image-path", str(tmp_path / "i1"), "ck-rplain"], "snapshot mode"),
         (["checkpoint", "--image-path", str(full), "ck-rbad"], "not empty"),

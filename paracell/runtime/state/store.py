@@ -264,8 +264,19 @@ class StateStore:
             _rmtree(tmp)
             raise
 
+    def scratch(self) -> Path:
+        """A new private directory in the root, for a verb's own files while it
+        runs (a restore's copy of its image); no container id can name it,
+        and it is swept like a create's once its verb has died."""
+        from pathlib import Path
+
+        os.makedirs(self.root, mode=0o711, exist_ok=True)
+        path = os.path.join(self.root, f"{_NEW_PREFIX}{os.getpid()}-{os.urandom(4).hex()}")
+        os.mkdir(path, 0o700)
+        return Path(path)
+
     def sweep_abandoned(self) -> None:
-        """Temporary directories of creates that were killed before the rename."""
+        """Temporary directories of verbs that were killed before they finished."""
         try:
             names = [n for n in os.listdir(self.root) if n.startswith(_NEW_PREFIX)]
         except OSError:

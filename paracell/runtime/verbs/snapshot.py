@@ -46,7 +46,7 @@ def remove(ctx: Context, container_id: str, name: str) -> dict[str, Any]:
 
 def listing(ctx: Context, container_id: str, fmt: str) -> str:
     ctx.store.load(container_id)
-    found = CheckpointStore(ctx.store.dir(container_id)).all()
+    found = CheckpointStore(ctx.store.dir(container_id)).all(ctx.log.warning)
     rows = [{"name": c.name, "seq": c.seq, "parent": c.parent, "created": c.created,
              "pages_saved": c.pages_saved, "bytes": c.pages_saved * 4096} for c in found]
     if fmt == "json":
@@ -137,9 +137,8 @@ def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path:
     finally:
         client.ask(state_dir, container_id, "remove", name=done["name"])
     if work_path:
-        work = images.directory(work_path, "--work-path", create=True)
-        (work / "dump.log").write_text(f"paracell: checkpoint {done['name']} of {container_id} "
-                                       f"exported to {image_path}\n")
+        images.write_log(work_path, "dump.log", f"paracell: checkpoint {done['name']} of "
+                         f"{container_id} exported to {image_path}\n")
     if not leave_running:
         kill.deliver(ctx.store, container_id, SIGKILL, False, None)
 
@@ -147,31 +146,34 @@ def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path:
 def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: str | None,
                  bundle: str, detach: bool, pid_file: str | None) -> None:
     """runc's `restore --image-path`: a new container, from its bundle, that
-    goes on from the image's checkpoint."""
+    goes on from the image's checkpoint. The image is read into a private
+    directory of the root first (paracell/sandbox/images.py), and the fork
+    goes on from that copy."""
     import dataclasses
-    from pathlib import Path
 
     from paracell.runtime.bundle import spec
+    from paracell.runtime.state.ids import check_id
     from paracell.runtime.verbs import lifecycle
     from paracell.sandbox import forking, images
 
     if not detach:
         raise ParacellError("restore needs --detach: a restored container's stdio is /dev/null")
-    store = images.image_store(image_path)
-    ckpt = store.load(images.IMAGE_NAME)
-    if not Path(ckpt.rootdisk).is_file():
-        raise ParacellError(f"the checkpoint's root disk {ckpt.rootdisk} is gone from this host")
+    check_id(container_id)
     hostname = spec.load_bundle(bundle).config.get("hostname") or ""
-    source = forking.ForkSource(str(store.dir.parent), images.IMAGE_NAME, container_id,
-                                ckpt.rootdisk, wanted_hostname=hostname)
-    with _StdioToDevnull():
-        lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id, bundle,
-                         pid_file, None, fork=source)
+    staging = ctx.store.scratch()
+    try:
+        store, disk = images.restore_source(image_path, staging / "image")
+        source = forking.ForkSource(str(store.dir.parent), images.IMAGE_NAME, container_id,
+                                    str(disk), wanted_hostname=hostname)
+        with _StdioToDevnull():
+            lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id, bundle,
+                             pid_file, None, fork=source)
+    finally:
+        images.discard(staging)
     _mark_running(ctx, container_id)
     if work_path:
-        work = images.directory(work_path, "--work-path", create=True)
-        (work / "restore.log").write_text(f"paracell: {container_id} restored from "
-                                          f"{image_path}\n")
+        images.write_log(work_path, "restore.log", f"paracell: {container_id} restored from "
+                         f"{image_path}\n")
 
 
 class _StdioToDevnull:
