@@ -41,21 +41,26 @@ class RuntimeLog:
         finally:
             os.close(fd)
 
-    def error(self, msg: str, to_stderr: bool = True) -> None:
+    def _tell(self, level: str, msg: str, to_stderr: bool) -> None:
         # One line, whatever a hostile input put into the message.
         msg = msg.replace("\r", "\\r").replace("\n", "\\n")
-        self.write("error", msg)
+        self.write(level, msg)
         if to_stderr:
+            label = "" if level == "error" else f"{level}: "
             try:
-                print(f"paracell: {msg}", file=sys.stderr, flush=True)
+                print(f"paracell: {label}{msg}", file=sys.stderr, flush=True)
             except (OSError, ValueError, AttributeError):
                 pass
 
-    def warning(self, msg: str) -> None:
-        """A notice about how the runtime runs. Only to --log: runc never writes
-        into the stdio it hands the container, and under containerd and podman
-        our stderr is the container's."""
-        self.write("warning", msg)
+    def error(self, msg: str, to_stderr: bool = True) -> None:
+        self._tell("error", msg, to_stderr)
+
+    def warning(self, msg: str, to_stderr: bool = False) -> None:
+        """A notice about how the runtime runs. Only to --log by default: runc
+        never writes into the stdio it hands the container, and under
+        containerd and podman our stderr is the container's. to_stderr: for
+        the commands only a person runs (`sandbox checkpoints`)."""
+        self._tell("warning", msg, to_stderr)
 
     def background_error(self, msg: str) -> None:
         """For shims and proxies: their stderr is the container's, not ours."""

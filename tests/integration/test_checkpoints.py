@@ -19,70 +19,16 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PARACELL, wait_status
+from tests.integration.snapshots import (
+    bump,
+    checkpoint,
+    report,
+    rollback,
+    snapshot_bundle,
+    started,
+)
 
 pytestmark = pytest.mark.integration
-
-SNAPSHOT = {"io.paracell.snapshot": "on"}
-
-# The container's init (memfill.c): MIB of memory filled with a pattern of
-# a seed, /data holding the seed; SIGUSR1 moves both on, and /report says
-# what the process holds.
-MEMFILL = Path(__file__).with_name("memfill.c")
-
-
-@pytest.fixture
-def memfill_rootfs(writable_rootfs: Path) -> Path:
-    subprocess.run(["gcc", "-O2", "-static", "-o", str(writable_rootfs / "bin" / "memfill"),
-                    str(MEMFILL)], check=True, capture_output=True)
-    return writable_rootfs
-
-
-def snapshot_bundle(make_bundle, rootfs: Path, args: list[str], **annotations: str) -> Path:
-    def mutate(config: dict) -> None:
-        config["annotations"] = dict(SNAPSHOT, **annotations)
-    return make_bundle(args, rootfs=rootfs, readonly=False, mutate=mutate)
-
-
-def report(runtime, cid: str) -> dict[str, str]:
-    result = runtime("exec", cid, "cat", "/report", check=True)
-    return dict(part.split("=", 1) for part in result.stdout.decode().split())
-
-
-def wait_seed(runtime, cid: str, seed: int) -> dict[str, str]:
-    deadline = time.monotonic() + 60
-    while True:
-        # The first /report comes once the whole buffer is filled.
-        first = runtime("exec", cid, "test", "-e", "/report").returncode == 0
-        got = report(runtime, cid) if first else {"seed": "none yet"}
-        if got["seed"] == str(seed):
-            return got
-        assert time.monotonic() < deadline, f"seed never became {seed}: {got}"
-        time.sleep(0.1)
-
-
-def bump(runtime, cid: str, to: int) -> dict[str, str]:
-    runtime("kill", cid, "USR1", check=True)
-    return wait_seed(runtime, cid, to)
-
-
-def checkpoint(runtime, cid: str, name: str | None = None) -> dict:
-    args = ["sandbox", "checkpoint", "-f", "json", cid] + (["--name", name] if name else [])
-    result = runtime(*args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def rollback(runtime, cid: str, name: str) -> None:
-    result = runtime("sandbox", "rollback", cid, name)
-    assert result.returncode == 0, result.stderr
-
-
-def started(runtime, make_bundle, rootfs: Path, cid: str, mib: int = 16, **annotations: str):
-    bundle = snapshot_bundle(make_bundle, rootfs, ["memfill", str(mib)], **annotations)
-    runtime("run", "--detach", "--bundle", str(bundle), cid, check=True)
-    wait_status(runtime, cid, "running")
-    return wait_seed(runtime, cid, 1)
-
 
 def test_rollback_restores_memory_files_pid_and_fds_exactly_for_50_rounds(
         runtime, make_bundle, memfill_rootfs: Path):

@@ -46,7 +46,8 @@ def remove(ctx: Context, container_id: str, name: str) -> dict[str, Any]:
 
 def listing(ctx: Context, container_id: str, fmt: str) -> str:
     ctx.store.load(container_id)
-    found = CheckpointStore(ctx.store.dir(container_id)).all(ctx.log.warning)
+    found = CheckpointStore(ctx.store.dir(container_id)).all(
+        lambda why: ctx.log.warning(why, to_stderr=True))
     rows = [{"name": c.name, "seq": c.seq, "parent": c.parent, "created": c.created,
              "pages_saved": c.pages_saved, "bytes": c.pages_saved * 4096} for c in found]
     if fmt == "json":
