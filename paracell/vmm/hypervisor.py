@@ -91,10 +91,11 @@ class Hypervisor(ABC):
         stopped (resume lets it go on, as a checkpoint does)."""
 
     @abstractmethod
-    def restore(self, path: Path) -> None:
-        """Loads a device state saved by `save` into a VM launched with
-        `incoming` on the same configuration and a copy of the RAM it was
-        saved with; the VM is left stopped."""
+    def restore(self, state_fd: int) -> None:
+        """Loads a device state saved by `save` (an fd open on it, which the
+        caller checked and keeps) into a VM launched with `incoming` on the
+        same configuration and a copy of the RAM it was saved with; the VM is
+        left stopped."""
 
 
 def for_vm(config: VmConfig, host_proc: int = -1) -> Hypervisor:

@@ -2,7 +2,8 @@
 one sandbox's, and restored in place of a cold boot (docs/templates.md).
 
 A template is a directory of the template store named by its key:
-  meta.json     format, key, the shape it was keyed from, sizes, device MACs
+  meta.json     format, key, the shape it was keyed from, sizes, device MACs,
+                and the digests of the other two, written last
   device.state  QEMU's device state (Hypervisor.save: RAM is not in it)
   ram           guest RAM, sparse: only what the guest had touched
 The key hashes everything a restore needs to match (VmBuilder.shape): the
@@ -14,12 +15,20 @@ Templates are built by the creates that find none, under a lock per key,
 into a temporary directory renamed into place: a reader sees a whole
 template or none. Anything a reader finds wrong is a TemplateError, and the
 caller boots cold and removes it.
+
+A template is checked as one unit: meta.json holds the SHA-256 of
+device.state and the digest of ram's pages (csrc/ramcopy.c), so RAM from
+another save, truncated or written over fails its restore before the guest
+runs; each file is opened once, and what was checked is what QEMU gets. A
+restored guest runs the template's memory and QEMU parses its device
+state, so the store, and every template in it, must be writable by its
+owner alone, who must be the caller (as sshd's StrictModes): anything else
+is refused in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import functools
 import hashlib
@@ -74,78 +83,109 @@ def source_identity() -> str:
     return digest.hexdigest()[:16]
 
 
-def sparse_copy(source_fd: int, target_fd: int) -> int:
-    """Copies the data extents of source into target (same size, holes kept);
-    the bytes copied. The kernel moves the data (sendfile): one call per extent."""
-    size = os.fstat(source_fd).st_size
-    os.ftruncate(target_fd, size)
-    copied = offset = 0
-    while offset < size:
-        try:
-            offset = os.lseek(source_fd, offset, os.SEEK_DATA)
-        except OSError as err:
-            if err.errno == errno.ENXIO:  # no data past offset
-                break
-            raise
-        end = os.lseek(source_fd, offset, os.SEEK_HOLE)
-        os.lseek(target_fd, offset, os.SEEK_SET)
-        while offset < end:
-            sent = os.sendfile(target_fd, source_fd, offset, end - offset)
-            if sent == 0:
-                raise OSError(errno.EIO, "short copy of a sparse file")
-            offset += sent
-            copied += sent
-    return copied
+def owned_by_caller(st: os.stat_result, what: str) -> None:
+    """Refuses what anyone but the caller could have written."""
+    me = os.geteuid()
+    if st.st_uid != me or st.st_mode & 0o022:
+        raise ParacellError(f"{what} is writable by others (owner uid {st.st_uid}, mode "
+                            f"{stat.S_IMODE(st.st_mode):04o}): refused, as only uid {me} may "
+                            "write what it restores")
 
 
-def _open_regular(path: Path, size: int | None = None, limit: int | None = None) -> int:
-    """A file of the template, never through a link; its fd."""
+def check_ancestors(path: Path) -> None:
+    """Every directory above path: owned by root or the caller, and writable
+    by nobody else, unless sticky and root's (/tmp), where no one else can
+    rename what is ours."""
+    me = os.geteuid()
+    for parent in Path(os.path.abspath(path)).parents:
+        st = os.stat(parent)
+        sticky_root = st.st_mode & stat.S_ISVTX and st.st_uid == 0
+        if st.st_uid not in (0, me) or (st.st_mode & 0o022 and not sticky_root):
+            raise ParacellError(f"template store {path}: {parent} is writable by others "
+                                f"(owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): "
+                                "refused")
+
+
+def _open_in(dir_fd: int, name: str, key: str, size: int | None = None,
+             limit: int | None = None) -> int:
+    """A file of a template, never through a link, the caller's alone; its fd."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dir_fd)
     except OSError as err:
-        raise TemplateError(f"template file {path.name}: {err.strerror}") from None
+        raise TemplateError(f"template {key}: {name}: {err.strerror}") from None
     st = os.fstat(fd)
     why = ("not a regular file" if not stat.S_ISREG(st.st_mode)
            else f"{st.st_size} bytes, expected {size}" if size is not None and st.st_size != size
            else f"larger than {limit} bytes" if limit is not None and st.st_size > limit
            else "empty" if st.st_size == 0 else "")
-    if why:
+    try:
+        if why:
+            raise TemplateError(f"template {key}: {name}: {why}")
+        owned_by_caller(st, f"template {key}: {name}")
+    except ParacellError as err:
         os.close(fd)
-        raise TemplateError(f"template file {path.name}: {why}")
+        raise TemplateError(str(err)) from None
     return fd
 
 
-@dataclass(frozen=True)
+def ram_copy(source_fd: int, target_fd: int, size: int) -> str:
+    """Copies guest RAM (pages that are not zero) and returns its digest
+    (csrc/ramcopy.c); target_fd -1 only digests."""
+    from paracell._native import ffi, lib
+
+    out = ffi.new("struct pc_ram_digest *")
+    err = ffi.new("char[]", 256)
+    if lib.pc_ram_copy(source_fd, target_fd, size, out, err, 256) != 0:
+        raise TemplateError(f"copying guest RAM: {ffi.string(err).decode(errors='replace')}")
+    return f"{out.high:016x}{out.low:016x}"
+
+
+def _sha256(fd: int) -> str:
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return digest.hexdigest()
+
+
+@dataclass
 class Template:
-    """A template found whole and consistent with the key it was asked for."""
+    """A template found whole and consistent with the key it was asked for,
+    its files open: what was checked is what is used (close() ends it)."""
 
     path: Path
     meta: dict[str, Any]
+    state_fd: int = -1  # device.state, its SHA-256 checked
+    ram_fd: int = -1    # ram, checked against its digest as it is copied
 
     @property
     def key(self) -> str:
         return self.path.name
 
     @property
-    def state(self) -> Path:
-        return self.path / STATE
-
-    @property
     def macs(self) -> list[str]:
         return list(self.meta["macs"])
 
-    def copy_ram(self, target_fd: int) -> int:
-        fd = _open_regular(self.path / RAM, self.meta["ram_bytes"])
-        try:
-            return sparse_copy(fd, target_fd)
-        finally:
-            os.close(fd)
+    def copy_ram(self, target_fd: int) -> None:
+        """The template's RAM into a new VM's RAM file; a TemplateError, and
+        nothing a guest may run on, if it is not the RAM that was saved."""
+        if ram_copy(self.ram_fd, target_fd, self.meta["ram_bytes"]) != self.meta["ram_digest"]:
+            raise TemplateError(f"template {self.key}: ram does not match its digest (damaged, "
+                                "or not the RAM its device state was saved with)")
+
+    def close(self) -> None:
+        for fd in (self.state_fd, self.ram_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.state_fd = self.ram_fd = -1
 
 
 @dataclass(frozen=True)
 class Capture:
     """What a template is saved from: a VM stopped at READY. `save_state`
-    writes the device state to a path; the files are the VM's own."""
+    writes the device state to a new file at a path; the files are the VM's own."""
 
     save_state: Callable[[Path], object]
     ram: Path
@@ -166,12 +206,19 @@ class TemplateStore:
         the shim holds it (close-on-exec: QEMU never does)."""
         self._check_root(create=True)
         fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            owned_by_caller(os.fstat(fd), f"template store {self.root}")
+        except BaseException:
+            os.close(fd)
+            raise
         self.root, self._pinned = Path(f"/proc/self/fd/{fd}"), True
 
     def _check_root(self, create: bool) -> bool:
-        """Whether the store exists; it is a real directory, never a link."""
+        """Whether the store exists; it is a real directory, never a link,
+        that only the caller can write, under directories no one else can."""
         if self._pinned:
             return True
+        check_ancestors(self.root)
         try:
             st = os.lstat(self.root)
         except FileNotFoundError:
@@ -182,27 +229,41 @@ class TemplateStore:
         if not stat.S_ISDIR(st.st_mode):
             raise ParacellError(f"template store {self.root} is not a directory (a link is "
                                 "never followed)")
+        owned_by_caller(st, f"template store {self.root}")
         return True
 
     def find(self, key: str, shape: dict[str, Any]) -> Template | None:
-        """The template of this key, None if there is none; TemplateError if
-        there is one that cannot be used."""
+        """The template of this key, open, None if there is none; TemplateError
+        if there is one that cannot be used. The caller closes it."""
         if not KEY.fullmatch(key) or not self._check_root(create=False):
             return None
         path = self.root / key
         try:
-            st = os.lstat(path)
+            dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
-        if not stat.S_ISDIR(st.st_mode):
-            raise TemplateError(f"template {key} is not a directory")
-        meta = self._checked(_read_meta(path), key, shape)
-        template = Template(path, meta)
-        # Every file is checked before QEMU is asked to read any of them.
-        for name, size, limit in ((STATE, None, MAX_STATE_BYTES), (RAM, meta["ram_bytes"], None)):
-            os.close(_open_regular(path / name, size, limit))
-        with contextlib.suppress(OSError):
-            os.utime(path / META)  # recently used: pruned last
+        except OSError as err:
+            raise TemplateError(f"template {key} is not a directory ({err.strerror})") from None
+        template = Template(path, {})
+        try:
+            try:
+                owned_by_caller(os.fstat(dir_fd), f"template {key}")
+            except ParacellError as err:
+                raise TemplateError(str(err)) from None
+            template.meta = self._checked(_read_meta(dir_fd, key), key, shape)
+            # Every file is checked before QEMU is asked to read any of them.
+            template.state_fd = _open_in(dir_fd, STATE, key, limit=MAX_STATE_BYTES)
+            template.ram_fd = _open_in(dir_fd, RAM, key, size=template.meta["ram_bytes"])
+            if _sha256(template.state_fd) != template.meta["state_sha256"]:
+                raise TemplateError(f"template {key}: device.state does not match its digest "
+                                    "(damaged, or from another save)")
+            with contextlib.suppress(OSError):
+                os.utime(META, dir_fd=dir_fd)  # recently used: pruned last
+        except BaseException:
+            template.close()
+            raise
+        finally:
+            os.close(dir_fd)
         return template
 
     @staticmethod
@@ -214,6 +275,9 @@ class TemplateStore:
         ram, macs = meta.get("ram_bytes"), meta.get("macs")
         if ram != shape.get("memory_mib", 0) << 20:
             raise TemplateError(f"template {key}: its RAM size is not the VM's")
+        if not isinstance(meta.get("state_sha256"), str) \
+                or not isinstance(meta.get("ram_digest"), str):
+            raise TemplateError(f"template {key}: {META} has no digests of its files")
         if not isinstance(macs, list) or len(macs) > 64 \
                 or not all(isinstance(m, str) and MAC.fullmatch(m) for m in macs):
             raise TemplateError(f"template {key}: bad MACs in {META}")
@@ -256,10 +320,20 @@ class TemplateStore:
             tmp.mkdir(mode=0o700)
             try:
                 capture.save_state(tmp / STATE)
-                _copy_new(capture.ram, tmp / RAM)
+                state_fd = os.open(tmp / STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    state_sha256 = _sha256(state_fd)
+                finally:
+                    os.close(state_fd)
+                ram_digest = _copy_ram_new(capture.ram, tmp / RAM, capture.ram_bytes)
                 meta = {"format": FORMAT, "key": key, "shape": shape, "created": time.time(),
-                        "ram_bytes": capture.ram_bytes, "macs": capture.macs}
-                (tmp / META).write_text(json.dumps(meta, indent=1))
+                        "ram_bytes": capture.ram_bytes, "macs": capture.macs,
+                        "state_sha256": state_sha256, "ram_digest": ram_digest}
+                # Last: a template is whole once its digests are written.
+                fd = os.open(tmp / META, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(meta, indent=1))
                 os.rename(tmp, self.root / key)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -298,7 +372,12 @@ class TemplateStore:
             try:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
                     raise TemplateError("not a directory")
-                meta = _read_meta(path)
+                dir_fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                                 | os.O_CLOEXEC)
+                try:
+                    meta = _read_meta(dir_fd, path.name)
+                finally:
+                    os.close(dir_fd)
                 shape = meta.get("shape") if isinstance(meta, dict) else None
                 entry.update(used=os.lstat(path / META).st_mtime,
                              shape=shape if isinstance(shape, dict) else {},
@@ -313,8 +392,8 @@ class TemplateStore:
             self.remove(entry["key"])
 
 
-def _read_meta(path: Path) -> Any:
-    fd = _open_regular(path / META, limit=MAX_META_BYTES)
+def _read_meta(dir_fd: int, key: str) -> Any:
+    fd = _open_in(dir_fd, META, key, limit=MAX_META_BYTES)
     try:
         raw = os.read(fd, MAX_META_BYTES + 1)
     finally:
@@ -322,18 +401,17 @@ def _read_meta(path: Path) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):
-        raise TemplateError(f"template {path.name}: {META} is not valid JSON") from None
+        raise TemplateError(f"template {key}: {META} is not valid JSON") from None
 
 
-def _copy_new(source: Path, target: Path) -> int:
-    """A sparse copy of source at target, a new file; its size."""
+def _copy_ram_new(source: Path, target: Path, size: int) -> str:
+    """The VM's RAM copied to target, a new file; the copy's digest."""
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                       0o600)
         try:
-            sparse_copy(src, dst)
-            return os.fstat(dst).st_size
+            return ram_copy(src, dst, size)
         finally:
             os.close(dst)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -194,14 +195,46 @@ def test_a_restored_sandbox_gets_its_own_nic(runtime, make_bundle, templates):
     runtime.assert_no_leaks()
 
 
+def _truncated_and_extended(t: Path) -> None:
+    size = (t / "ram").stat().st_size
+    os.truncate(t / "ram", 0)
+    os.truncate(t / "ram", size)
+
+
+def _kernel_overwritten(t: Path) -> None:
+    """2 MiB of random bytes over the guest kernel's text (loaded at 16 MiB)."""
+    with open(t / "ram", "r+b") as f:
+        f.seek(16 << 20)
+        f.write(os.urandom(2 << 20))
+
+
+def _overwritten_and_digests_redone(t: Path) -> None:
+    """The same, by someone who also rewrote the digests: every check
+    passes, and the guest dies after its restore, before its SANDBOX reply."""
+    from paracell.vmm.template import ram_copy
+
+    _kernel_overwritten(t)
+    meta = json.loads((t / "meta.json").read_text())
+    fd = os.open(t / "ram", os.O_RDONLY)
+    try:
+        meta["ram_digest"] = ram_copy(fd, -1, meta["ram_bytes"])
+    finally:
+        os.close(fd)
+    (t / "meta.json").write_text(json.dumps(meta))
+
+
 @pytest.mark.parametrize("damage, why", [
     (lambda t: (t / "device.state").write_bytes(os.urandom((t / "device.state").stat().st_size)),
-     "restoring from template {} failed"),
+     "template {} cannot be used"),
     (lambda t: (t / "meta.json").write_text("{"), "template {} cannot be used"),
     (lambda t: os.truncate(t / "ram", 4096), "template {} cannot be used"),
     (lambda t: (t / "ram").unlink() or (t / "ram").symlink_to("/etc/passwd"),
      "template {} cannot be used"),
-])
+    (_truncated_and_extended, "restoring from template {} failed"),
+    (_kernel_overwritten, "restoring from template {} failed"),
+    (_overwritten_and_digests_redone,
+     "the VM restored from template {} failed before its sandbox was attached"),
+], ids=["state", "meta", "truncated", "link", "re-extended", "overwritten", "consistent"])
 def test_a_damaged_template_gives_a_cold_boot_and_is_made_again(
         runtime, make_bundle, templates, damage, why):
     bundle = make_bundle(["sh", "-c", "echo ok"])
@@ -217,6 +250,51 @@ def test_a_damaged_template_gives_a_cold_boot_and_is_made_again(
     # Made again, whole: the next create restores it.
     assert created(runtime, bundle, "again")["template"] == f"restored {key}"
     runtime("delete", "--force", "again", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_ram_from_one_save_beside_the_state_of_another_gives_a_cold_boot(
+        runtime, make_bundle, templates, tmp_path):
+    bundle = make_bundle(["sh", "-c", "echo ok"])
+    key = created(runtime, bundle, "first")["template"].split()[1]
+    runtime("delete", "--force", "first", check=True)
+    shutil.copyfile(templates / key / "ram", tmp_path / "first-ram")
+    runtime("template", "rm", key, check=True)
+    assert created(runtime, bundle, "second")["template"] == f"saved {key}"
+    runtime("delete", "--force", "second", check=True)
+    shutil.copyfile(tmp_path / "first-ram", templates / key / "ram")
+    log = runtime.root.parent / "mixed.log"
+    result = runtime("--log", str(log), *MANAGER, "run", "--bundle", str(bundle), "mixed")
+    assert (result.returncode, result.stdout) == (0, b"ok\n"), result.stderr
+    assert "ram does not match its digest" in log.read_text()
+    assert created(runtime, bundle, "again")["template"] == f"restored {key}"
+    runtime("delete", "--force", "again", check=True)
+    runtime.assert_no_leaks()
+
+
+def test_a_template_store_others_can_write_is_never_restored_from(
+        runtime, make_bundle, templates):
+    """Another user who can write the store would choose the memory root's
+    next guest runs: such a store is refused in one line, as sshd's StrictModes."""
+    bundle = make_bundle(["sh", "-c", "echo ok"])
+    key = created(runtime, bundle, "seed")["template"].split()[1]
+    runtime("delete", "--force", "seed", check=True)
+    os.chown(templates, 1000, 1000)
+    os.chmod(templates, 0o777)
+    log = runtime.root.parent / "foreign.log"
+    result = runtime("--log", str(log), *MANAGER, "run", "--bundle", str(bundle), "cold")
+    assert (result.returncode, result.stdout) == (0, b"ok\n"), result.stderr
+    refused = [ln for ln in log.read_text().splitlines() if "writable by others" in ln]
+    assert len(refused) == 1 and "owner uid 1000, mode 0777" in refused[0], log.read_text()
+    state = created(runtime, bundle, "still")
+    assert state["template"] == ""  # neither restored nor saved there
+    listed = runtime("template", "list")
+    assert listed.returncode == 1 and b"writable by others" in listed.stderr
+    assert len(listed.stderr.splitlines()) == 1
+    assert keys(templates) == [key]
+    runtime("delete", "--force", "still", check=True)
+    os.chown(templates, 0, 0)
+    os.chmod(templates, 0o700)
     runtime.assert_no_leaks()
 
 

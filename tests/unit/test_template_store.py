@@ -60,14 +60,15 @@ def test_the_key_follows_every_input_and_no_per_sandbox_value(tmp_path: Path):
     assert template.key_of(builder(tmp_path).shape()) != key
 
 
-def saved(store: TemplateStore, tmp_path: Path, shape: dict) -> str:
+def saved(store: TemplateStore, tmp_path: Path, shape: dict, content: bytes = b"touched",
+          state: bytes = b"state") -> str:
     ram = tmp_path / "ram.src"
     with open(ram, "wb") as f:
         f.truncate(RAM_MIB << 20)
         f.seek(1 << 20)
-        f.write(b"touched")
+        f.write(content)
     key = template.key_of(shape)
-    made = store.save(key, shape, Capture(lambda path: path.write_bytes(b"state"), ram,
+    made = store.save(key, shape, Capture(lambda path: path.write_bytes(state), ram,
                                           RAM_MIB << 20, ["02:00:00:00:00:01"]))
     assert made is not None and made.key == key
     return key
@@ -82,9 +83,11 @@ def test_a_saved_template_is_found_whole_and_its_ram_sparse(tmp_path: Path):
     assert os.stat(found.path / "ram").st_blocks * 512 < 1 << 20  # only the touched extent
     target = tmp_path / "ram.dst"
     with open(target, "wb+") as f:
-        f.truncate(RAM_MIB << 20)
-        assert 0 < found.copy_ram(f.fileno()) <= 1 << 20
+        found.copy_ram(f.fileno())
+    found.close()
     assert target.read_bytes()[1 << 20:(1 << 20) + 7] == b"touched"
+    assert os.stat(target).st_size == RAM_MIB << 20
+    assert os.stat(target).st_blocks * 512 <= 1 << 20  # holes stay holes
     with pytest.raises(TemplateError, match="another VM shape"):
         store.find(key, {**shape, "vcpus": 2})
 
@@ -107,6 +110,10 @@ def test_another_shape_under_the_same_name_is_refused(tmp_path: Path):
     (lambda d: (d / "device.state").write_bytes(b""), "device.state: empty"),
     (lambda d: ((d / "ram").unlink(), (d / "ram").symlink_to("/etc/passwd")), "ram: "),
     (lambda d: (d / "device.state").unlink(), "device.state: No such file"),
+    (lambda d: (d / "device.state").write_bytes(b"other"), "device.state does not match"),
+    (lambda d: os.chmod(d / "ram", 0o666), "ram is writable by others"),
+    (lambda d: os.chmod(d, 0o777), "is writable by others"),
+    (lambda d: os.chown(d / "device.state", 1000, 0), "owner uid 1000"),
 ])
 def test_a_reader_refuses_a_damaged_template(tmp_path: Path, damage, message):
     store = TemplateStore(tmp_path / "store")
@@ -116,6 +123,105 @@ def test_a_reader_refuses_a_damaged_template(tmp_path: Path, damage, message):
     with pytest.raises(TemplateError, match=message):
         store.find(key, shape)
     assert store.remove(key) and not (store.root / key).exists()
+
+
+def _truncated_and_extended(ram: Path) -> None:
+    size = ram.stat().st_size
+    os.truncate(ram, 0)
+    os.truncate(ram, size)
+
+
+def _random_bytes_over(ram: Path) -> None:
+    with open(ram, "r+b") as f:
+        f.seek(2 << 20)
+        f.write(os.urandom(1 << 20))
+
+
+@pytest.mark.parametrize("damage", [_truncated_and_extended, _random_bytes_over])
+def test_ram_that_is_not_what_was_saved_fails_its_copy(tmp_path: Path, damage):
+    store = TemplateStore(tmp_path / "store")
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    key = saved(store, tmp_path, shape)
+    damage(store.root / key / "ram")
+    found = store.find(key, shape)  # the sizes and the state are right
+    assert found is not None
+    with open(tmp_path / "new.mem", "wb+") as f, pytest.raises(TemplateError,
+                                                              match="ram does not match"):
+        found.copy_ram(f.fileno())
+    found.close()
+
+
+def test_ram_from_one_save_and_state_from_another_is_refused(tmp_path: Path):
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    first, second = TemplateStore(tmp_path / "one"), TemplateStore(tmp_path / "two")
+    key = saved(first, tmp_path, shape, content=b"first save", state=b"state one")
+    saved(second, tmp_path, shape, content=b"second save", state=b"state two")
+    mixed = (first.root / key / "ram").read_bytes()
+    (second.root / key / "ram").write_bytes(mixed)
+    found = second.find(key, shape)
+    assert found is not None
+    with open(tmp_path / "new.mem", "wb+") as f, pytest.raises(TemplateError,
+                                                              match="ram does not match"):
+        found.copy_ram(f.fileno())
+    found.close()
+    # And the other way round: that save's state beside this one's RAM.
+    (second.root / key / "device.state").write_bytes(b"state one")
+    with pytest.raises(TemplateError, match="device.state does not match"):
+        second.find(key, shape)
+
+
+def test_a_store_others_can_write_is_refused_in_one_line(tmp_path: Path):
+    """As sshd's StrictModes: the store, and the directories above it."""
+    shape = {"memory_mib": RAM_MIB, "devices": []}
+    open_store = tmp_path / "open"
+    open_store.mkdir(mode=0o777)
+    os.chmod(open_store, 0o777)
+    with pytest.raises(ParacellError, match=r"template store .* is writable by others "
+                                            r"\(owner uid 0, mode 0777\)"):
+        TemplateStore(open_store).find("0" * 32, shape)
+    with pytest.raises(ParacellError, match="writable by others"):
+        TemplateStore(open_store).pin()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 1000, 1000)
+    with pytest.raises(ParacellError, match="owner uid 1000"):
+        saved(TemplateStore(foreign), tmp_path, shape)
+    above = tmp_path / "shared"
+    above.mkdir()
+    os.chmod(above, 0o777)  # not sticky: anyone may rename the store away
+    with pytest.raises(ParacellError, match=f"{above} is writable by others"):
+        TemplateStore(above / "store").find("0" * 32, shape)
+    assert not (above / "store").exists()
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # as /tmp: what is ours there stays ours
+    assert saved(TemplateStore(sticky / "store"), tmp_path, shape)
+
+
+def test_two_removals_of_everything_at_once_both_succeed(tmp_path: Path):
+    from paracell.runtime.verbs import template as verb
+
+    store = TemplateStore(tmp_path / "store")
+    os.environ["PARACELL_TEMPLATES"] = str(store.root)
+    try:
+        for _ in range(10):  # bounded: a race shows within a few rounds
+            for n in range(template.MAX_TEMPLATES):
+                saved(store, tmp_path, {"memory_mib": RAM_MIB, "n": n})
+            pids = []
+            for _ in range(2):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        verb.remove((), everything=True)
+                        os._exit(0)
+                    except BaseException:
+                        os._exit(1)
+                pids.append(pid)
+            codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+            assert codes == [0, 0]
+            assert store.entries() == []
+    finally:
+        del os.environ["PARACELL_TEMPLATES"]
 
 
 def test_a_store_that_is_a_link_is_never_followed(tmp_path: Path):

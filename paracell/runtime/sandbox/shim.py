@@ -35,6 +35,9 @@ from paracell.vmm.config import VmConfig
 from paracell.vmm.devices import AgentPort, PagerChannel
 
 BOOT_TIMEOUT_S = 60.0
+# A restored guest has booted already: one that does not answer its SANDBOX
+# in this long is broken, and gives way to a cold boot.
+RESTORED_ATTACH_TIMEOUT_S = 15.0
 POWEROFF_GRACE_S = 5.0
 EXIT_VM_DIED = exit_status_for_signal(signal.SIGKILL)
 EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
@@ -123,6 +126,14 @@ class Shim:
         if plan.fork is not None:
             return self._boot_fork(vmm)
         self.vm = templates.restore() if plan.templates else None
+        if self.vm is not None:
+            try:
+                self._attach(RESTORED_ATTACH_TIMEOUT_S)
+                templates.attached()
+            except ParacellError as err:
+                # Up to its SANDBOX reply a restore still gives way to a cold boot.
+                templates.abandon(self.vm, err)
+                self.vm = None
         if self.vm is None:
             self.vm = self._launch(False)
             self._debug(f"qemu: {self.vm.describe()}")
@@ -132,9 +143,9 @@ class Shim:
             self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
             # Nothing of the sandbox has reached the guest yet: the moment to save it.
             templates.save()
-        fd = self._agent_fd()
-        channel.attach_sandbox(fd, sandboxspec.payload(plan.vm, plan.hostname), BOOT_TIMEOUT_S)
+            self._attach(BOOT_TIMEOUT_S)
         self._debug("sandbox attached")
+        fd = self._agent_fd()
         if plan.launch_spec:  # empty for a spec without a process: nothing to create yet
             if plan.seccomp:
                 channel.send(fd, lib.PC_SECCOMP, 0, plan.seccomp)
@@ -164,6 +175,11 @@ class Shim:
             return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template=templates.outcome)
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0,
                      template=templates.outcome)
+
+    def _attach(self, timeout_s: float) -> None:
+        channel.attach_sandbox(self._agent_fd(), sandboxspec.payload(self.plan.vm,
+                                                                     self.plan.hostname),
+                               timeout_s)
 
     def _boot_fork(self, vmm: hypervisor.Hypervisor) -> Ready:
         """A fork's VM goes on from its parent's checkpoint: no SANDBOX and

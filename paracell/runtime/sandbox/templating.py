@@ -95,21 +95,39 @@ class Templating:
         try:
             vm = self._launch(True)
             launched = time.monotonic()
-            self.hypervisor.restore(found.state)
+            self.hypervisor.restore(found.state_fd)
             self.hypervisor.resume()
         except (OSError, ParacellError) as err:
-            if vm is not None:
-                vm.kill()
-                vm.stop(5)
-                vm.release()
-            self._disarm()
+            self._end(vm)
             return self._discard(f"restoring from template {found.key} failed: {err}")
-        self.slot = None
+        finally:
+            found.close()
+        # The slot stays until the guest has answered the SANDBOX (attached).
         self.outcome = f"restored {found.key}"
         self._debug(f"restored from template {found.key} in "
                     f"{time.monotonic() - began:.3f} s (RAM copied and QEMU started in "
                     f"{launched - began:.3f} s)")
         return vm
+
+    def attached(self) -> None:
+        """The restored guest answered the SANDBOX: the template is good."""
+        if self.outcome.startswith("restored "):
+            self.slot = None
+
+    def abandon(self, vm: Vm, why: ParacellError) -> None:
+        """A restored VM that failed before its SANDBOX reply: it goes, the
+        template goes, and the caller boots cold (and saves it anew)."""
+        self._end(vm)
+        self.outcome = ""
+        self._discard(f"the VM restored from template {self.slot.key if self.slot else '?'} "
+                      f"failed before its sandbox was attached: {why}")
+
+    def _end(self, vm: Vm | None) -> None:
+        if vm is not None:
+            vm.kill()
+            vm.stop(5)
+            vm.release()
+        self._disarm()
 
     def _discard(self, why: str) -> None:
         assert self.slot is not None

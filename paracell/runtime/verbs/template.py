@@ -85,8 +85,10 @@ def remove(keys: tuple[str, ...], everything: bool) -> str:
     for key in keys:
         if not template.KEY.fullmatch(key):
             raise ParacellError(f"template rm: {key[:64]!r} is not a template key")
-    missing = [k for k in keys if not store.remove(k)]
-    if missing:
+    removed = [k for k in keys if store.remove(k)]
+    missing = [k for k in keys if k not in removed]
+    # --all removes what is there: a key another rm took meanwhile is not missing.
+    if missing and not everything:
         raise ParacellError(f"template rm: no template {', '.join(missing)}")
-    return f"removed {len(keys)} template{'s' if len(keys) != 1 else ''}"
+    return f"removed {len(removed)} template{'s' if len(removed) != 1 else ''}"
 

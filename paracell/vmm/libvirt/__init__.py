@@ -267,7 +267,7 @@ class LibvirtHypervisor(Hypervisor):
     def save(self, path: Path) -> SavedState:
         raise ParacellError(NOT_SUPPORTED)
 
-    def restore(self, path: Path) -> None:
+    def restore(self, state_fd: int) -> None:
         raise ParacellError(NOT_SUPPORTED)
 
 

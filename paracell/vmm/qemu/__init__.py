@@ -84,12 +84,9 @@ class QemuHypervisor(Hypervisor):
             os.close(fd)
         return SavedState(path, size, time.monotonic() - began)
 
-    def restore(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            qmp.run(self.qmp_socket, IGNORE_SHARED,
-                    Command("getfd", {"fdname": STATE_FD_NAME}, fd=fd),
-                    Command("migrate-incoming", {"uri": f"fd:{STATE_FD_NAME}"}),
-                    AwaitMigration("restore", MIGRATION_TIMEOUT_S))
-        finally:
-            os.close(fd)
+    def restore(self, state_fd: int) -> None:
+        os.lseek(state_fd, 0, os.SEEK_SET)
+        qmp.run(self.qmp_socket, IGNORE_SHARED,
+                Command("getfd", {"fdname": STATE_FD_NAME}, fd=state_fd),
+                Command("migrate-incoming", {"uri": f"fd:{STATE_FD_NAME}"}),
+                AwaitMigration("restore", MIGRATION_TIMEOUT_S))
