@@ -14,11 +14,10 @@ from pathlib import Path
 
 import click
 
-from paracell import OCI_VERSION, __version__
+from paracell import OCI_VERSION, __version__, globalopts
 from paracell.errors import ParacellError
 from paracell.runtime.context import Context
 from paracell.runtime.log import RuntimeLog
-from paracell.settings import DEFAULT_ROOT
 
 
 def _version_text() -> str:
@@ -28,26 +27,24 @@ def _version_text() -> str:
     )
 
 
+def _global_options(group: Callable[..., None]) -> Callable[..., None]:
+    """The global options, from their one definition (paracell/globalopts.py)."""
+    from paracell import settings
+    from paracell.vmm import backends
+
+    words = {"engines": settings.ENGINES, "memory managers": settings.MEMORY_MANAGERS,
+             "backends": backends.NAMES, "log formats": globalopts.LOG_FORMATS}
+    for name, dest, valued, _, choices, default, text in reversed(globalopts.OPTIONS):
+        kind = click.Choice(list(words[choices])) if choices else None
+        option = click.option(name, dest, is_flag=not valued, type=kind, default=default,
+                              show_default=name == "--root", help=text or None,
+                              hidden=not text)
+        group = option(group)
+    return group
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--root", default=DEFAULT_ROOT, show_default=True, help="state directory")
-@click.option("--log", "log_path", default=None, help="log file (default: stderr only)")
-@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
-@click.option("--debug", is_flag=True, help="log debug messages")
-@click.option("--systemd-cgroup", is_flag=True,
-              help="cgroupsPath is slice:prefix:name (needs systemd as PID 1)")
-@click.option("--rootless", default="auto", hidden=True)
-@click.option("--criu", default=None, hidden=True)
-@click.option("--engine", type=click.Choice(["auto", "kvm", "tcg"]), default=None,
-              help="accelerator; default auto, or $PARACELL_ENGINE")
-@click.option("--memory-manager", type=click.Choice(["pager", "balloon", "none"]), default=None,
-              help="guest memory handling; default pager, or $PARACELL_MEMORY_MANAGER")
-@click.option("--no-template", is_flag=True,
-              help="boot every VM cold, never from a VM template (docs/templates.md)")
-@click.option("--vmm", type=click.Choice(["qemu", "libvirt"]), default=None,
-              help="who runs the VM: qemu (default) or libvirt, or $PARACELL_VMM")
-@click.option("--libvirt-uri", default=None,
-              help="libvirt daemon for --vmm libvirt; default qemu:///system, "
-                   "or $PARACELL_LIBVIRT_URI")
+@_global_options
 @click.version_option(__version__, "-v", "--version", message=_version_text())
 @click.pass_context
 def main(
@@ -127,7 +124,7 @@ def state(container_id: str) -> None:
 @click.argument("signal_name", default="SIGTERM")
 def kill(all_processes: bool, container_id: str, signal_name: str) -> None:
     """Send a signal to the container's init (or every process with --all)."""
-    from paracell.runtime.sandbox import signals
+    from paracell.runtime.agent import signals
     from paracell.runtime.verbs import kill as verb
 
     verb.kill(_ctx(), container_id, signals.parse_signal(signal_name), all_processes)
@@ -447,10 +444,12 @@ def restore(container_id: str, image_path: str | None, work_path: str | None, bu
 def check(as_json: bool) -> None:
     """Probe the host: KVM kind, PKU, QEMU, guest artifacts, the engine, and
     the libvirt daemon at --libvirt-uri."""
-    from paracell.vmm import hostreport
+    from paracell import hostcheck
+    from paracell.vmm import backends
 
     ctx = _ctx()
-    click.echo(hostreport.render(ctx.engine, as_json, ctx.libvirt_uri))
+    daemons = [cls(ctx.location_of(cls)) for cls in backends.classes() if cls.default_location]
+    click.echo(hostcheck.render(ctx.engine, as_json, daemons))
 
 
 @main.group()
@@ -537,19 +536,22 @@ def bench_density(count: int | None, window_s: float | None, rounds: int | None,
 @click.option("--output", "-o", default="bench-results/start.json")
 @click.option("--baseline-kernel", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="also boot this bzImage raw in every round, to compare guest kernels")
-@click.option("--vmm", "vmm", type=click.Choice(["qemu", "libvirt"]), default="qemu",
-              show_default=True,
-              help="libvirt: also start each round's container as a libvirt domain "
-                   "(at the global --libvirt-uri), next to direct QEMU's")
-def bench_start(runs: int, output: str, baseline_kernel: Path | None, vmm: str) -> None:
+@click.option("--vmm", "vmm", default=None, metavar="BACKEND",
+              help="also start each round's container under this backend (libvirt: at the "
+                   "global --libvirt-uri), next to the default's")
+def bench_start(runs: int, output: str, baseline_kernel: Path | None, vmm: str | None) -> None:
     """Median start-to-exit of /bin/true vs raw QEMU boot and runc."""
     from paracell.bench import start as bench_start_mod
+    from paracell.vmm import backends
 
     if not 1 <= runs <= 200:
         raise ParacellError(f"--runs {runs} is outside 1..200")
     ctx = _ctx()
-    click.echo(bench_start_mod.run(ctx, runs, output, baseline_kernel,
-                                   ctx.libvirt_uri if vmm == "libvirt" else None))
+    also = None
+    if vmm is not None:
+        cls = backends.backend_class(vmm)
+        also = cls(ctx.location_of(cls))
+    click.echo(bench_start_mod.run(ctx, runs, output, baseline_kernel, also))
 
 
 @bench.command("memory")
@@ -586,7 +588,7 @@ def bench_snapshot(rounds: int, sizes: str, output: str) -> None:
 @click.option("--output", "-o", default="bench-results/cli.json")
 def bench_cli(runs: int, output: str) -> None:
     """Median wall time of state and kill vs runc's."""
-    from paracell.bench import cli as bench_cli_mod
+    from paracell.bench import verblatency as bench_cli_mod
 
     click.echo(bench_cli_mod.run(_ctx(), runs, output))
 

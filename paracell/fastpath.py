@@ -7,16 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-# Every global option of the CLI; the fast path serves only calls that use
-# none beyond FAST_GLOBALS, and leaves the rest (and their errors) to click.
-FLAG_GLOBALS = ("--debug", "--systemd-cgroup", "--no-template")
-VALUED_GLOBALS = ("--root", "--log", "--log-format", "--engine", "--memory-manager", "--criu",
-                  "--rootless", "--vmm", "--libvirt-uri")
-# --systemd-cgroup, --no-template, --vmm and --libvirt-uri only matter to
-# create (a container's VM records its backend): podman passes its runtime
-# flags to every verb.
-FAST_GLOBALS = {"--root", "--log", "--log-format", "--debug", "--systemd-cgroup", "--no-template",
-                "--vmm", "--libvirt-uri"}
+from paracell import globalopts
 
 
 def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
@@ -26,14 +17,14 @@ def split_globals(argv: list[str]) -> tuple[dict[str, str], list[str]] | None:
     while i < len(argv) and argv[i].startswith("-"):
         arg = argv[i]
         key, eq, value = arg.partition("=")
-        if key in VALUED_GLOBALS:
+        if key in globalopts.VALUED:
             if not eq:
                 i += 1
                 if i >= len(argv):
                     return None
                 value = argv[i]
             opts[key] = value
-        elif arg in FLAG_GLOBALS:
+        elif arg in globalopts.FLAGS:
             opts[arg] = ""
         else:
             return None
@@ -52,7 +43,7 @@ def _state(root: str, rest: list[str]) -> int | None:
 
 
 def _kill(root: str, rest: list[str]) -> int | None:
-    from paracell.runtime.sandbox.signals import parse_signal
+    from paracell.runtime.agent.signals import parse_signal
     from paracell.runtime.state.store import StateStore
     from paracell.runtime.verbs import kill
 
@@ -69,7 +60,7 @@ def run(argv: list[str]) -> int | None:
     from paracell.settings import DEFAULT_ROOT
 
     split = split_globals(argv)
-    if split is None or not split[1] or not FAST_GLOBALS.issuperset(split[0]):
+    if split is None or not split[1] or not globalopts.FAST.issuperset(split[0]):
         return None
     opts, (verb, *rest) = split
     handler = {"state": _state, "kill": _kill}.get(verb)

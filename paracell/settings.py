@@ -34,7 +34,7 @@ def cache_dir() -> Path:
 
 
 def template_dir() -> Path:
-    """Saved VMs that creates restore instead of booting (paracell/vmm/template.py):
+    """Saved VMs that creates restore instead of booting (paracell/vmm/templatestore.py):
     for root a system path, as the guest cache, else the user's cache."""
     from pathlib import Path
 
@@ -61,6 +61,13 @@ def memory_dir() -> Path:
 
     return Path(os.environ.get("PARACELL_MEMORY_DIR", "/dev/shm/paracell"))
 
+
+# The values of the knobs that take a word, their one definition (the CLI's
+# choices, the probe and the memory manager read them here). The backends'
+# names are the registry's (paracell/vmm/backends.py), which reads the knob
+# through `choice`.
+ENGINES = ("auto", "kvm", "tcg")
+MEMORY_MANAGERS = ("pager", "balloon", "none")
 
 CONFIG_FILE = "/etc/paracell/config.json"
 # Every key the file takes, with its type. docs/runtime.md lists them
@@ -120,21 +127,11 @@ def _read_config(path: str) -> dict[str, object]:
 
 
 def engine_override() -> str | None:
-    from paracell.vmm.probe import ENGINES
-
-    return _choice("PARACELL_ENGINE", "engine", ENGINES, "engine")
+    return choice("PARACELL_ENGINE", "engine", ENGINES, "engine")
 
 
 def memory_manager_override() -> str | None:
-    from paracell.runtime.sandbox.memorymanager import MANAGERS
-
-    return _choice("PARACELL_MEMORY_MANAGER", "memory_manager", MANAGERS, "memory manager")
-
-
-def vmm_override() -> str | None:
-    from paracell.vmm.hypervisor import BACKENDS
-
-    return _choice("PARACELL_VMM", "vmm", BACKENDS, "vmm")
+    return choice("PARACELL_MEMORY_MANAGER", "memory_manager", MEMORY_MANAGERS, "memory manager")
 
 
 def libvirt_uri_override() -> str | None:
@@ -144,7 +141,7 @@ def libvirt_uri_override() -> str | None:
         or None
 
 
-def _choice(variable: str, key: str, choices: tuple[str, ...], what: str) -> str | None:
+def choice(variable: str, key: str, choices: tuple[str, ...], what: str) -> str | None:
     """The setting from the environment, else the file; an error names where
     the bad value came from."""
     from paracell.errors import ParacellError

@@ -81,7 +81,7 @@ class Box:
         self.wait(self.generation)
 
     def api(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
-        from paracell.sandbox import client
+        from paracell.runtime.snapshots import client
 
         began = time.perf_counter()
         done = client.ask(self.root / self.cid, self.cid, op, **args)
@@ -93,39 +93,32 @@ class Box:
         return time.perf_counter() - began
 
     def full_save(self, path: Path) -> float:
-        """The baseline, a whole VM saved the way templates are: stopped, its
-        device state migrated to a file (x-ignore-shared) and every page it
-        has copied (holes kept), then resumed. Not through QEMU's RAM
-        migration: reading the guest's holes would allocate them."""
-        from paracell.vmm import template
-        from paracell.vmm.qemu import IGNORE_SHARED, qmp
-        from paracell.vmm.qemu.qmp import AwaitMigration, Call, Command
+        """The baseline, a whole VM saved the way templates are
+        (runtime/vm/templating.py): stopped, its device state saved to a file
+        by its backend, every page it has copied (holes kept), then resumed.
+        Not through QEMU's RAM migration: reading the guest's holes would
+        allocate them."""
+        from paracell import safefs
+        from paracell.runtime.state.store import StateStore
+        from paracell.vmm import backends
 
-        state = json.loads((self.root / self.cid / "state.json").read_text())
-        sock = Path(state["vm"]["config"]["qmp_socket"])
-        ram = Path(state["vm"]["config"]["ram_file"])
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        config = StateStore(str(self.root)).load(self.cid).vm.config
+        vmm = backends.hypervisor_of(config)
         copy = path.with_suffix(".ram")
-
-        def copy_ram() -> None:
-            src = os.open(ram, os.O_RDONLY | os.O_CLOEXEC)
+        began = time.perf_counter()
+        try:
+            vmm.save(path)
+            src = os.open(config.ram_file, os.O_RDONLY | os.O_CLOEXEC)
             dst = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                template.sparse_copy(src, dst)
+                safefs.sparse_copy(src, dst)
             finally:
                 os.close(src)
                 os.close(dst)
-
-        began = time.perf_counter()
-        try:
-            qmp.run(sock, IGNORE_SHARED, Command("stop"), Call(copy_ram),
-                    Command("getfd", {"fdname": "bench-save"}, fd=fd),
-                    Command("migrate", {"uri": "fd:bench-save"}),
-                    AwaitMigration("bench save", 120), Command("cont"))
         finally:
-            os.close(fd)
+            vmm.resume()
         took = time.perf_counter() - began
-        path.unlink()
+        path.unlink(missing_ok=True)
         copy.unlink(missing_ok=True)
         return took
 

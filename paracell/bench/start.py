@@ -14,8 +14,12 @@ from typing import Any
 from paracell.bench import common, plot
 from paracell.guest import artifacts
 from paracell.runtime.context import Context
-from paracell.vmm import devices, hostclock, probe
+from paracell.vmm import backends, devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.hypervisor import Backend
 
 GOAL_MEDIAN_S = 1.0
 GOAL_RATIO = 1.2
@@ -41,7 +45,7 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = 
     vm.attach(devices.DebugExit())
     vm.attach(devices.AgentPort())
     vm.attach(devices.rootfs_share(workdir, readonly=True))
-    vm.attach(devices.QmpSocket(workdir / "qmp.sock"))
+    backends.select(backends.DEFAULT).attach_control(vm, workdir, workdir / "ram" / "raw.mem")
 
     def boot() -> None:
         booted = vm.launch(workdir / "qemu.log")
@@ -52,11 +56,12 @@ def _raw_boot(engine: str, qemu_path: str, workdir: Path, kernel: Path | None = 
 
 
 def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = None,
-        libvirt_uri: str | None = None) -> str:
+        also: Backend | None = None) -> str:
     """baseline_kernel: another kernel (say, one built before a config change)
     booted raw in the same rounds, in alternating order, with the same initramfs.
-    libvirt_uri: also start every round's container as a domain of that
-    daemon (paracell_libvirt), next to direct QEMU's (paracell), both cold."""
+    also: a backend under which every round's container starts too
+    (paracell_NAME: libvirt's at its URI), next to the default's (paracell),
+    both cold."""
     facts = probe.probe_host()
     choice = probe.choose_engine(ctx.engine, facts)
     bundle = common.example_bundle("true", ["/bin/true"])
@@ -74,11 +79,10 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
         samples["runc"] = []
     if baseline_kernel:
         samples["raw_qemu_baseline"] = []
-    if libvirt_uri:
-        from paracell.vmm.libvirt import connection
-
-        connection.open_uri(libvirt_uri).close()  # one line now, not a traceback mid-run
-        samples["paracell_libvirt"] = []
+    other = f"paracell_{also.name}" if also else ""
+    if also:
+        also.check()  # one line now, not a traceback mid-run
+        samples[other] = []
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         # A template store of the run's own, built before the first round.
         templated = dict(os.environ, PARACELL_TEMPLATES=f"{tmp}/templates")
@@ -89,12 +93,12 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
         for i in range(runs):
             cid = f"bench-start-{os.getpid()}-{i}"
             common.progress("start", f"round {i + 1}/{runs}")
-            backends: list[tuple[str, list[str]]] = [("paracell", [])]
-            if libvirt_uri:
-                backends.append(("paracell_libvirt",
-                                 ["--vmm", "libvirt", "--libvirt-uri", libvirt_uri]))
+            series: list[tuple[str, list[str]]] = [("paracell", [])]
+            if also:
+                where = ["--libvirt-uri", also.location] if also.location else []
+                series.append((other, ["--vmm", also.name, *where]))
             # Alternating first: neither backend always meets a warm or a cold host.
-            for name, flags in backends[::-1] if i % 2 else backends:
+            for name, flags in series[::-1] if i % 2 else series:
                 samples[name].append(common.time_call(
                     lambda cid=cid, flags=flags: common.run_checked(
                         [*pager, *flags, "--no-template", "run", "--bundle", str(bundle), cid],
@@ -136,14 +140,12 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
     }
     if runc:
         result["ratio_paracell_to_runc"] = stats["paracell"]["median_s"] / stats["runc"]["median_s"]
-    if libvirt_uri:
+    if also:
         added = statistics.median(lv - direct for lv, direct in
-                                  zip(samples["paracell_libvirt"], samples["paracell"],
-                                      strict=True))
-        result["libvirt"] = {
-            "uri": libvirt_uri, "added_median_s": added,
-            "ratio_to_direct": stats["paracell_libvirt"]["median_s"]
-            / stats["paracell"]["median_s"],
+                                  zip(samples[other], samples["paracell"], strict=True))
+        result[also.name] = {
+            "uri": also.location, "added_median_s": added,
+            "ratio_to_direct": stats[other]["median_s"] / stats["paracell"]["median_s"],
             "goal_added_s": GOAL_LIBVIRT_ADDED_S, "met": added <= GOAL_LIBVIRT_ADDED_S}
     if baseline_kernel:
         # Paired by round: both boots of a round saw the same machine noise.
@@ -167,9 +169,9 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
             f"{stats['raw_qemu']['median_s']:.3f} s ({ratio:.2f}x)")
     if runc:
         line += f"; runc {stats['runc']['median_s']:.3f} s"
-    if libvirt_uri:
-        lv = result["libvirt"]
-        line += (f"; libvirt {stats['paracell_libvirt']['median_s']:.3f} s "
+    if also:
+        lv = result[also.name]
+        line += (f"; {also.name} {stats[other]['median_s']:.3f} s "
                  f"({lv['ratio_to_direct']:.2f}x direct, adds {lv['added_median_s']:+.3f} s, "
                  f"median of the rounds' differences; goal <= {GOAL_LIBVIRT_ADDED_S:.1f} s "
                  f"{'met' if lv['met'] else 'not met'})")

@@ -3,7 +3,7 @@ pipe round trip, measured inside a guest (TCG here), plus a syscall-heavy
 dynamic program with and without the LD_PRELOAD routing, and real programs
 (Debian's python3 on a short workload, the syscall-heavy C program) timed
 whole with XGates on and off, with the number of calls the gates answered.
-The rootfs and its programs come from paracell.xgate.rootfs (the host's
+The rootfs and its programs come from paracell.bench.xgaterootfs (the host's
 Debian 12 binaries, unmodified)."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench import common
+from paracell.bench.xgaterootfs import gcc, xgate_rootfs
 from paracell.errors import ParacellError
 from paracell.runtime.bundle import defaultspec
-from paracell.xgate.rootfs import gcc, xgate_rootfs
 
 # micro: calls per round (the pipe round trip does a tenth), rounds.
 MICRO_CALLS, MICRO_ROUNDS = 20000, 7

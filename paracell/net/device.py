@@ -288,10 +288,11 @@ class NetworkInterfaces(Device):
         record.unlink(missing_ok=True)
 
 
-def summary(devices: list[Device]) -> str:
+def summary(nics: NetworkInterfaces | None) -> str:
     """For the shim's debug log: which interface each TAP stands for."""
-    pairs = [f"{i.name} ({i.mac}) via {name}" for d in devices if isinstance(d, NetworkInterfaces)
-             for i, (_, name) in zip(d.interfaces, d.taps, strict=False)]
-    pairs += [f"spare ({s.mac}) via {s.tap}" for d in devices if isinstance(d, NetworkInterfaces)
-              for s in d.spares]
+    if nics is None:
+        return "no network interface"
+    pairs = [f"{i.name} ({i.mac}) via {name}"
+             for i, (_, name) in zip(nics.interfaces, nics.taps, strict=False)]
+    pairs += [f"spare ({s.mac}) via {s.tap}" for s in nics.spares]
     return f"network: {', '.join(pairs)}" if pairs else "no network interface"

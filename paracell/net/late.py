@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from paracell import speckeys
 from paracell.errors import ParacellError
 from paracell.net import device, discover, guestconfig, mirror, netns
 
@@ -67,9 +68,8 @@ def start_payload(config: VmConfig) -> bytes:
     shim, the process that sits in the namespace, when `start` asks (the
     relay calls it). Only a namespace of the VM's own can gain interfaces
     after create."""
-    from paracell.runtime.bundle.spec import encode_records
 
     if config.network != netns.NEW or not config.net_record or _only_ours():
         return b""
     records = _take_spares(Path(config.net_record))
-    return encode_records(records) if records else b""
+    return speckeys.encode(records) if records else b""

@@ -8,17 +8,21 @@ from dataclasses import dataclass
 from paracell.runtime.log import RuntimeLog
 from paracell.runtime.state.store import StateStore
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.hypervisor import Backend
+
 
 @dataclass
 class Context:
     root: str
     log: RuntimeLog
     engine_flag: str | None = None  # --engine
-    memory_manager: str | None = None  # the global flag; see runtime/sandbox/memorymanager.py
+    memory_manager: str | None = None  # the global flag; see runtime/vm/memorymanager.py
     systemd_cgroup: bool = False  # --systemd-cgroup; see runtime/host/cgroups/
-    no_template: bool = False  # --no-template; see runtime/sandbox/templating.py
-    vmm_flag: str | None = None  # --vmm; see paracell/vmm/hypervisor.py
-    libvirt_uri_flag: str | None = None  # --libvirt-uri
+    no_template: bool = False  # --no-template; see runtime/vm/templating.py
+    vmm_flag: str | None = None  # --vmm; see paracell/vmm/backends.py
+    libvirt_uri_flag: str | None = None  # --libvirt-uri: where a daemon backend is
 
     @property
     def engine(self) -> str:
@@ -28,26 +32,22 @@ class Context:
 
         return self.engine_flag or settings.engine_override() or "auto"
 
-    def vmm(self, annotations: dict[str, str]) -> str:
-        """The backend for a new VM: the annotation for its container, then
-        the flag, then the environment and the file; direct QEMU by default."""
+    def backend(self, annotations: dict[str, str]) -> Backend:
+        """The backend for a new VM (paracell/vmm/backends.py): the annotation
+        for its container, then the flag, then the environment and the file."""
+        from paracell.vmm import backends
+
+        cls = backends.backend_class(backends.requested(annotations, self.vmm_flag))
+        return cls(self.location_of(cls))
+
+    def location_of(self, cls: type[Backend]) -> str:
+        """Where a daemon backend is: --libvirt-uri, then the environment and
+        the file, then the backend's default; nothing for one that is no daemon."""
         from paracell import settings
-        from paracell.vmm.hypervisor import ANNOTATION, BACKENDS, DEFAULT_BACKEND
 
-        requested = annotations.get(ANNOTATION)
-        if requested is not None and requested not in BACKENDS:
-            from paracell.errors import ParacellError
-
-            raise ParacellError(f"annotation {ANNOTATION}: unknown vmm {requested[:32]!r}: "
-                                f"expected one of {', '.join(BACKENDS)}")
-        return requested or self.vmm_flag or settings.vmm_override() or DEFAULT_BACKEND
-
-    @property
-    def libvirt_uri(self) -> str:
-        from paracell import settings
-        from paracell.vmm.libvirt.connection import DEFAULT_URI
-
-        return self.libvirt_uri_flag or settings.libvirt_uri_override() or DEFAULT_URI
+        if not cls.default_location:
+            return ""
+        return self.libvirt_uri_flag or settings.libvirt_uri_override() or cls.default_location
 
     @property
     def store(self) -> StateStore:

@@ -88,7 +88,7 @@ class Device(Reclaimable):
         return []
 
     def shape(self) -> dict[str, Any]:
-        """What a VM template must match of this device (paracell/vmm/template.py):
+        """What a VM template must match of this device (paracell/vmm/templatestore.py):
         what its QEMU device is, never its paths, fds or MACs."""
         return {}
 
@@ -194,8 +194,8 @@ class VmBuilder:
 
     def shape(self) -> dict[str, Any]:
         """Everything a VM saved from this one's twin must match to be
-        restored into it (paracell/vmm/template.py), as plain JSON."""
-        from paracell.vmm.template import binary_identity, source_identity
+        restored into it (paracell/vmm/templatestore.py), as plain JSON."""
+        from paracell.vmm.templatestore import binary_identity, source_identity
 
         m = self.machine
         return {

@@ -12,9 +12,8 @@ class VmConfig(Record):
     rebuilt from. A pod member has no VM of its own: all defaults."""
 
     FIELDS = {"engine": "", "memory_mib": 0, "vcpus": 0, "memory_manager": "none",
-              "xgates": False, "ram_file": "", "qmp_socket": "", "pod_share": "",
-              "network": "", "net_record": "", "vmm": "qemu", "libvirt_uri": "",
-              "domain": ""}
+              "xgates": False, "ram_file": "", "pod_share": "", "network": "",
+              "net_record": "", "vmm": "qemu", "control": {}}
 
     engine: str  # "kvm" or "tcg"
     memory_mib: int  # guest RAM at boot
@@ -22,10 +21,10 @@ class VmConfig(Record):
     memory_manager: str  # "pager", "balloon" or "none"
     xgates: bool
     ram_file: str  # the guest-RAM file on the host
-    qmp_socket: str
     pod_share: str  # a pod sandbox's share directory; "" for any other VM
     network: str  # the network plan's mode (paracell/net/netns.py)
     net_record: str  # which veths the shim mirrors (paracell/net/device.py)
-    vmm: str  # the backend: "qemu" (direct) or "libvirt" (paracell/vmm/hypervisor.py)
-    libvirt_uri: str  # the libvirt daemon that runs the domain
-    domain: str  # the libvirt domain's name (paracell/vmm/libvirt/domain.py)
+    vmm: str  # the backend's name in the registry (paracell/vmm/backends.py)
+    # How the backend reaches the VM again (Backend.attach_control): its own
+    # record, read by no one else; empty for a pod member, which has no VM.
+    control: dict[str, str]

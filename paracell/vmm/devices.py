@@ -332,44 +332,6 @@ class PodShare(BoundShare):
 
 
 @reclaimable
-class QmpSocket(Device):
-    """QEMU's QMP monitor on a Unix socket that `pause`/`resume` connect to."""
-
-    kind = "qmp"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._listener: socket.socket | None = None
-
-    def facts(self) -> dict[str, Any]:
-        return {"path": str(self.path)}
-
-    def prepare(self) -> None:
-        self._listener = unixsock.listen(self.path)
-
-    def pass_fds(self) -> tuple[int, ...]:
-        return (self._listener.fileno(),) if self._listener else ()
-
-    def qemu_args(self) -> list[str]:
-        fd = self._listener.fileno() if self._listener else -1
-        return ["-chardev", f"socket,id=qmp,fd={fd},server=on,wait=off",
-                "-mon", "chardev=qmp,mode=control"]
-
-    def launched(self) -> None:
-        if self._listener:
-            self._listener.close()
-            self._listener = None
-
-    def release(self) -> None:
-        self.launched()
-        self.reclaim(self.facts())
-
-    @classmethod
-    def reclaim(cls, facts: dict[str, Any]) -> None:
-        unixsock.unlink(Path(facts["path"]))
-
-
-@reclaimable
 class PagerChannel(Device):
     """The Pager's ivshmem-doorbell device. Its server runs in this process
     (paracell/pager/server.py) and is greeted onto a socketpair before QEMU

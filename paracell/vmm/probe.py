@@ -9,9 +9,10 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from paracell import settings
 from paracell.errors import ParacellError
 
-ENGINES = ("auto", "kvm", "tcg")
+ENGINES = settings.ENGINES
 QEMU_BINARY = "qemu-system-x86_64"
 
 

@@ -19,7 +19,7 @@ from paracell.errors import ParacellError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.runtime.log import RuntimeLog
-    from paracell.vmm.probe import HostFacts
+    from paracell.xgate.support import XgatesSupport
 
 ANNOTATION = "io.paracell.xgates"
 VET_ANNOTATION = "io.paracell.xgates.vet"
@@ -52,16 +52,18 @@ def plan(annotations: dict[str, str]) -> XgatesPlan:
     return XgatesPlan(enabled, vet, source)
 
 
-def require_support(xgates: XgatesPlan, engine: str, facts: HostFacts) -> None:
-    """XGates asked for where the guest cannot have PKU: refuse, never run without."""
-    from paracell.xgate.support import support
-
+def admit(xgates: XgatesPlan, here: XgatesSupport | None, rootfs: Path,
+          log: RuntimeLog) -> None:
+    """The whole admission, once per create: XGates asked for where the
+    guest cannot have PKU are refused, never run without (`here` is None for
+    a VM that exists already, admitted at its own create); then the rootfs
+    is vetted."""
     if not xgates.enabled:
         return
-    here = support(engine, facts)
-    if not here.supported:
+    if here is not None and not here.supported:
         raise ParacellError(f"XGates requested ({xgates.source}) but unsupported with "
-                            f"engine {engine}: {here.reason}")
+                            f"engine {here.engine}: {here.reason}")
+    vet_rootfs(xgates, rootfs, log)
 
 
 def vet_rootfs(xgates: XgatesPlan, rootfs: Path, log: RuntimeLog) -> None:

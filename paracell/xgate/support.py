@@ -14,16 +14,18 @@ from paracell.vmm.probe import HostFacts
 class XgatesSupport:
     supported: bool
     reason: str
+    engine: str | None = None  # the engine it was asked for
 
 
 def support(engine: str | None, facts: HostFacts) -> XgatesSupport:
     """`engine` is the engine a container would get ("kvm", "tcg"), None when none can run."""
     if facts.qemu_path is None:
-        return XgatesSupport(False, "no QEMU, so no guest")
+        return XgatesSupport(False, "no QEMU, so no guest", engine)
     if engine == "tcg":
-        return XgatesSupport(True, "QEMU TCG with -cpu max gives the guest PKU/OSPKE")
+        return XgatesSupport(True, "QEMU TCG with -cpu max gives the guest PKU/OSPKE", engine)
     if engine == "kvm":
         if facts.host_pku:
-            return XgatesSupport(True, "KVM with -cpu host passes on the host CPU's pku")
-        return XgatesSupport(False, "KVM guests get PKU only from the host CPU, which lacks pku")
-    return XgatesSupport(False, "no engine can run a guest here")
+            return XgatesSupport(True, "KVM with -cpu host passes on the host CPU's pku", engine)
+        return XgatesSupport(False, "KVM guests get PKU only from the host CPU, which lacks pku",
+                             engine)
+    return XgatesSupport(False, "no engine can run a guest here", engine)

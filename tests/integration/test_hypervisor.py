@@ -12,14 +12,15 @@ import pytest
 from paracell._native import lib
 
 from paracell.guest import artifacts
+from paracell.runtime.agent import channel, sandboxspec
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.defaultspec import default_config
-from paracell.runtime.sandbox import channel, sandboxspec
 from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
 from paracell.vmm.hypervisor import VmStatus
 from paracell.vmm.qemu import QemuHypervisor
-from paracell.vmm.template import sparse_copy
+from paracell.vmm.qemu.monitor import QmpSocket
+from paracell.vmm.templatestore import sparse_copy
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ class GuestVm:
         self.agent = self.builder.attach(devices.AgentPort())
         self.rootfs = rootfs
         self.builder.attach(devices.rootfs_share(rootfs, readonly=True))
-        qmp = self.builder.attach(devices.QmpSocket(work / f"qmp-{tag}.sock"))
+        qmp = self.builder.attach(QmpSocket(work / f"qmp-{tag}.sock"))
         self.hypervisor = QemuHypervisor(qmp.path)
         self.log = work / f"qemu-{tag}.log"
         self.vm = None

@@ -211,7 +211,7 @@ def _kernel_overwritten(t: Path) -> None:
 def _overwritten_and_digests_redone(t: Path) -> None:
     """The same, by someone who also rewrote the digests: every check
     passes, and the guest dies after its restore, before its SANDBOX reply."""
-    from paracell.vmm.template import ram_copy
+    from paracell.vmm.templatestore import ram_copy
 
     _kernel_overwritten(t)
     meta = json.loads((t / "meta.json").read_text())

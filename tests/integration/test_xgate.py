@@ -1,7 +1,7 @@
 """XGates in real guests (TCG): the kernel domain, the gates, the PKRU policy,
 vetting, application domains, and glibc programs, with XGates on and off.
 
-The rootfs (paracell.xgate.rootfs) is busybox plus the host's own Debian 12
+The rootfs (paracell.bench.xgaterootfs) is busybox plus the host's own Debian 12
 binaries and libraries copied in unmodified: glibc and its loader, python3,
 bash and coreutils, with the programs of guest/xgate/ built against them
 (xgate-test is static and runs one named check, printing `ok NAME ...`;
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from paracell.bench.xgaterootfs import SOURCES, xgate_rootfs
 from paracell.xgate import vet
-from paracell.xgate.rootfs import SOURCES, xgate_rootfs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 from paracell._native import lib
 
 from paracell.errors import ParacellError
-from paracell.runtime.sandbox import channel, sandboxspec
+from paracell.runtime.agent import channel, sandboxspec
 
 
 def frame(ftype: int, payload: bytes = b"") -> bytes:

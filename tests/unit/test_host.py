@@ -12,11 +12,12 @@ import pytest
 from paracell import fastpath
 from paracell.errors import ParacellError
 from paracell.guest import cpio
-from paracell.runtime.sandbox.reclaim import reclaim
-from paracell.runtime.sandbox.signals import FORWARDED, forward_mask, parse_signal
+from paracell.runtime.agent.signals import FORWARDED, forward_mask, parse_signal
 from paracell.runtime.state.ids import check_id
+from paracell.runtime.vm.teardown import reclaim
 from paracell.vmm import devices, probe
 from paracell.vmm.builder import Machine, VmBuilder
+from paracell.vmm.qemu.monitor import QmpSocket
 from tests.conftest import PARACELL
 
 
@@ -60,7 +61,7 @@ def builder(engine: str = "tcg", readonly: bool = True, binds: bool = False) -> 
     vm.attach(devices.rootfs_share(Path("/r"), readonly))
     if binds:
         vm.attach(devices.HostShare(Path("/s"), [(Path("/etc/hosts"), "0")]))
-    vm.attach(devices.QmpSocket(Path("/q.sock")))
+    vm.attach(QmpSocket(Path("/q.sock")))
     return vm
 
 
@@ -118,10 +119,10 @@ def test_launch_passes_each_devices_fds_and_record_reclaims(tmp_path):
     vm = VmBuilder(Machine(qemu="/bin/true", engine="tcg", kernel=Path("/k"),
                            initramfs=Path("/i"), memory_mib=64, vcpus=1))
     ram = vm.attach(devices.GuestRam(tmp_path / "ram.mem", 64))
-    qmp = vm.attach(devices.QmpSocket(tmp_path / "qmp.sock"))
+    qmp = vm.attach(QmpSocket(tmp_path / "qmp.sock"))
     agent = vm.attach(devices.AgentPort())
     record = vm.record()
-    assert [d["kind"] for d in record] == ["guest-ram", "qmp", "agent-port"]
+    assert [d["kind"] for d in record] == ["guest-ram", "qemu-monitor", "agent-port"]
     booted = vm.launch(tmp_path / "qemu.log")
     assert booted.stop(10) == 0
     assert ram.path.exists() and qmp.path.exists() and agent.host_end is not None
@@ -205,9 +206,10 @@ def test_config_file_and_environment_precedence(tmp_path, monkeypatch):
 def test_every_global_option_of_the_cli_is_known_to_the_fast_path(tmp_path):
     """A global the fast path does not know makes entry.py lose --log and
     --log-format for the failing call (it was so for --memory-manager)."""
+    from paracell import globalopts
     from paracell.cli import main as group
 
-    known = set(fastpath.VALUED_GLOBALS) | set(fastpath.FLAG_GLOBALS)
+    known = globalopts.VALUED | globalopts.FLAGS
     cli_globals = {opt for p in group.params for opt in p.opts if opt.startswith("--")}
     assert cli_globals - {"--version", "--help"} <= known, cli_globals - known
     log = tmp_path / "log.json"

@@ -11,7 +11,7 @@ import paracell
 PACKAGE = Path(paracell.__file__).parent
 # Lowest first. The modules directly in runtime/ (log, context, configcheck)
 # are shared by every layer.
-LAYERS = ["state", "inguest", "bundle", "host", "sandbox", "pod", "verbs"]
+LAYERS = ["state", "inguest", "bundle", "host", "agent", "snapshots", "vm", "pod", "verbs"]
 
 
 def _imports(top: Path) -> list[tuple[Path, str]]:

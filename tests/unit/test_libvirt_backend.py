@@ -13,8 +13,8 @@ import pytest
 from paracell import wire
 from paracell.errors import ParacellError
 from paracell.net import lent
-from paracell.runtime.sandbox import spawn
-from paracell.runtime.sandbox.memorymanager import MemoryPlan
+from paracell.runtime.vm import spawn
+from paracell.runtime.vm.memorymanager import MemoryPlan
 from paracell.vmm import devices
 from paracell.vmm.builder import Device, Machine, VmBuilder
 from paracell.vmm.libvirt import connection, domain

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.runtime.sandbox import memorymanager
-from paracell.runtime.sandbox.memorymanager import ANNOTATION, DEFAULT_KNOBS, choose
+from paracell.runtime.vm import memorymanager
+from paracell.runtime.vm.memorymanager import ANNOTATION, DEFAULT_KNOBS, choose
 
 
 def test_the_pager_is_the_default_where_it_can_serve_the_guest() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from paracell._native import ffi, lib
 
-from paracell.runtime.sandbox import channel
+from paracell.runtime.agent import channel
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO = REPO / "proto"

@@ -100,7 +100,7 @@ def test_a_child_waiting_for_commit_ends_when_its_creator_dies(tmp_path):
     marker = tmp_path / "child"
     script = textwrap.dedent(f"""
         import os, sys, time
-        from paracell.runtime.sandbox import spawn
+        from paracell.runtime.vm import spawn
 
         def body(handshake):
             handshake.report(spawn.Ready(pid=os.getpid()))
@@ -122,7 +122,7 @@ def test_a_child_waiting_for_commit_ends_when_its_creator_dies(tmp_path):
 
 
 def test_commit_to_a_child_that_died_after_its_report_is_not_an_error():
-    from paracell.runtime.sandbox import spawn
+    from paracell.runtime.vm import spawn
 
     def body(handshake):
         handshake.report(spawn.Ready(pid=os.getpid()))

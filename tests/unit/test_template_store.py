@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from paracell.errors import ParacellError
-from paracell.vmm import devices, template
+from paracell.vmm import devices, templatestore
 from paracell.vmm.builder import Machine, VmBuilder
-from paracell.vmm.template import Capture, TemplateError, TemplateStore
+from paracell.vmm.templatestore import Capture, TemplateError, TemplateStore
 
 RAM_MIB = 4
 
@@ -33,12 +33,12 @@ def builder(tmp: Path, **machine: object) -> VmBuilder:
 
 def test_the_key_follows_every_input_and_no_per_sandbox_value(tmp_path: Path):
     base = builder(tmp_path)
-    key = template.key_of(base.shape())
+    key = templatestore.key_of(base.shape())
     # Per sandbox: another RAM file, another rootfs directory, another state dir.
     other = builder(tmp_path)
     other.devices[0] = devices.GuestRam(tmp_path / "elsewhere.mem", RAM_MIB)
     other.devices[2] = devices.rootfs_share(tmp_path / "another-rootfs", readonly=True)
-    assert template.key_of(other.shape()) == key
+    assert templatestore.key_of(other.shape()) == key
     changed = [
         builder(tmp_path, memory_mib=RAM_MIB * 2),
         builder(tmp_path, vcpus=2),
@@ -51,13 +51,13 @@ def test_the_key_follows_every_input_and_no_per_sandbox_value(tmp_path: Path):
     with_balloon = builder(tmp_path)
     with_balloon.attach(devices.Balloon())
     changed.append(with_balloon)
-    keys = {template.key_of(vm.shape()) for vm in changed}
+    keys = {templatestore.key_of(vm.shape()) for vm in changed}
     assert key not in keys and len(keys) == len(changed)
     # A rebuilt initramfs (the agent changed) is a new file: a new key.
     rebuilt = tmp_path / "initramfs.cpio"
     rebuilt.unlink()
     rebuilt.write_bytes(b"a changed agent")
-    assert template.key_of(builder(tmp_path).shape()) != key
+    assert templatestore.key_of(builder(tmp_path).shape()) != key
 
 
 def saved(store: TemplateStore, tmp_path: Path, shape: dict, content: bytes = b"touched",
@@ -67,7 +67,7 @@ def saved(store: TemplateStore, tmp_path: Path, shape: dict, content: bytes = b"
         f.truncate(RAM_MIB << 20)
         f.seek(1 << 20)
         f.write(content)
-    key = template.key_of(shape)
+    key = templatestore.key_of(shape)
     made = store.save(key, shape, Capture(lambda path: path.write_bytes(state), ram,
                                           RAM_MIB << 20, ["02:00:00:00:00:01"]))
     assert made is not None and made.key == key
@@ -205,7 +205,7 @@ def test_two_removals_of_everything_at_once_both_succeed(tmp_path: Path):
     os.environ["PARACELL_TEMPLATES"] = str(store.root)
     try:
         for _ in range(10):  # bounded: a race shows within a few rounds
-            for n in range(template.MAX_TEMPLATES):
+            for n in range(templatestore.MAX_TEMPLATES):
                 saved(store, tmp_path, {"memory_mib": RAM_MIB, "n": n})
             pids = []
             for _ in range(2):
@@ -239,7 +239,7 @@ def test_a_store_that_is_a_link_is_never_followed(tmp_path: Path):
 def test_a_second_builder_of_a_key_leaves_it_to_the_first(tmp_path: Path):
     store = TemplateStore(tmp_path / "store")
     shape = {"memory_mib": RAM_MIB, "devices": []}
-    key = template.key_of(shape)
+    key = templatestore.key_of(shape)
     with store._building(key) as first:
         assert first
         second = store.save(key, shape, Capture(lambda p: pytest.fail("saved twice"),
@@ -253,7 +253,7 @@ def test_a_second_builder_of_a_key_leaves_it_to_the_first(tmp_path: Path):
 def test_the_store_keeps_the_most_recently_used(tmp_path: Path):
     store = TemplateStore(tmp_path / "store")
     keys = []
-    for n in range(template.MAX_TEMPLATES + 2):
+    for n in range(templatestore.MAX_TEMPLATES + 2):
         keys.append(saved(store, tmp_path, {"memory_mib": RAM_MIB, "n": n}))
         # Used in the order saved, a second apart.
         os.utime(store.root / keys[-1] / "meta.json", (1000 + n, 1000 + n))

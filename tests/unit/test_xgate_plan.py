@@ -11,6 +11,7 @@ import pytest
 from paracell.errors import ParacellError
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.defaultspec import default_config
+from paracell.runtime.log import RuntimeLog
 from paracell.vmm.probe import HostFacts
 from paracell.xgate import admission
 from paracell.xgate.support import support
@@ -82,12 +83,15 @@ def test_support_matrix():
     assert not support("tcg", _facts(pku=True, qemu=False)).supported
 
 
-def test_create_refuses_xgates_where_unsupported():
+def test_create_refuses_xgates_where_unsupported(tmp_path):
     plan = admission.XgatesPlan(True, "refuse", "annotation io.paracell.xgates")
+    log = RuntimeLog()
     with pytest.raises(ParacellError, match="unsupported with engine kvm: .*lacks pku"):
-        admission.require_support(plan, "kvm", _facts(pku=False))
-    admission.require_support(plan, "tcg", _facts(pku=False))
-    admission.require_support(admission.XgatesPlan(False, "refuse", ""), "kvm", _facts(pku=False))
+        admission.admit(plan, support("kvm", _facts(pku=False)), tmp_path, log)
+    admission.admit(plan, support("tcg", _facts(pku=False)), tmp_path, log)
+    admission.admit(admission.XgatesPlan(False, "refuse", ""), support("kvm", _facts(pku=False)),
+                    tmp_path, log)
+    admission.admit(plan, None, tmp_path, log)  # a pod's VM, admitted at its own create
 
 
 def test_check_says_whether_xgates_can_run():
@@ -103,7 +107,6 @@ def test_check_says_whether_xgates_can_run():
 
 
 def test_a_rootfs_past_the_vet_bounds_is_refused_or_warned(tmp_path, monkeypatch):
-    from paracell.runtime.log import RuntimeLog
     from paracell.xgate import vet
 
     monkeypatch.setattr(vet, "MAX_ENTRIES", 2)

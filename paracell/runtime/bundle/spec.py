@@ -518,18 +518,11 @@ def prepare_rootfs(bundle: Bundle) -> None:
     create_mount_points(bundle.rootfs, bundle.mount_points)
 
 
-def encode_records(records: list[tuple[str, str]]) -> bytes:
-    out = bytearray()
-    for key, value in records:
-        if "\0" in value:
-            raise _fail(f"{key} contains a NUL byte")
-        out += f"{key}={value}".encode() + b"\0"
-    if len(out) > lib.PC_MAX_PAYLOAD:
-        raise ParacellError(
-            "process spec is too large for the agent channel "
-            f"({len(out)} > {lib.PC_MAX_PAYLOAD} bytes)"
-        )
-    return bytes(out)
+def _encode(records: list[tuple[str, str]]) -> bytes:
+    try:
+        return K.encode(records)
+    except K.NulInRecord as err:
+        raise _fail(str(err)) from None
 
 
 def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
@@ -552,10 +545,10 @@ def init_launch_spec(container_id: str, bundle: Bundle, xgates: bool = False,
     records += [m.record(bundle.bind_prefix) for m in bundle.mounts]
     records += bundle.linux_records
     records += extra or []
-    return encode_records(records)
+    return _encode(records)
 
 
 def exec_launch_spec(container_id: str, process: dict[str, Any]) -> bytes:
     """Records for another process in a container that exists in the guest."""
-    return encode_records([(K.CONTAINER, container_id), (K.ROLE, "exec"),
+    return _encode([(K.CONTAINER, container_id), (K.ROLE, "exec"),
                            *_process_records(process)])

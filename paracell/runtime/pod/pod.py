@@ -23,9 +23,9 @@ from paracell import speckeys as K
 from paracell import unixsock, wire
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
+from paracell.runtime.agent import channel
 from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_ID
 from paracell.runtime.bundle.spec import Bundle
-from paracell.runtime.sandbox import channel, spawn
 from paracell.runtime.state.ids import check_id
 from paracell.runtime.state.store import (
     CONTROL_SOCKET,
@@ -34,13 +34,13 @@ from paracell.runtime.state.store import (
     StateStore,
     VmRecord,
 )
+from paracell.runtime.vm import spawn
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.runtime.context import Context
     from paracell.runtime.host.cgroups import CgroupDir
-    from paracell.runtime.sandbox.sandbox import Container
-    from paracell.xgate.admission import XgatesPlan
+    from paracell.runtime.vm.placement import Container
 
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
 # The guest namespaces a member may share with its pod, by OCI type, and the
@@ -58,8 +58,7 @@ def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
     from paracell.runtime.state import status
 
     state = store.load(sandbox_id)
-    if state.status not in (status.CREATED, status.RUNNING):
-        raise ParacellError(f"pod sandbox {sandbox_id} is {state.status}, not running")
+    status.transition("join pod", state.status, sandbox_id)
     if not state.vm.config.pod_share:
         raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
                             "it was created without the sandbox annotation")
@@ -129,7 +128,7 @@ def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
 
 
 class MemberProxy:
-    """The stand-in for a pod member's init (runtime/sandbox/standin.py), in the
+    """The stand-in for a pod member's init (runtime/vm/standin.py), in the
     member's own host cgroup: see the module's docstring."""
 
     needs_commit = True
@@ -148,8 +147,8 @@ class MemberProxy:
     def open(self) -> spawn.Ready:
         import signal
 
+        from paracell.runtime.agent import signals
         from paracell.runtime.host import cgroups
-        from paracell.runtime.sandbox import signals
         cgroups.join(self.cgroup)
         self.listener = unixsock.listen(self.control_socket)
         self.conn, self.tty_fd = channel.open_process(
@@ -198,7 +197,7 @@ def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
 
 @dataclass
 class PodSlot:
-    """A member's place in its pod's running Sandbox (runtime/sandbox/sandbox.py's
+    """A member's place in its pod's running Sandbox (runtime/vm/placement.py's
     Placement): its directory of the pod share, its own host cgroup, and the
     records that join it to its pod's namespaces in the guest."""
 
@@ -209,20 +208,19 @@ class PodSlot:
     sandbox_socket: Path
     control_socket: Path
     extra: list[tuple[str, str]]
+    # The pod's VM exists, and was admitted with its own create.
+    xgates_support: None = None
 
     @classmethod
-    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
-             xgates_plan: XgatesPlan) -> PodSlot:
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str) -> PodSlot:
         from paracell import settings
         from paracell.runtime.host import cgroups, hostside
-        from paracell.xgate import admission
 
         store = ctx.store
         sandbox, share = _sandbox(store, sandbox_id)
         if bundle.config.get("process") is None:
             # Nothing could start it later: its VM is already running.
             raise ParacellError(f"container {container_id}: a pod member needs a process")
-        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         # The member's own host cgroup holds its proxy, so containerd finds one
         # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
         host = hostside.plan(bundle, container_id, ctx.systemd_cgroup,
@@ -241,7 +239,7 @@ class PodSlot:
 
     def record(self) -> VmRecord:
         from paracell.runtime.host import cgroups
-        from paracell.runtime.sandbox.memberdir import PodMemberDir
+        from paracell.runtime.vm.memberdir import PodMemberDir
 
         return VmRecord(host=HostRecord(cgroups=cgroups.facts(self.cgroup)),
                         reclaim=[PodMemberDir.record(self.member_dir)])
@@ -256,7 +254,7 @@ class PodSlot:
         return f"member of pod {self.sandbox_id}"
 
     def spawn(self, ctx: Context, container: Container, detach: bool) -> spawn.Spawned:
-        from paracell.runtime.sandbox import standin
+        from paracell.runtime.vm import standin
 
         proxy = MemberProxy(self.sandbox_socket, self.control_socket, container.launch_spec,
                             container.terminal, container.console_socket,

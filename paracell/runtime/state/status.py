@@ -36,6 +36,10 @@ _TRANSITIONS: dict[str, dict[str, str]] = {
     "delete": {CREATED: STOPPED, STOPPED: STOPPED},
     "checkpoint": {RUNNING: RUNNING},
     "rollback": {RUNNING: RUNNING},
+    # A fork or a restore: its init runs already once its create is done.
+    "restored": {CREATED: RUNNING},
+    # A pod member's create: its pod's sandbox must be up.
+    "join pod": {CREATED: CREATED, RUNNING: RUNNING},
     "delete --force": {s: STOPPED for s in (CREATING, CREATED, RUNNING, PAUSED, STOPPED)},
 }
 
@@ -58,6 +62,8 @@ def _refusal(verb: str, status: str, container_id: str) -> ParacellError:
         return ParacellError(
             f"cannot delete container {container_id} that is not stopped: {status}"
         )
+    if verb == "join pod":
+        return ParacellError(f"pod sandbox {container_id} is {status}, not running")
     return NotRunningError()
 
 
@@ -79,6 +85,15 @@ def settle(status: str, shim_alive: Callable[[], bool],
     if status == CREATING and not creator_alive():
         return STOPPED
     return status
+
+
+def is_stopped(status: str) -> bool:
+    return status == STOPPED
+
+
+def is_creating(status: str) -> bool:
+    """Whether a create holds the container (it has no VM to answer for yet)."""
+    return status == CREATING
 
 
 def stands_for_a_process(status: str) -> bool:

@@ -63,7 +63,7 @@ class VmRecord(Record):
 
     qemu_pid: int
     qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
-    template: str  # "restored KEY", "saved KEY" or "" (runtime/sandbox/templating.py)
+    template: str  # "restored KEY", "saved KEY" or "" (runtime/vm/templating.py)
     config: VmConfig
     host: HostRecord
     reclaim: list[dict[str, Any]]

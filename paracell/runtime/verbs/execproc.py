@@ -15,16 +15,17 @@ from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.procfs import process_start_time, same_process
+from paracell.runtime.agent import channel
+from paracell.runtime.agent.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.spec import read_json_file
 from paracell.runtime.configcheck import ConfigError
 from paracell.runtime.context import Context
 from paracell.runtime.pod import pod
-from paracell.runtime.sandbox import channel, spawn, standin
-from paracell.runtime.sandbox.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.state import status
 from paracell.runtime.state.store import CONTROL_SOCKET
 from paracell.runtime.verbs.lifecycle import wait_child, write_pid_file
+from paracell.runtime.vm import spawn, standin
 
 MAX_PROCESS_JSON = 1 << 20
 EXECS_DIR = "execs"
@@ -122,7 +123,7 @@ def exec_marker_alive(marker: Path) -> bool:
 
 
 class ExecProxy:
-    """The stand-in for an exec'd process (runtime/sandbox/standin.py). Nothing records
+    """The stand-in for an exec'd process (runtime/vm/standin.py). Nothing records
     its pid but its marker, so it never waits for a commit."""
 
     needs_commit = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from paracell.procfs import kill_same
-from paracell.runtime.sandbox.signals import FORWARDED, SIGKILL
+from paracell.runtime.agent.signals import FORWARDED, SIGKILL
 from paracell.runtime.state import status
 
 TYPE_CHECKING = False
@@ -32,7 +32,7 @@ def deliver(store: StateStore, container_id: str, sig: int, all_processes: bool,
         state = store.load(container_id)
         # runc signals whatever is left in a stopped container's cgroup, which
         # for a VM is nothing: containerd's shim sends this on every stop.
-        if all_processes and state.status == status.STOPPED:
+        if all_processes and status.is_stopped(state.status):
             return True
         status.transition("kill", state.status, container_id)
         if sig in FORWARDED and not all_processes:
@@ -48,7 +48,7 @@ def deliver(store: StateStore, container_id: str, sig: int, all_processes: bool,
 
 def kill(ctx: Context, container_id: str, sig: int, all_processes: bool) -> None:
     """The full CLI's kill: what the fast path leaves goes through the shim."""
-    from paracell.runtime.sandbox import channel
+    from paracell.runtime.agent import channel
     from paracell.runtime.state.store import CONTROL_SOCKET
 
     def through_shim(state: ContainerState) -> None:

@@ -8,15 +8,14 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.procfs import kill_same, process_start_time
+from paracell.runtime.agent import channel
+from paracell.runtime.agent.console import NEED_CONSOLE_SOCKET
+from paracell.runtime.agent.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.context import Context
 from paracell.runtime.log import rfc3339_now
-from paracell.runtime.sandbox import channel
-from paracell.runtime.sandbox.console import NEED_CONSOLE_SOCKET
-from paracell.runtime.sandbox.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.state import status
 from paracell.runtime.state.ids import check_id
 from paracell.runtime.state.store import (
@@ -27,6 +26,10 @@ from paracell.runtime.state.store import (
     oci_state,
     shim_alive,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.snapshots.forking import ForkSource
 
 # runc refuses such a spec at create ("process property must not be empty");
 # the runtime spec only requires start to fail, which it does here.
@@ -56,16 +59,18 @@ def create(
     pid_file: str | None,
     console_socket: str | None,
     detach: bool = True,
-    fork: Any = None,
+    fork: ForkSource | None = None,
 ) -> ContainerState:
-    """The one create path: a Container in a Sandbox of its own, or in its
-    pod's (runtime/sandbox/sandbox.py). Everything the container will hold is in
-    the state on disk before any of it exists; a failure at any step
-    removes all of it."""
+    """The one create path: a Container in a VM of its own, or in its pod's
+    (runtime/vm/placement.py), or, with `fork`, in a VM that goes on from a
+    checkpoint (runtime/snapshots/forking.py). It walks the layers down
+    once: the bundle, the plan (which decides everything), the admission,
+    the state; everything the container will hold is in the state on disk
+    before any of it exists, and a failure at any step removes all of it."""
     from paracell.runtime.bundle import podrole, spec
     from paracell.runtime.host import hooks
     from paracell.runtime.pod import pod
-    from paracell.runtime.sandbox.sandbox import Container, Placement, Sandbox
+    from paracell.runtime.vm.placement import Container, OwnVm, Placement
     from paracell.xgate import admission
 
     store = ctx.store
@@ -79,24 +84,19 @@ def create(
     terminal = bool(process and process.get("terminal"))
     if terminal and not console_socket:
         raise ParacellError(NEED_CONSOLE_SOCKET)
+    if fork is not None and pod_role.kind == "member":
+        raise ParacellError("a pod member cannot be forked or restored: its VM is its pod's")
     xgates_plan = admission.plan(bundle.annotations)
     placement: Placement = (
-        pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id, xgates_plan)
+        pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id)
         if pod_role.kind == "member" else
-        Sandbox.plan(ctx, container_id, bundle, pod_role, xgates_plan))
-    if fork is not None:
-        # A fork's VM goes on from its parent's checkpoint (paracell/sandbox/forking.py).
-        if not isinstance(placement, Sandbox) or placement._checkpoint_limit() == 0:
-            raise ParacellError("only a snapshot-mode sandbox of its own can be forked or "
-                                "restored (annotation io.paracell.snapshot: \"on\")")
-        if terminal:
-            raise ParacellError("a forked or restored container has no terminal yet")
-        placement.fork = fork
+        OwnVm.plan(ctx, container_id, bundle, pod_role, xgates_plan, fork))
+    # Before prepare_rootfs, which writes mount points into the rootfs: a
+    # refused create leaves nothing behind, not even there.
+    admission.admit(xgates_plan, placement.xgates_support, bundle.rootfs, ctx.log)
     container = Container(container_id, bundle, spec.init_launch_spec(
         container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
         terminal, console_socket)
-    # After the vetting in plan, before the state: a refused create leaves
-    # nothing behind, not even in the rootfs.
     spec.prepare_rootfs(bundle)
     me = os.getpid()
     state = ContainerState(
@@ -182,7 +182,7 @@ def delete(ctx: Context, container_id: str, force: bool) -> None:
         # A create in progress holds the lock until its VM is up: answer now,
         # from the state it wrote first, as runc does, rather than wait.
         peek = store.load(container_id)
-        if peek.status == status.CREATING:
+        if status.is_creating(peek.status):
             status.transition("delete", peek.status, container_id)
     try:
         with store.locked(container_id):
@@ -232,7 +232,7 @@ def _salvage(ctx: Context, container_id: str) -> None:
 def _stop_vm(state: ContainerState) -> None:
     """Ends the shim and its VM and frees the VM's devices (RAM file, shares);
     the state and the host cgroups stay for delete."""
-    from paracell.runtime.sandbox.reclaim import reclaim
+    from paracell.runtime.vm.teardown import reclaim
 
     _kill_shim(state)
     _wait_shim_gone(state)
@@ -249,7 +249,7 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     cgroups.reclaim(state.vm.host.cgroups)
     # By its name too: a record that lost its device entry must not leak it.
     memory.remove(memory.path_for(ctx.root, state.id))
-    was_started = state.status != status.CREATING
+    was_started = not status.is_creating(state.status)
     state.status = status.STOPPED
     ctx.store.remove(state.id)
     if was_started:

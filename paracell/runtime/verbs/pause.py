@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from paracell.runtime.context import Context
 from paracell.runtime.state import status
-from paracell.vmm import hypervisor
+from paracell.vmm import backends
 
 
 def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
@@ -12,7 +12,7 @@ def _set_paused(ctx: Context, container_id: str, paused: bool) -> None:
     with store.locked(container_id):
         state = store.load(container_id)
         target = status.transition("pause" if paused else "resume", state.status, container_id)
-        vmm = hypervisor.for_vm(state.vm.config)
+        vmm = backends.hypervisor_of(state.vm.config)
         if paused:
             vmm.pause()
         else:

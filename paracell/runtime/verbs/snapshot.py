@@ -1,6 +1,6 @@
 """`paracell sandbox checkpoint|rollback|checkpoints|rm-checkpoint`: a
 snapshot-mode sandbox's checkpoints (docs/snapshots.md). The shim does the
-work (paracell/sandbox/service.py); these verbs ask it, and `checkpoints`
+work (paracell/runtime/snapshots/service.py); these verbs ask it, and `checkpoints`
 reads the store."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.runtime.context import Context
+from paracell.runtime.snapshots import client
+from paracell.runtime.snapshots.checkpoints import CheckpointStore, check_name
 from paracell.runtime.state import status
-from paracell.sandbox import client
-from paracell.sandbox.checkpoints import CheckpointStore, check_name
 
 
 def _running(ctx: Context, container_id: str, verb: str) -> Any:
@@ -70,9 +70,10 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     import dataclasses
 
     from paracell.net import netns
+    from paracell.runtime.snapshots import forking
     from paracell.runtime.state.ids import check_id
     from paracell.runtime.verbs import lifecycle
-    from paracell.sandbox import forking
+    from paracell.vmm import backends
 
     if not 1 <= count <= FORK_MAX:
         raise ParacellError(f"--count must be 1..{FORK_MAX}")
@@ -81,8 +82,9 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     if parent.vm.config.network in (netns.JOIN, netns.NEW):
         raise ParacellError(f"container {container_id} has network interfaces: forking such a "
                             "sandbox is not supported yet (two forks would share its addresses)")
-    if parent.vm.config.vmm != "qemu":
-        raise ParacellError("only a sandbox under direct QEMU can be forked")
+    if not backends.capabilities_of(parent.vm.config).snapshots:
+        raise ParacellError(f"container {container_id}: its backend ({parent.vm.config.vmm}) "
+                            "cannot fork a VM")
     if name is not None:
         CheckpointStore(ctx.store.dir(container_id)).load(check_name(name))
     ids = [f"{prefix if prefix is not None else container_id + '-fork-'}{i}"
@@ -114,7 +116,7 @@ def _mark_running(ctx: Context, container_id: str) -> None:
     """A fork or a restore: its init runs already, with no `start`."""
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
-        state.status = status.RUNNING
+        state.status = status.transition("restored", state.status, container_id)
         ctx.store.save(state)
 
 
@@ -122,9 +124,9 @@ def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path:
                     leave_running: bool) -> None:
     """runc's `checkpoint --image-path`: a checkpoint flattened into the image
     directory; the container stops after it unless --leave-running."""
-    from paracell.runtime.sandbox.signals import SIGKILL
+    from paracell.runtime.agent.signals import SIGKILL
+    from paracell.runtime.snapshots import images
     from paracell.runtime.verbs import kill
-    from paracell.sandbox import images
 
     state_dir = _running(ctx, container_id, "checkpoint")
     if not (state_dir / "snap.sock").exists():
@@ -148,14 +150,14 @@ def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: st
                  bundle: str, detach: bool, pid_file: str | None) -> None:
     """runc's `restore --image-path`: a new container, from its bundle, that
     goes on from the image's checkpoint. The image is read into a private
-    directory of the root first (paracell/sandbox/images.py), and the fork
+    directory of the root first (paracell/runtime/snapshots/images.py), and the fork
     goes on from that copy."""
     import dataclasses
 
     from paracell.runtime.bundle import spec
+    from paracell.runtime.snapshots import forking, images
     from paracell.runtime.state.ids import check_id
     from paracell.runtime.verbs import lifecycle
-    from paracell.sandbox import forking, images
 
     if not detach:
         raise ParacellError("restore needs --detach: a restored container's stdio is /dev/null")

@@ -15,7 +15,7 @@ from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.runtime.context import Context
-from paracell.vmm import template
+from paracell.vmm import templatestore
 
 BUILD_ID = "template-build"
 
@@ -57,7 +57,7 @@ def _summary(shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def list_templates(fmt: str) -> str:
-    entries = template.store().entries()
+    entries = templatestore.store().entries()
     rows = [{"key": e["key"], "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                         time.gmtime(e["used"])),
              "disk_bytes": e["disk_bytes"], **_summary(e["shape"]),
@@ -77,13 +77,13 @@ def list_templates(fmt: str) -> str:
 
 
 def remove(keys: tuple[str, ...], everything: bool) -> str:
-    store = template.store()
+    store = templatestore.store()
     if everything == bool(keys):
         raise ParacellError("template rm: give template keys, or --all")
     if everything:
         keys = tuple(e["key"] for e in store.entries())
     for key in keys:
-        if not template.KEY.fullmatch(key):
+        if not templatestore.KEY.fullmatch(key):
             raise ParacellError(f"template rm: {key[:64]!r} is not a template key")
     removed = [k for k in keys if store.remove(k)]
     missing = [k for k in keys if k not in removed]

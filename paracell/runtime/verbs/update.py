@@ -230,12 +230,12 @@ def update(ctx: Context, container_id: str, source: str | None,
     """runc's update: the host cgroup, and guest memory through the balloon;
     source is --resources (a file, or - for stdin)."""
     from paracell.runtime.state import status
-    from paracell.vmm import hypervisor
+    from paracell.vmm import backends
 
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
         status.transition("update", state.status, container_id)
         raw = read_resources(source) if source else {}
         asked = merge_flags(raw, flags)
-        for line in apply(state, asked, hypervisor.for_vm(state.vm.config)):
+        for line in apply(state, asked, backends.hypervisor_of(state.vm.config)):
             print(f"paracell: {line}", file=sys.stderr)

@@ -1,6 +1,7 @@
-"""libvirt, the second backend of the Hypervisor interface: the VM is a
-transient libvirt domain whose QEMU is libvirtd's child, driven through
-libvirt-python (docs/libvirt.md).
+"""libvirt, the second backend: the VM is a transient libvirt domain whose
+QEMU is libvirtd's child, driven through libvirt-python (docs/libvirt.md).
+It passes no fds (QEMU connects to the shim's sockets), and offers neither
+templates nor snapshots yet (its Capabilities say so).
 
 The shim still stands for the container. It starts the domain paused,
 takes QEMU's connections to the agent and Pager sockets, moves QEMU into the
@@ -23,7 +24,14 @@ from typing import Any
 from paracell.errors import ParacellError
 from paracell.reclaim import reclaimable
 from paracell.vmm.builder import Device, Vm
-from paracell.vmm.hypervisor import Hypervisor, SavedState, VmStatus
+from paracell.vmm.hypervisor import (
+    Backend,
+    Capabilities,
+    Hypervisor,
+    SavedState,
+    VmStatus,
+    unsupported,
+)
 from paracell.vmm.libvirt import connection, domain
 
 TYPE_CHECKING = False
@@ -34,7 +42,6 @@ if TYPE_CHECKING:
     from paracell.vmm.libvirt.watch import DomainWatch
 
 CONNECT_TIMEOUT_S = 30.0
-NOT_SUPPORTED = "VM templates are not supported with the libvirt backend yet"
 
 
 @reclaimable
@@ -128,6 +135,30 @@ def _maps(proc_fd: int, pid: str, file_id: tuple[int, int]) -> bool:
         os.close(dir_fd)
 
 
+class LibvirtBackend(Backend):
+    name = "libvirt"
+    capabilities = Capabilities(passes_fds=False, templates=False, snapshots=False,
+                                live_resize=True)
+    default_location = connection.DEFAULT_URI
+
+    def check(self) -> None:
+        connection.check_uri(self.location)
+
+    def report(self, qemu: str | None, engine: str | None) -> dict[str, object]:
+        from paracell.vmm.libvirt import features
+
+        return features.report(self.location, qemu, engine)
+
+    def attach_control(self, vm: VmBuilder, state_dir: Path, memory_file: Path) -> dict[str, str]:
+        name = domain.name_for(memory_file.stem)
+        vm.attach(LibvirtDomain(self.location, name))
+        return {"uri": self.location, "domain": name}
+
+    @classmethod
+    def hypervisor(cls, control: dict[str, str], host_proc: int = -1) -> Hypervisor:
+        return LibvirtHypervisor(control["uri"], control["domain"], host_proc)
+
+
 class LibvirtHypervisor(Hypervisor):
     """One domain at one URI."""
 
@@ -165,7 +196,7 @@ class LibvirtHypervisor(Hypervisor):
         from paracell.vmm.libvirt.watch import DomainWatch
 
         if incoming or paused:
-            raise ParacellError(NOT_SUPPORTED)
+            raise unsupported(LibvirtBackend.name, "a VM template or a snapshot")
         ram = next((d for d in vm.devices if d.kind == "guest-ram"), None)
         if ram is None:
             raise ParacellError("internal: a libvirt domain needs ParaCell's guest RAM")
@@ -265,10 +296,17 @@ class LibvirtHypervisor(Hypervisor):
                         words.get(state, f"state {state}"))
 
     def save(self, path: Path) -> SavedState:
-        raise ParacellError(NOT_SUPPORTED)
+        raise unsupported(LibvirtBackend.name, "saving a VM")
 
     def restore(self, state_fd: int) -> None:
-        raise ParacellError(NOT_SUPPORTED)
+        raise unsupported(LibvirtBackend.name, "restoring a VM")
+
+    def is_vmm_process(self, pid: int, ram_file: str) -> bool:
+        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return find_qemu(proc, self.name, ram_file) == pid
+        finally:
+            os.close(proc)
 
 
 def _host_proc() -> int:

@@ -1,6 +1,7 @@
-"""Direct QEMU, the default backend of the Hypervisor interface: the VM is a
-QEMU child of the shim (paracell/vmm/builder.py renders its command line,
-paracell/vmm/qemu/jail.py its root), controlled over its QMP socket.
+"""Direct QEMU, the default backend: the VM is a QEMU child of the shim
+(paracell/vmm/builder.py renders its command line, paracell/vmm/qemu/jail.py
+its root), controlled over its QMP monitor (monitor.py, qmp.py), with
+templates and snapshots (snapshots.py).
 
 Save and restore use QEMU's migration to a file descriptor with the
 `x-ignore-shared` capability: guest RAM is a shared file that is not copied
@@ -14,9 +15,18 @@ import time
 from pathlib import Path
 
 from paracell.errors import ParacellError
-from paracell.vmm.hypervisor import Hypervisor, SavedState, VmStatus
+from paracell.vmm.hypervisor import (
+    Backend,
+    Capabilities,
+    Hypervisor,
+    SavedState,
+    Snapshots,
+    VmStatus,
+)
 from paracell.vmm.qemu import qmp
+from paracell.vmm.qemu.monitor import SOCKET_NAME, QmpSocket
 from paracell.vmm.qemu.qmp import AwaitMigration, Command
+from paracell.vmm.qemu.snapshots import IGNORE_SHARED, QemuSnapshots
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -27,8 +37,20 @@ if TYPE_CHECKING:
 MIGRATION_TIMEOUT_S = 60.0
 # The name the state's fd gets inside QEMU (`getfd`), for the `fd:` URI.
 STATE_FD_NAME = "paracell-state"
-IGNORE_SHARED = Command("migrate-set-capabilities", {
-    "capabilities": [{"capability": "x-ignore-shared", "state": True}]})
+CONTROL_KEY = "qmp_socket"
+
+
+class QemuBackend(Backend):
+    name = "qemu"
+    capabilities = Capabilities(passes_fds=True, templates=True, snapshots=True,
+                                live_resize=True)
+
+    def attach_control(self, vm: VmBuilder, state_dir: Path, memory_file: Path) -> dict[str, str]:
+        return {CONTROL_KEY: str(vm.attach(QmpSocket(state_dir / SOCKET_NAME)).path)}
+
+    @classmethod
+    def hypervisor(cls, control: dict[str, str], host_proc: int = -1) -> Hypervisor:
+        return QemuHypervisor(Path(control[CONTROL_KEY]))
 
 
 class QemuHypervisor(Hypervisor):
@@ -83,6 +105,9 @@ class QemuHypervisor(Hypervisor):
         finally:
             os.close(fd)
         return SavedState(path, size, time.monotonic() - began)
+
+    def snapshots(self, store: Path) -> Snapshots:
+        return QemuSnapshots(self.qmp_socket, store)
 
     def restore(self, state_fd: int) -> None:
         os.lseek(state_fd, 0, os.SEEK_SET)

@@ -86,7 +86,7 @@ class Checkpoint:
     seq: int
     parent: int  # the seq of the checkpoint its unchanged pages come from; 0 for none
     created: float
-    key: str  # the VM's shape (paracell/vmm/template.py key_of): a VM of another shape refuses it
+    key: str  # the VM's shape (templatestore.key_of): a VM of another shape refuses it
     ram_bytes: int
     pages_saved: int
     vmstate_tag: str

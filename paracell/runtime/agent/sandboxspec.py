@@ -11,7 +11,6 @@ import os
 import time
 
 from paracell import speckeys as K
-from paracell.runtime.bundle.spec import encode_records
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,4 +34,4 @@ def payload(vm: VmBuilder, hostname: str) -> bytes:
         records.append((K.HOSTNAME, hostname))
     records.append((K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()))
     records.append(clock_record(time.time_ns()))
-    return encode_records(records)
+    return K.encode(records)

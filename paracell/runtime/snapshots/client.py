@@ -1,5 +1,5 @@
 """Asks a snapshot-mode container's shim for a checkpoint operation
-(paracell/sandbox/service.py): one request on its `snap.sock`, one answer."""
+(paracell/runtime/snapshots/service.py): one request on its `snap.sock`, one answer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
-from paracell.sandbox import service
+from paracell.runtime.snapshots import service
 
 # A checkpoint of a large guest, or a rollback far back, can take seconds
 # under TCG; the shim finishes it even if we stop waiting.

@@ -32,7 +32,7 @@ from typing import Any
 from paracell import safefs
 from paracell.errors import ParacellError
 from paracell.images import rootdisk
-from paracell.sandbox.checkpoints import (
+from paracell.runtime.snapshots.checkpoints import (
     HASHES,
     LOC,
     MAX_META_BYTES,

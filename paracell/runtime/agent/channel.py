@@ -20,7 +20,7 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
-from paracell.runtime.sandbox.signals import SIGKILL, exit_status_for_signal
+from paracell.runtime.agent.signals import SIGKILL, exit_status_for_signal
 
 # Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
 # checks their sizes against the header's structs.
@@ -139,7 +139,7 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
     start_payload: the shim's, called once when `start` asks: what the init's
     START carries; a ParacellError is the start's error."""
     from paracell._native import ffi, lib
-    from paracell.runtime.sandbox import signals
+    from paracell.runtime.agent import signals
 
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd, cfg.abort_fd = chan_fd, listen_fd, abort_fd
@@ -212,7 +212,7 @@ def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socke
     connection and the terminal's fd (-1 without one); ParacellError or
     OSError on failure."""
     from paracell._native import lib
-    from paracell.runtime.sandbox import console
+    from paracell.runtime.agent import console
 
     conn = unixsock.connect(shim_socket)
     try:

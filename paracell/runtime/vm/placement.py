@@ -1,29 +1,30 @@
-"""Sandboxes and containers: the objects every create goes through.
+"""Where a container's processes run: the objects every create goes through.
 
-A **Sandbox** is one VM: its devices, shares, NICs, memory manager, engine,
-vCPUs and RAM, with the lifecycle plan -> provision -> boot -> attach ->
-stop -> reclaim. `plan` decides everything and touches nothing, so the
-state can record every host resource before any exists; `provision` makes
-the host side (cgroup, limits); the shim boots the VM and attaches it
-(READY, then SANDBOX: runtime/sandbox/shim.py); `stop` and `reclaim` undo it, from
-the recorded state alone when the shim has died (lifecycle._destroy).
+An **OwnVm** is a VM of one container's own: its devices, shares, NICs,
+memory manager, engine, vCPUs and RAM, with the lifecycle plan -> provision
+-> boot -> attach -> stop -> reclaim. `plan` decides everything, a fork
+and its checkpoints included, and touches nothing, so the state can record
+every host resource before any exists; `provision` makes the host side
+(cgroup, limits, the root disk); the shim boots the VM and attaches it
+(READY, then SANDBOX: runtime/vm/shim.py); `stop` and `reclaim` undo it,
+from the recorded state alone when the shim has died (lifecycle._destroy).
 
-A **Container** is a process tree in a sandbox. A lone container is a
-Container in a Sandbox of its own; a pod member is a Container in its pod's
-running Sandbox (a `PodSlot`, runtime/pod/pod.py). Both are a `Placement`:
-`lifecycle.create` is the one create path, and asks the placement only what
-differs between them.
+A **Container** is a process tree in a VM. A lone container is a Container
+in an OwnVm; a pod member is a Container in its pod's running VM (a
+`PodSlot`, runtime/pod/pod.py). Both are a `Placement`: `lifecycle.create`
+is the one create path, and asks the placement only what differs between
+them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from paracell.runtime.sandbox.spawn import Spawned
+from paracell.errors import ParacellError
 from paracell.runtime.state.store import ContainerState, VmRecord
+from paracell.runtime.vm.spawn import Spawned
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,11 +33,12 @@ if TYPE_CHECKING:
     from paracell.runtime.bundle.spec import Bundle
     from paracell.runtime.context import Context
     from paracell.runtime.host.hostside import HostPlan
-    from paracell.runtime.sandbox.memorymanager import MemoryPlan
-    from paracell.vmm.builder import VmBuilder
-    from paracell.vmm.config import VmConfig
-    from paracell.vmm.devices import AgentPort
+    from paracell.runtime.snapshots.forking import ForkSource
+    from paracell.runtime.vm.memorymanager import MemoryPlan
+    from paracell.runtime.vm.vmplan import PlannedVm
+    from paracell.vmm.hypervisor import Backend
     from paracell.xgate.admission import XgatesPlan
+    from paracell.xgate.support import XgatesSupport
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Container:
 
 class Placement(Protocol):
     """Where a container's processes run: a VM of its own, or a pod's."""
+
+    # Whether this create's VM can give the guest XGates; None where the VM
+    # exists already (a pod's, admitted at its own create).
+    xgates_support: XgatesSupport | None
 
     def extra_records(self) -> list[tuple[str, str]]:
         """Launch-spec records the placement adds to the init's SPEC."""
@@ -77,25 +83,26 @@ class Placement(Protocol):
 
 
 @dataclass
-class Sandbox:
-    """One VM, planned (see the module's docstring)."""
+class OwnVm:
+    """A container's VM of its own, planned (see the module's docstring)."""
 
     state_dir: Path
-    builder: VmBuilder
-    agent: AgentPort
-    config: VmConfig
+    vm: PlannedVm
+    backend: Backend
     host: HostPlan
     network: NetworkPlan
     memory: MemoryPlan
     xgates: XgatesPlan
+    xgates_support: XgatesSupport | None
     bundle: Bundle
-    templates: bool = False  # restore from a VM template (runtime/sandbox/templating.py)
+    templates: bool  # restore from a VM template (runtime/vm/templating.py)
+    checkpoint_limit: int  # snapshot mode: how many checkpoints it keeps; 0: not in it
+    fork: ForkSource | None  # the checkpoint a fork or a restore goes on from
     engine_notice: str = ""
-    fork: Any = None  # the checkpoint a fork goes on from (paracell/sandbox/forking.py)
 
     @classmethod
     def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_role: PodRole,
-             xgates_plan: XgatesPlan) -> Sandbox:
+             xgates_plan: XgatesPlan, fork: ForkSource | None = None) -> OwnVm:
         """Decides the VM from the bundle, the settings and the host; touches
         nothing on the host yet."""
         from paracell import settings
@@ -103,9 +110,10 @@ class Sandbox:
         from paracell.net import netns
         from paracell.runtime.bundle import podrole, snapshotmode
         from paracell.runtime.host import hostside
-        from paracell.runtime.sandbox import memorymanager, templating, vmplan
+        from paracell.runtime.snapshots import checkpoints
+        from paracell.runtime.vm import memorymanager, templating, vmplan
         from paracell.vmm import memory, probe
-        from paracell.xgate import admission
+        from paracell.xgate.support import support
 
         # Host side: VM size from linux.resources, cgroup, namespaces
         # (docs/host-isolation.md). A pod's VM holds every container of the
@@ -118,107 +126,87 @@ class Sandbox:
                                            bundle.annotations, host.size.memory_mib)
         facts = probe.probe_host()
         if facts.qemu_path is None:
-            from paracell.errors import ParacellError
-
             raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
         choice = probe.choose_engine(ctx.engine, facts)
-        admission.require_support(xgates_plan, choice.engine, facts)
-        # Before prepare_rootfs, which writes mount points into the rootfs: a
-        # refused create leaves nothing behind, not even there.
-        admission.vet_rootfs(xgates_plan, bundle.rootfs, ctx.log)
         network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
         snapshot = snapshotmode.plan(bundle, pod_sandbox)
-        if snapshot.enabled and ctx.vmm(bundle.annotations) != "qemu":
-            from paracell.errors import ParacellError
-
-            raise ParacellError("snapshot mode needs direct QEMU (--vmm qemu): its checkpoints "
-                                "load device state in place, which ParaCell does not ask of "
-                                "libvirt")
+        backend = ctx.backend(bundle.annotations)
+        if snapshot.enabled and not backend.capabilities.snapshots:
+            raise ParacellError(f"snapshot mode is not supported with the {backend.name} "
+                                "backend: its checkpoints load device state in place, which "
+                                "ParaCell does not ask of it (--vmm qemu)")
+        if fork is not None:
+            if not snapshot.enabled:
+                raise ParacellError("only a snapshot-mode sandbox of its own can be forked or "
+                                    "restored (annotation io.paracell.snapshot: \"on\")")
+            process = bundle.config.get("process") or {}
+            if process.get("terminal"):
+                raise ParacellError("a forked or restored container has no terminal yet")
+        backend.check()
         state_dir = ctx.store.dir(container_id)
-        vmm = ctx.vmm(bundle.annotations)
-        backend = vmplan.Backend(vmm, ctx.libvirt_uri if vmm == "libvirt" else "")
-        if vmm == "libvirt":
-            from paracell.vmm.libvirt import connection
-
-            connection.check_uri(backend.libvirt_uri)
-        builder, agent, config = vmplan.container_vm(
+        planned = vmplan.container_vm(
             state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,
             memory.path_for(ctx.root, container_id), host.size.memory_mib, memory_plan,
             vcpus=host.size.vcpus, network=network, pod_share=pod_sandbox,
             xgates=xgates_plan.enabled, backend=backend,
             owner={"id": container_id, "bundle": str(bundle.path)}, snapshot=snapshot)
-        # Templates are saved and restored by direct QEMU only (docs/libvirt.md).
-        templates = vmm == "qemu" and templating.wanted(ctx.no_template, bundle.annotations)
-        return cls(state_dir, builder, agent, config, host, network, memory_plan, xgates_plan,
-                   bundle, templates=templates, engine_notice=choice.notice)
+        # A fork goes on from its checkpoint: never from a template.
+        templates = (backend.capabilities.templates and fork is None
+                     and templating.wanted(ctx.no_template, bundle.annotations))
+        limit = checkpoints.limit_of(bundle.annotations) if snapshot.enabled else 0
+        return cls(state_dir, planned, backend, host, network, memory_plan, xgates_plan,
+                   support(choice.engine, facts), bundle, templates, limit, fork,
+                   engine_notice=choice.notice or "")
 
     def extra_records(self) -> list[tuple[str, str]]:
         return []
 
     def record(self) -> VmRecord:
-        return VmRecord(config=self.config, host=self.host.record(),
-                        reclaim=self.builder.record())
+        return VmRecord(config=self.vm.config, host=self.host.record(),
+                        reclaim=self.vm.builder.record())
 
     def provision(self, ctx: Context) -> None:
-        from paracell.vmm.devices import RootDisk
-
-        disk = next((d for d in self.builder.devices if isinstance(d, RootDisk)), None)
+        disk = self.vm.rootdisk
         if disk is not None and self.fork is not None:
             disk.image = Path(self.fork.rootdisk)  # its parent's files, whatever the tree is now
         elif disk is not None:
             disk.build(self.bundle.rootfs)
-        self.host.setup(self.config.engine, ctx.log, self.state_dir,
-                        Path(self.config.ram_file), self.bundle)
+        self.host.setup(self.vm.config.engine, ctx.log, self.state_dir,
+                        Path(self.vm.config.ram_file), self.bundle)
 
     def describe(self) -> str:
         size = self.host.size
-        return (f"vmm {self.config.vmm}, engine {self.config.engine}, "
+        return (f"vmm {self.backend.name}, engine {self.vm.config.engine}, "
                 f"{size.memory_mib} MiB, {size.vcpus} vCPU "
                 f"({size.reason}), memory manager {self.memory.manager}, "
                 f"xgates {'on' if self.xgates.enabled else 'off'}")
 
     def spawn(self, ctx: Context, container: Container, detach: bool) -> Spawned:
         """The shim: it boots the VM, attaches it, and creates the init."""
-        from paracell.runtime.sandbox import shim, spawn
-        from paracell.runtime.sandbox.shim import ShimPlan
+        from paracell.runtime.vm import shim, spawn
+        from paracell.runtime.vm.shim import ShimPlan
 
-        plan = ShimPlan(state_dir=self.state_dir, vm=self.builder, config=self.config,
-                        agent=self.agent, launch_spec=container.launch_spec,
+        plan = ShimPlan(state_dir=self.state_dir, vm=self.vm, launch_spec=container.launch_spec,
                         hostname=self.bundle.config.get("hostname") or "",
                         console_socket=container.console_socket, terminal=container.terminal,
                         log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
-                        isolation=self.host.isolation,
-                        templates=self.templates and self.fork is None,
-                        checkpoint_limit=self._checkpoint_limit(), fork=self.fork)
+                        isolation=self.host.isolation, templates=self.templates,
+                        checkpoint_limit=self.checkpoint_limit, fork=self.fork)
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
             pid_namespace=self.host.isolation.pid_namespace_for_child, place=self._place)
 
-    def _checkpoint_limit(self) -> int:
-        from paracell.sandbox import checkpoints
-        from paracell.vmm.devices import RootDisk
-
-        if self.config.vmm != "qemu" or not any(isinstance(d, RootDisk)
-                                                for d in self.builder.devices):
-            return 0
-        return checkpoints.limit_of(self.bundle.annotations)
-
     def _place(self, pid: int) -> None:
-        """A libvirt QEMU (host pid), on its shim's request: into the container's cgroup."""
-        from paracell.errors import ParacellError
+        """A VMM that is not the shim's child (host pid), on its shim's
+        request: into the container's cgroup, once it is known to be this
+        VM's and no other process."""
         from paracell.runtime.host import cgroups
-        from paracell.vmm.libvirt import find_qemu
+        from paracell.vmm import backends
 
-        if self.config.vmm != "libvirt":
-            raise ParacellError("only a libvirt domain's QEMU is placed by its creator")
-        proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            # The pid must be this domain's QEMU, never another process.
-            if find_qemu(proc, self.config.domain, self.config.ram_file) != pid:
-                raise ParacellError(f"pid {pid} is not the QEMU of {self.config.domain}")
-        finally:
-            os.close(proc)
+        hypervisor = backends.hypervisor_of(self.vm.config)
+        if not hypervisor.is_vmm_process(pid, self.vm.config.ram_file):
+            raise ParacellError(f"pid {pid} is not this VM's VMM")
         cgroups.join(self.host.isolation.cgroup_dirs, pid)
 
     def spawned(self, state: ContainerState, spawned: Spawned) -> None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from paracell import settings
 from paracell.errors import ParacellError
 
-MANAGERS = ("pager", "balloon", "none")
+MANAGERS = settings.MEMORY_MANAGERS
 ANNOTATION = "io.paracell.memory-manager"
 # Per-container tuning of the Pager, for containerd callers and the tests;
 # each maps to one guest kernel parameter, bounded here.

@@ -9,10 +9,11 @@ runs to its end. Each operation, with the VM's stdio relay still serving:
   1. QUIESCE on the shim's control socket: the relay stops sending to the
      guest and the agent answers QUIESCED once it has sent all it had, so
      the agent channel is empty both ways;
-  2. one QMP session: stop; the Pager's thread held off; guest RAM's pages
-     captured (csrc/checkpoint.c) or put back; QEMU's device state saved
-     into, or loaded from, an internal snapshot of checkpoints/.vmstate.qcow2
-     (with x-ignore-shared: RAM is not in it); cont;
+  2. the backend's snapshot step (paracell/vmm/hypervisor.py, Snapshots):
+     the vCPUs stop; with the Pager's thread held off, guest RAM's pages are
+     captured (csrc/checkpoint.c) or put back; the device state is saved
+     as, or loaded from, the checkpoint's tag in the backend's store
+     (checkpoints/.vmstate.qcow2); the vCPUs run again;
   3. RESUME: after a rollback the relay ends every exec session and
      port-forward stream, and the agent kills the exec'd processes.
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -36,7 +36,7 @@ from typing import Any
 from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.images import rootdisk
-from paracell.sandbox.checkpoints import (
+from paracell.runtime.snapshots.checkpoints import (
     HASHES,
     KEPT,
     LOC,
@@ -47,14 +47,11 @@ from paracell.sandbox.checkpoints import (
     check_name,
     digest,
 )
+from paracell.vmm.hypervisor import Hypervisor
 
 SOCKET = "snap.sock"
 MAX_LINE = 4096
 QUIESCE_TIMEOUT_S = 10.0
-JOB_TIMEOUT_S = 60.0
-VMSTATE_NODE = "pc-vmstate"
-VMSTATE_FDSET = 7
-VMSTATE_SIZE = "64M"  # virtual size of the qcow2; the device states live beside it
 OPS = ("checkpoint", "rollback", "remove")
 
 
@@ -81,7 +78,7 @@ class Quiesced:
 
     def __init__(self, control: Path) -> None:
         from paracell._native import lib
-        from paracell.runtime.sandbox import channel
+        from paracell.runtime.agent import channel
 
         self.sock = unixsock.connect(control)
         try:
@@ -99,7 +96,7 @@ class Quiesced:
 
     def resume(self, rolled_back: bool) -> None:
         from paracell._native import lib
-        from paracell.runtime.sandbox import channel
+        from paracell.runtime.agent import channel
 
         flags = lib.PC_RESUME_ROLLED_BACK if rolled_back else 0
         try:
@@ -113,16 +110,15 @@ class Quiesced:
 class SnapshotService:
     """One snapshot-mode VM's checkpoints, served from its shim."""
 
-    def __init__(self, state_dir: Path, qmp_socket: Path, control: Path, ram_path: Path,
+    def __init__(self, state_dir: Path, hypervisor: Hypervisor, control: Path, ram_path: Path,
                  ram_bytes: int, key: str, limit: int, pager: Any, rootdisk: Path,
                  log: Callable[[str], None]) -> None:
-        self.state_dir, self.qmp_socket, self.control = state_dir, qmp_socket, control
+        self.state_dir, self.hypervisor, self.control = state_dir, hypervisor, control
         self.ram_path, self.ram_bytes, self.key, self.limit = ram_path, ram_bytes, key, limit
         self.pager, self.log, self.rootdisk = pager, log, rootdisk
         self.store = CheckpointStore(state_dir)
+        self.snapshots = hypervisor.snapshots(self.store.vmstate)
         self.base = Base()
-        self.vmstate_ready = False
-        self.vmstate_fd = -1  # ours of the qcow2 while QEMU takes its copy (_vmstate_steps)
         self.listener: socket.socket | None = None
         self.lock = threading.Lock()
 
@@ -190,44 +186,10 @@ class SnapshotService:
             self.listener.close()
             unixsock.unlink(self.state_dir / SOCKET)
 
-    # ---- QEMU ----
-
-    def _vmstate_steps(self) -> list[Any]:
-        """The device states' qcow2, made and handed to QEMU the first time:
-        by fd, since QEMU's jail holds no path of the state directory."""
-        from paracell.vmm.qemu.qmp import Command
-
-        if self.vmstate_ready:
-            return []
-        path = self.store.vmstate
-        if not path.exists():
-            made = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(path),
-                                   VMSTATE_SIZE], capture_output=True, text=True, timeout=30)
-            if made.returncode != 0:
-                raise ParacellError(f"qemu-img create: {made.stderr.strip()[:200]}")
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        self.vmstate_fd = fd  # QEMU keeps its own copy; ours goes after the session
-        return [Command("add-fd", {"fdset-id": VMSTATE_FDSET}, fd=fd),
-                Command("blockdev-add", {"driver": "qcow2", "node-name": VMSTATE_NODE,
-                                         "file": {"driver": "file",
-                                                  "filename": f"/dev/fdset/{VMSTATE_FDSET}"}})]
-
-    def _session(self, *steps: Any) -> None:
-        from paracell.vmm.qemu import qmp
-
-        try:
-            qmp.run(self.qmp_socket, *steps)
-        finally:
-            if self.vmstate_fd >= 0:
-                os.close(self.vmstate_fd)
-                self.vmstate_fd = -1
-
     # ---- the operations ----
 
     def checkpoint(self, name: str | None) -> dict[str, Any]:
         from paracell._native import ffi, lib
-        from paracell.vmm.qemu import IGNORE_SHARED
-        from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
 
         live = self.store.all(self.log)
         if len(live) >= self.limit:
@@ -274,12 +236,7 @@ class SnapshotService:
             raise
         try:
             stopped = time.monotonic()
-            self._session(*self._vmstate_steps(), Command("stop"), Call(capture), IGNORE_SHARED,
-                          Command("snapshot-save", {"job-id": f"save-{seq}", "tag": f"pc-{seq}",
-                                                    "vmstate": VMSTATE_NODE,
-                                                    "devices": [VMSTATE_NODE]}),
-                          AwaitJob(f"save-{seq}", JOB_TIMEOUT_S), Command("cont"))
-            self.vmstate_ready = True
+            self.snapshots.save(f"pc-{seq}", capture)
             resumed = time.monotonic()
         except BaseException:
             self._recover()
@@ -308,17 +265,13 @@ class SnapshotService:
 
     def _recover(self) -> None:
         """After a failed save: the VM goes on as it was."""
-        from paracell.vmm.qemu.qmp import Command
-
         try:
-            self._session(Command("cont"))
+            self.hypervisor.resume()
         except ParacellError as err:
             self.log(f"checkpoint: the VM could not be resumed: {err}")
 
     def rollback(self, name: str) -> dict[str, Any]:
         from paracell._native import ffi, lib
-        from paracell.vmm.qemu import IGNORE_SHARED
-        from paracell.vmm.qemu.qmp import AwaitJob, Call, Command
 
         began = time.monotonic()
         ckpt = self.store.load(name)
@@ -357,14 +310,7 @@ class SnapshotService:
             raise
         try:
             stopped = time.monotonic()
-            # The capability again: whoever else spoke QMP since may have cleared it.
-            self._session(*self._vmstate_steps(), IGNORE_SHARED, Command("stop"), Call(revert),
-                          Command("snapshot-load", {"job-id": f"load-{ckpt.seq}",
-                                                    "tag": ckpt.vmstate_tag,
-                                                    "vmstate": VMSTATE_NODE,
-                                                    "devices": [VMSTATE_NODE]}),
-                          AwaitJob(f"load-{ckpt.seq}", JOB_TIMEOUT_S), Command("cont"))
-            self.vmstate_ready = True
+            self.snapshots.load(ckpt.vmstate_tag, revert)
             resumed = time.monotonic()
         except BaseException as failure:
             if state["reverted"]:
@@ -387,10 +333,8 @@ class SnapshotService:
                 "pages_rewritten": int(fig.changed)}
 
     def _quit(self) -> None:
-        from paracell.vmm.qemu.qmp import Command
-
         try:
-            self._session(Command("quit"))
+            self.hypervisor.stop()
         except ParacellError:
             pass
 
@@ -403,16 +347,9 @@ class SnapshotService:
         """The checkpoint's name and device state go at once; its page file
         stays while a remaining checkpoint (or the running VM's base) keeps
         pages in it, and goes with the last of them."""
-        from paracell.vmm.qemu.qmp import AwaitJob, Command
-
         ckpt = self.store.load(name)
         try:
-            self._session(*self._vmstate_steps(),
-                          Command("snapshot-delete", {"job-id": f"del-{ckpt.seq}",
-                                                      "tag": ckpt.vmstate_tag,
-                                                      "devices": [VMSTATE_NODE]}),
-                          AwaitJob(f"del-{ckpt.seq}", JOB_TIMEOUT_S))
-            self.vmstate_ready = True
+            self.snapshots.delete(ckpt.vmstate_tag)
         except ParacellError as err:
             self.log(f"checkpoint {name}: its device state was not deleted: {err}")
         kept = self.store.dir / f"{KEPT}{ckpt.seq}"

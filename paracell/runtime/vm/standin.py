@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from paracell.errors import ParacellError
-from paracell.runtime.sandbox.spawn import Handshake, Ready
+from paracell.runtime.vm.spawn import Handshake, Ready
 
 EXIT_RUNTIME_ERROR = 255
 

@@ -1,4 +1,5 @@
-"""`paracell check`: the host facts, the guest artifacts and the engine choice."""
+"""`paracell check`: the host facts, the guest artifacts, the engine choice,
+whether XGates can run, and each daemon backend's own report (libvirt's)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import json
 from paracell.errors import ParacellError
 from paracell.vmm import probe
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.hypervisor import Backend
+
 KIND_TEXT = {
     "hardware": "hardware KVM",
     "pvm-host": "PVM host (kvm_pvm): cannot run our guest without a PVM guest kernel",
@@ -14,7 +19,7 @@ KIND_TEXT = {
 }
 
 
-def collect(engine: str, libvirt_uri: str = "") -> dict[str, object]:
+def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, object]:
     from paracell.guest import artifacts
 
     facts = probe.probe_host()
@@ -31,20 +36,19 @@ def collect(engine: str, libvirt_uri: str = "") -> dict[str, object]:
         report["engine"] = {"requested": engine, "engine": None, "reason": str(err)}
     xgates = support(chosen, facts)
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
-    if libvirt_uri:
-        from paracell.vmm.libvirt import features
-
+    for backend in daemons or []:
         try:
-            report["libvirt"] = features.report(libvirt_uri, facts.qemu_path, chosen)
-        except ParacellError as err:  # no binding, or a URI that is refused
-            report["libvirt"] = {"uri": libvirt_uri, "reachable": False, "detail": str(err)}
+            report[backend.name] = backend.report(facts.qemu_path, chosen)
+        except ParacellError as err:  # no binding, or a location that is refused
+            report[backend.name] = {"uri": backend.location, "reachable": False,
+                                    "detail": str(err)}
     return report
 
 
-def _libvirt_lines(found: dict[str, object]) -> list[str]:
+def _daemon_lines(name: str, found: dict[str, object]) -> list[str]:
     if not found.get("reachable"):
-        return [f"libvirt: not reachable at {found['uri']} ({found.get('detail')})"]
-    lines = [f"libvirt: {found['version']} at {found['uri']}"]
+        return [f"{name}: not reachable at {found['uri']} ({found.get('detail')})"]
+    lines = [f"{name}: {found['version']} at {found['uri']}"]
     for feature in found.get("features") or []:
         assert isinstance(feature, dict)
         mark = "yes" if feature["present"] else "MISSING"
@@ -52,8 +56,8 @@ def _libvirt_lines(found: dict[str, object]) -> list[str]:
     return lines
 
 
-def render(engine: str, as_json: bool, libvirt_uri: str = "") -> str:
-    report = collect(engine, libvirt_uri)
+def render(engine: str, as_json: bool, daemons: list[Backend] | None = None) -> str:
+    report = collect(engine, daemons)
     if as_json:
         return json.dumps(report, indent=2)
     host = report["host"]
@@ -74,7 +78,8 @@ def render(engine: str, as_json: bool, libvirt_uri: str = "") -> str:
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
         f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
-    found = report.get("libvirt")
-    if isinstance(found, dict):
-        lines += _libvirt_lines(found)
+    for backend in daemons or []:
+        found = report.get(backend.name)
+        if isinstance(found, dict):
+            lines += _daemon_lines(backend.name, found)
     return "\n".join(lines)

@@ -15,24 +15,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.net import device as net_device
 from paracell.net import late, netns, portforward
 from paracell.procfs import process_start_time
+from paracell.runtime.agent import channel, console, sandboxspec, signals
+from paracell.runtime.agent.signals import exit_status_for_signal
 from paracell.runtime.host.hostns import HostIsolation
 from paracell.runtime.log import RuntimeLog
-from paracell.runtime.sandbox import channel, console, sandboxspec, signals, standin
-from paracell.runtime.sandbox.signals import exit_status_for_signal
-from paracell.runtime.sandbox.spawn import Handshake, Ready
-from paracell.runtime.sandbox.templating import Templating
 from paracell.runtime.state.store import CONTROL_SOCKET
-from paracell.vmm import hypervisor
-from paracell.vmm.builder import Vm, VmBuilder
-from paracell.vmm.config import VmConfig
-from paracell.vmm.devices import AgentPort, PagerChannel
+from paracell.runtime.vm import standin
+from paracell.runtime.vm.spawn import Handshake, Ready
+from paracell.runtime.vm.templating import Templating
+from paracell.runtime.vm.vmplan import PlannedVm
+from paracell.vmm import backends
+from paracell.vmm.builder import Vm
+from paracell.vmm.hypervisor import Hypervisor
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.snapshots.forking import ForkSource
+    from paracell.runtime.snapshots.service import SnapshotService
 
 BOOT_TIMEOUT_S = 60.0
 # A restored guest has booted already: one that does not answer its SANDBOX
@@ -46,9 +51,7 @@ EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
 @dataclass
 class ShimPlan:
     state_dir: Path
-    vm: VmBuilder
-    config: VmConfig  # as recorded: the backend that launches vm
-    agent: AgentPort  # attached to vm
+    vm: PlannedVm  # its config as recorded: the backend that launches it
     launch_spec: bytes
     hostname: str  # the VM's own, sent in SANDBOX
     console_socket: str | None
@@ -58,16 +61,16 @@ class ShimPlan:
     network: netns.NetworkPlan = netns.NetworkPlan(netns.HOST)
     # Namespaces, cgroup and jail on the host (runtime/host/hostns.py).
     isolation: HostIsolation | None = None
-    # Restore from a VM template, or leave one (runtime/sandbox/templating.py).
+    # Restore from a VM template, or leave one (runtime/vm/templating.py).
     templates: bool = False
     # Snapshot mode (docs/snapshots.md): how many checkpoints it may keep; 0: not in it.
     checkpoint_limit: int = 0
-    # A fork (paracell/sandbox/forking.py): the checkpoint its VM goes on from.
-    fork: Any = None
+    # A fork (paracell/runtime/snapshots/forking.py): the checkpoint its VM goes on from.
+    fork: ForkSource | None = None
 
 
 class Shim:
-    """The stand-in for a VM's init (runtime/sandbox/standin.py): it owns the VM."""
+    """The stand-in for a VM's init (runtime/vm/standin.py): it owns the VM."""
 
     needs_commit = True
 
@@ -84,14 +87,14 @@ class Shim:
         # The creator's service that moves a host pid into the container's cgroup.
         self.place: Callable[[int], None] | None = None
         self._jailed = False
-        self.snapshots: Any = None  # paracell/sandbox/service.py, in snapshot mode
+        self.snapshots: SnapshotService | None = None  # in snapshot mode
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
 
     def _agent_fd(self) -> int:
-        assert self.plan.agent.host_end is not None
-        return self.plan.agent.host_end.fileno()
+        assert self.plan.vm.agent.host_end is not None
+        return self.plan.vm.agent.host_end.fileno()
 
     def open(self) -> Ready:
         try:
@@ -121,7 +124,7 @@ class Shim:
         self.listener = unixsock.listen(plan.state_dir / CONTROL_SOCKET)
         # Before QEMU exists and while we have one thread: both inherit it.
         netns.enter(plan.network)
-        vmm = hypervisor.for_vm(plan.config)
+        vmm = backends.hypervisor_of(plan.vm.config)
         templates = Templating(plan.vm, vmm, self._launch, plan.log.warning, self._debug)
         if plan.fork is not None:
             return self._boot_fork(vmm)
@@ -138,7 +141,7 @@ class Shim:
             self.vm = self._launch(False)
             self._debug(f"qemu: {self.vm.describe()}")
             self._debug(f"qemu started, pid {self.vm.pid}; "
-                        f"{net_device.summary(plan.vm.devices)}")
+                        f"{net_device.summary(plan.vm.nics)}")
             caps = channel.expect_ready(self._agent_fd(), BOOT_TIMEOUT_S)
             self._debug(f"agent ready, protocol {lib.PC_PROTO_VERSION}, capabilities {caps:#x}")
             # Nothing of the sandbox has reached the guest yet: the moment to save it.
@@ -177,18 +180,20 @@ class Shim:
                      template=templates.outcome)
 
     def _attach(self, timeout_s: float) -> None:
-        channel.attach_sandbox(self._agent_fd(), sandboxspec.payload(self.plan.vm,
+        channel.attach_sandbox(self._agent_fd(), sandboxspec.payload(self.plan.vm.builder,
                                                                      self.plan.hostname),
                                timeout_s)
 
-    def _boot_fork(self, vmm: hypervisor.Hypervisor) -> Ready:
+    def _boot_fork(self, vmm: Hypervisor) -> Ready:
         """A fork's VM goes on from its parent's checkpoint: no SANDBOX and
-        no SPEC, its container runs already (paracell/sandbox/forking.py)."""
-        from paracell.sandbox import forking
+        no SPEC, its container runs already (paracell/runtime/snapshots/forking.py)."""
+        from paracell.runtime.snapshots import forking
+        from paracell.vmm import templatestore
 
         plan = self.plan
-        restore = forking.ForkRestore(plan.fork, plan.state_dir, plan.vm,
-                                      Path(plan.config.qmp_socket),
+        assert plan.fork is not None
+        restore = forking.ForkRestore(plan.fork, plan.state_dir, plan.vm.ram,
+                                      templatestore.key_of(plan.vm.builder.shape()), vmm,
                                       lambda: self._launch(False, paused=True), self._debug)
         self.vm = restore.restore()
         forking.identify(self._agent_fd(), plan.fork, BOOT_TIMEOUT_S)
@@ -201,19 +206,17 @@ class Shim:
             return Ready(*iso.host_pids(self.vm.pid, self.vm.child), template="")
         return Ready(os.getpid(), self.vm.pid, process_start_time(self.vm.pid) or 0, template="")
 
-    def _serve_snapshots(self, vmm: hypervisor.Hypervisor) -> None:
-        from paracell.sandbox.service import SnapshotService
-        from paracell.vmm import template
-        from paracell.vmm.devices import GuestRam, RootDisk
+    def _serve_snapshots(self, vmm: Hypervisor) -> None:
+        from paracell.runtime.snapshots.service import SnapshotService
+        from paracell.vmm import templatestore
 
-        ram = next(d for d in self.plan.vm.devices if isinstance(d, GuestRam))
-        disk = next(d for d in self.plan.vm.devices if isinstance(d, RootDisk))
-        pager = self._pager()
-        qmp_socket = Path(self.plan.config.qmp_socket)
+        vm = self.plan.vm
+        assert vm.rootdisk is not None and vm.rootdisk.image is not None
         self.snapshots = SnapshotService(
-            self.plan.state_dir, qmp_socket, self.plan.state_dir / CONTROL_SOCKET, ram.path,
-            ram.size_mib << 20, template.key_of(self.plan.vm.shape()), self.plan.checkpoint_limit,
-            pager.server if pager else None, disk.image, self.plan.log.warning)
+            self.plan.state_dir, vmm, self.plan.state_dir / CONTROL_SOCKET, vm.ram.path,
+            vm.ram.size_mib << 20, templatestore.key_of(vm.builder.shape()),
+            self.plan.checkpoint_limit, vm.pager.server if vm.pager else None,
+            vm.rootdisk.image, self.plan.log.warning)
         self.snapshots.start()
         self._debug("checkpoints served on snap.sock")
 
@@ -225,7 +228,7 @@ class Shim:
 
         def jail() -> None:
             if iso is not None and not self._jailed:
-                iso.jail(plan.vm.host_paths(), str(plan.state_dir))
+                iso.jail(plan.vm.builder.host_paths(), str(plan.state_dir))
                 self._jailed = True
 
         def settle(pid: int) -> None:
@@ -237,24 +240,21 @@ class Shim:
                 self.place(pid)
                 self._debug(f"qemu (host pid {pid}) joined the container's cgroup")
 
-        return hypervisor.for_vm(plan.config, iso.host_proc if iso else -1).launch(
-            plan.vm, plan.state_dir / "qemu.log", before_start=jail,
+        return backends.hypervisor_of(plan.vm.config, iso.host_proc if iso else -1).launch(
+            plan.vm.builder, plan.state_dir / "qemu.log", before_start=jail,
             preexec=iso.qemu_preexec if iso else None, incoming=incoming, settle=settle,
             paused=paused)
-
-    def _pager(self) -> PagerChannel | None:
-        return next((d for d in self.plan.vm.devices if isinstance(d, PagerChannel)), None)
 
     def relay(self) -> tuple[int, str]:
         from paracell._native import lib
 
         assert self.listener is not None
         self._debug("relay running")
-        pager = self._pager()
+        pager = self.plan.vm.pager
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
         end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd,
                                 forward=self.forward.listeners if self.forward else None,
-                                start_payload=lambda: late.start_payload(self.plan.config))
+                                start_payload=lambda: late.start_payload(self.plan.vm.config))
         self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
         failure = pager.server.failure() if pager and pager.server else None
         if failure and end.kind != lib.PC_END_EXIT:
@@ -278,7 +278,8 @@ class Shim:
             self.forward.detach()
         if self.snapshots is not None:
             self.snapshots.close()
-        if self.plan.agent.host_end is not None and self.vm is not None and not self.untrusted:
+        if self.plan.vm.agent.host_end is not None and self.vm is not None \
+                and not self.untrusted:
             try:
                 channel.send(self._agent_fd(), lib.PC_POWEROFF)
             except ParacellError:
@@ -296,7 +297,7 @@ class Shim:
 
 
 def serve(plan: ShimPlan, handshake: Handshake, report: Callable[[str], None]) -> int:
-    """Runs the shim to the end (runtime/sandbox/standin.py); returns the exit status."""
+    """Runs the shim to the end (runtime/vm/standin.py); returns the exit status."""
     shim = Shim(plan, report)
     shim.place = handshake.place
     return standin.serve(handshake, shim)

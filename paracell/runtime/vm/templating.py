@@ -1,5 +1,5 @@
 """A sandbox's VM from a template, and a template from a VM that booted cold
-(paracell/vmm/template.py, docs/templates.md).
+(paracell/vmm/templatestore.py, docs/templates.md).
 
 The shim asks here for its VM. If the store holds a template of the VM's
 shape, the new QEMU waits for it (`-incoming defer`) on a copy of its RAM
@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from paracell.errors import ParacellError
-from paracell.net.device import NetworkInterfaces
-from paracell.vmm import template
-from paracell.vmm.builder import Vm, VmBuilder
-from paracell.vmm.devices import GuestRam
+from paracell.runtime.vm.vmplan import PlannedVm
+from paracell.vmm import templatestore
+from paracell.vmm.builder import Vm
 from paracell.vmm.hypervisor import Hypervisor
 
 ANNOTATION = "io.paracell.template"
@@ -48,19 +47,15 @@ def wanted(no_template_flag: bool, annotations: dict[str, str]) -> bool:
 class Slot:
     """Where this VM's template goes, or comes from."""
 
-    store: template.TemplateStore
+    store: templatestore.TemplateStore
     key: str
     shape: dict[str, Any]
-
-
-def _device(vm: VmBuilder, kind: type) -> Any:
-    return next((d for d in vm.devices if isinstance(d, kind)), None)
 
 
 class Templating:
     """One VM's use of the template store, in the shim."""
 
-    def __init__(self, vm: VmBuilder, hypervisor: Hypervisor,
+    def __init__(self, vm: PlannedVm, hypervisor: Hypervisor,
                  launch: Callable[[bool], Vm], log: Callable[[str], None],
                  debug: Callable[[str], None]) -> None:
         self.vm, self.hypervisor, self._launch = vm, hypervisor, launch
@@ -70,18 +65,18 @@ class Templating:
 
     def restore(self) -> Vm | None:
         """The VM restored and running, or None: boot it cold (and save it)."""
-        store = template.store()
+        store = templatestore.store()
         try:
             store.pin()
         except (OSError, ParacellError) as err:
             self._log(f"templates: the store cannot be opened ({err}); booting cold")
             return None
         try:
-            shape = self.vm.shape()
+            shape = self.vm.builder.shape()
         except (OSError, ParacellError) as err:
             self._log(f"templates: the VM's shape cannot be read ({err}); booting cold")
             return None
-        self.slot = Slot(store, template.key_of(shape), shape)
+        self.slot = Slot(store, templatestore.key_of(shape), shape)
         try:
             found = store.find(self.slot.key, shape)
         except (OSError, ParacellError) as err:
@@ -138,18 +133,16 @@ class Templating:
             self._log(f"template {self.slot.key}: not removed: {err.strerror}")
         return None
 
-    def _arm(self, found: template.Template) -> None:
+    def _arm(self, found: templatestore.Template) -> None:
         """The devices start from the template: its RAM, its NICs' MACs."""
-        _device(self.vm, GuestRam).fill = found.copy_ram
-        net = _device(self.vm, NetworkInterfaces)
-        if net is not None:
-            net.device_macs = found.macs
+        self.vm.ram.fill = found.copy_ram
+        if self.vm.nics is not None:
+            self.vm.nics.device_macs = found.macs
 
     def _disarm(self) -> None:
-        _device(self.vm, GuestRam).fill = None
-        net = _device(self.vm, NetworkInterfaces)
-        if net is not None:
-            net.device_macs = None
+        self.vm.ram.fill = None
+        if self.vm.nics is not None:
+            self.vm.nics.device_macs = None
 
     def save(self) -> None:
         """At READY, on a VM that booted cold: saves it as its shape's
@@ -157,11 +150,10 @@ class Templating:
         slot, self.slot = self.slot, None
         if slot is None:
             return
-        ram = _device(self.vm, GuestRam)
-        net = _device(self.vm, NetworkInterfaces)
-        capture = template.Capture(
+        ram, nics = self.vm.ram, self.vm.nics
+        capture = templatestore.Capture(
             save_state=self.hypervisor.save, ram=ram.path, ram_bytes=ram.size_mib << 20,
-            macs=net.macs() if net is not None else [])
+            macs=nics.macs() if nics is not None else [])
         began = time.monotonic()
         try:
             saved = slot.store.save(slot.key, slot.shape, capture)

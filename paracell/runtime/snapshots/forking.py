@@ -1,10 +1,10 @@
 """A fork: a new sandbox that goes on from a checkpoint of another
-(docs/snapshots.md). Its shim launches QEMU with the vCPUs held (`-S`) on
-a RAM file that holds the checkpoint's pages, loads the checkpoint's device
-state from a copy of the parent's qcow2, and lets it run; the guest wakes
-where the checkpoint left it, quiesced, and takes its new identity (FORKED:
-the container's id, hostname, machine-id, fresh entropy and the clock)
-before its RESUME.
+(docs/snapshots.md). Its shim launches the VM paused on a RAM file that
+holds the checkpoint's pages, has the backend load the checkpoint's device
+state from a copy of the parent's store (Snapshots.start_from), and lets it
+run; the guest wakes where the checkpoint left it, quiesced, and takes its
+new identity (FORKED: the container's id, hostname, machine-id, fresh
+entropy and the clock) before its RESUME.
 
 A fork has no memory in common with its parent: guest RAM is a file that
 QEMU maps shared, which the Pager and the host's view of guest memory need,
@@ -20,14 +20,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from paracell.errors import ParacellError
-from paracell.sandbox.checkpoints import CheckpointError, CheckpointStore, check_name
+from paracell.runtime.snapshots.checkpoints import CheckpointError, CheckpointStore, check_name
 
-FORK_NODE = "pc-forksrc"
-FORK_FDSET = 8
-SOURCE_COPY = "fork-source.qcow2"
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.builder import Vm
+    from paracell.vmm.devices import GuestRam
+    from paracell.vmm.hypervisor import Hypervisor
+
+SOURCE_COPY = "fork-source.vmstate"
 HOSTNAME_MAX = 64
 
 
@@ -61,10 +64,9 @@ def source(parent_dir: Path, checkpoint: str, container_id: str) -> ForkSource:
 
 def identity_payload(fork: ForkSource) -> bytes:
     from paracell import speckeys as K
-    from paracell.runtime.bundle.spec import encode_records
-    from paracell.runtime.sandbox.sandboxspec import ENTROPY_BYTES, clock_record
+    from paracell.runtime.agent.sandboxspec import ENTROPY_BYTES, clock_record
 
-    return encode_records([(K.CONTAINER, fork.container_id), (K.HOSTNAME, fork.hostname()),
+    return K.encode([(K.CONTAINER, fork.container_id), (K.HOSTNAME, fork.hostname()),
                            (K.MACHINE_ID, uuid.uuid4().hex),
                            (K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()),
                            clock_record(time.time_ns())])
@@ -73,23 +75,22 @@ def identity_payload(fork: ForkSource) -> bytes:
 class ForkRestore:
     """The fork's VM, in its shim: launched held, loaded, running."""
 
-    def __init__(self, fork: ForkSource, state_dir: Path, vm: Any, qmp_socket: Path,
-                 launch: Callable[[], Any], debug: Callable[[str], None]) -> None:
-        self.fork, self.state_dir, self.vm, self.qmp_socket = fork, state_dir, vm, qmp_socket
-        self._launch, self._debug = launch, debug
+    def __init__(self, fork: ForkSource, state_dir: Path, ram: GuestRam, key: str,
+                 hypervisor: Hypervisor, launch: Callable[[], Vm],
+                 debug: Callable[[str], None]) -> None:
+        """ram: the fork's RAM device; key: its VM's shape key, which the
+        checkpoint's must be."""
+        self.fork, self.state_dir, self.ram, self.key = fork, state_dir, ram, key
+        self.hypervisor, self._launch, self._debug = hypervisor, launch, debug
 
-    def restore(self) -> Any:
+    def restore(self) -> Vm:
         from paracell._native import ffi, lib
-        from paracell.vmm import template
-        from paracell.vmm.devices import GuestRam
-        from paracell.vmm.qemu import IGNORE_SHARED, qmp
-        from paracell.vmm.qemu.qmp import AwaitJob, Command
 
         began = time.monotonic()
         store = CheckpointStore(Path(self.fork.parent_dir))
         ckpt = store.load(self.fork.checkpoint)
-        ram = next(d for d in self.vm.devices if isinstance(d, GuestRam))
-        store.verify(ckpt, template.key_of(self.vm.shape()), ram.size_mib << 20)
+        ram = self.ram
+        store.verify(ckpt, self.key, ram.size_mib << 20)
         hashes, loc = store.tables(ckpt)
         seed = store.seed()
         seqs, fds = store.page_files()
@@ -122,21 +123,7 @@ class ForkRestore:
         try:
             vm = self._launch()
             loaded = time.monotonic()
-            fd = os.open(copy, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                qmp.run(self.qmp_socket, IGNORE_SHARED,
-                        Command("add-fd", {"fdset-id": FORK_FDSET}, fd=fd),
-                        Command("blockdev-add", {"driver": "qcow2", "node-name": FORK_NODE,
-                                                 "file": {"driver": "file", "filename":
-                                                          f"/dev/fdset/{FORK_FDSET}"}}),
-                        Command("snapshot-load", {"job-id": "fork-load",
-                                                  "tag": ckpt.vmstate_tag, "vmstate": FORK_NODE,
-                                                  "devices": [FORK_NODE]}),
-                        AwaitJob("fork-load", 60), Command("blockdev-del",
-                                                           {"node-name": FORK_NODE}),
-                        Command("remove-fd", {"fdset-id": FORK_FDSET}), Command("cont"))
-            finally:
-                os.close(fd)
+            self.hypervisor.snapshots(store.vmstate).start_from(copy, ckpt.vmstate_tag)
         except BaseException:
             if vm is not None:
                 vm.kill()
@@ -158,7 +145,7 @@ def identify(agent_fd: int, fork: ForkSource, timeout_s: float) -> None:
     """The guest's new identity, then its RESUME: it wakes as it was at the
     checkpoint, quiesced, with its parent's exec sessions, which it drops."""
     from paracell._native import lib
-    from paracell.runtime.sandbox import channel
+    from paracell.runtime.agent import channel
 
     channel.send(agent_fd, lib.PC_FORKED, 0, identity_payload(fork))
     answer = channel.recv(agent_fd, timeout_s, "FORKED")

@@ -41,7 +41,7 @@ class Ready:
     qemu_start: int = 0
     error: str = ""
     # A shim's VM and its template: "restored KEY", "saved KEY" or ""
-    # (runtime/sandbox/templating.py).
+    # (runtime/vm/templating.py).
     template: str = ""
 
     def encode(self) -> bytes:

@@ -1,0 +1,1 @@
+"""The agent channel: frames, payload codecs, the relay (docs/agent-protocol.md)."""
