@@ -162,6 +162,8 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
     env["PARACELL_TEMPLATES"] = str(base / "templates")
     # Snapshot mode's rootfs images: this test's own too.
     env["PARACELL_ROOTDISKS"] = str(base / "rootdisks")
+    # XGates verdicts: no test believes one another test left, nor the host's.
+    env["PARACELL_VET_CACHE"] = str(base / "xgate-vet")
     rt = Runtime(base / "state", memory_dir, env, libvirtd=daemon)
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):
