@@ -3,6 +3,7 @@ memory directory per test, and busybox bundles built from Debian's busybox-stati
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -140,6 +141,24 @@ def libvirtd():
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def vet_cache_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xgate-vet")
+
+
+_vet_caches = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def private_vet_cache(vet_cache_base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XGates verdicts (paracell/xgate/vetcache.py) of this test's own: no test
+    believes one that another test left, nor reads or writes the host's. The
+    runtime fixture's processes inherit it."""
+    path = vet_cache_base / str(next(_vet_caches))
+    monkeypatch.setenv("PARACELL_VET_CACHE", str(path))
+    return path
+
+
 @pytest.fixture
 def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
             request: pytest.FixtureRequest) -> Runtime:
@@ -162,8 +181,6 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, vmm: str,
     env["PARACELL_TEMPLATES"] = str(base / "templates")
     # Snapshot mode's rootfs images: this test's own too.
     env["PARACELL_ROOTDISKS"] = str(base / "rootdisks")
-    # XGates verdicts: no test believes one another test left, nor the host's.
-    env["PARACELL_VET_CACHE"] = str(base / "xgate-vet")
     rt = Runtime(base / "state", memory_dir, env, libvirtd=daemon)
     yield rt
     for cid in (rt.root.iterdir() if rt.root.exists() else []):
