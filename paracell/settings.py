@@ -55,6 +55,24 @@ def rootdisk_dir() -> Path:
     return Path(override) if override else cache_dir() / "rootdisks"
 
 
+SYSTEM_VET_CACHE = "/var/lib/paracell/xgate-vet"
+
+
+def vet_cache_dir() -> Path:
+    """XGates verdicts of files already vetted (paracell/xgate/vetcache.py).
+    A verdict there lets a file into a VM unscanned, so for root it is a
+    system path no user can write, as the templates, never one under
+    $PARACELL_CACHE or $HOME; `$PARACELL_VET_CACHE` moves it."""
+    from pathlib import Path
+
+    override = os.environ.get("PARACELL_VET_CACHE")
+    if override:
+        return Path(override)
+    if os.geteuid() == 0:
+        return Path(SYSTEM_VET_CACHE)
+    return cache_dir() / "xgate-vet"
+
+
 def memory_dir() -> Path:
     """Guest RAM files must sit on tmpfs: on disk every guest write would be written back."""
     from pathlib import Path

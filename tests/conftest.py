@@ -3,6 +3,7 @@ memory directory per test, and busybox bundles built from Debian's busybox-stati
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -138,6 +139,24 @@ def libvirtd():
     finally:
         daemon.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def vet_cache_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("xgate-vet")
+
+
+_vet_caches = itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def private_vet_cache(vet_cache_base: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """XGates verdicts (paracell/xgate/vetcache.py) of this test's own: no test
+    believes one that another test left, nor reads or writes the host's. The
+    runtime fixture's processes inherit it."""
+    path = vet_cache_base / str(next(_vet_caches))
+    monkeypatch.setenv("PARACELL_VET_CACHE", str(path))
+    return path
 
 
 @pytest.fixture

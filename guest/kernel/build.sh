@@ -56,7 +56,9 @@ done < <(grep -E '^# CONFIG_[A-Z0-9_]+ is not set' "$fragment")
 [ "$missing" = 0 ] || exit 1
 
 echo "paracell: compiling the kernel with $jobs jobs (a few minutes)" >&2
-make -s ARCH=x86_64 -j"$jobs" bzImage
+# Not silent: Kbuild's "  CC      kernel/fork.o" lines are what the caller
+# (paracell/guest/buildprogress.py) counts to show progress.
+make ARCH=x86_64 -j"$jobs" bzImage
 mkdir -p "$out"
 cp arch/x86/boot/bzImage "$out/bzImage.tmp" && mv "$out/bzImage.tmp" "$out/bzImage"
 cp .config "$out/config"

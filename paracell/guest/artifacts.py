@@ -191,7 +191,17 @@ def _log(message: str) -> None:
     print(f"paracell: {message}", file=sys.stderr, flush=True)
 
 
+def kernel_config_key(tarball: Path = KERNEL_TARBALL) -> str:
+    """What decides the kernel's .config, and so roughly how many objects it
+    builds: the config fragment and the source (not the patches)."""
+    fragment = (GUEST_SRC / "kernel" / "paracell.config").read_bytes()
+    return _hash_inputs([("fragment", fragment),
+                         ("tarball", _tarball_digest(tarball).encode())])
+
+
 def build_kernel(key: str, tarball: Path = KERNEL_TARBALL) -> Path:
+    from paracell.guest import buildprogress
+
     out = settings.cache_dir() / "kernel" / key
     if (out / "bzImage").exists():
         _log(f"kernel {key} is cached")
@@ -200,9 +210,20 @@ def build_kernel(key: str, tarball: Path = KERNEL_TARBALL) -> Path:
         raise ParacellError(f"{tarball} is missing: install Debian's linux-source-6.1")
     _log(f"building kernel {key} from {tarball}")
     build_script = GUEST_SRC / "kernel" / "build.sh"
-    result = subprocess.run(["bash", str(build_script), str(tarball), str(out)])
-    if result.returncode != 0 or not (out / "bzImage").exists():
-        raise ParacellError(f"guest kernel build failed (exit {result.returncode})")
+    # The build's own output goes to a log; stderr gets its progress.
+    log = out.with_name(f"{key}.log")
+    counts = buildprogress.ObjectCounts(out.with_name("objects.json"))
+    config = kernel_config_key(tarball)
+    progress = buildprogress.Progress("kernel", sys.stderr, counts.estimate(config))
+    code = buildprogress.run_logged(["bash", str(build_script), str(tarball), str(out)], log,
+                                    progress)
+    if code != 0 or not (out / "bzImage").exists():
+        for line in buildprogress.tail(log):
+            print(line, file=sys.stderr)
+        raise ParacellError(f"guest kernel build failed (exit {code}); its output is in {log}")
+    with contextlib.suppress(OSError):  # only an estimate: never fails a build that worked
+        counts.record(config, progress.objects)
+    os.replace(log, out / "build.log")
     return out / "bzImage"
 
 

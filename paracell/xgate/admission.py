@@ -69,20 +69,28 @@ def admit(xgates: XgatesPlan, here: XgatesSupport | None, rootfs: Path,
 def vet_rootfs(xgates: XgatesPlan, rootfs: Path, log: RuntimeLog) -> None:
     """Refuses (or, in warn mode, logs) a rootfs whose executables the guest
     kernel would refuse to map; runs before create makes any file or process."""
-    from paracell.xgate import report, vet
+    from paracell import settings
+    from paracell.xgate import report, vet, vetcache
 
     if not xgates.enabled:
         return
     began = time.monotonic()
-    try:
-        found = vet.vet_rootfs(rootfs)
-    except ParacellError as err:  # a tree past the vet's bounds: never a silent pass
-        if xgates.vet != WARN:
-            raise ParacellError(f"XGates: rootfs not vetted: {err}") from None
-        log.warning(f"xgates vet (warn): rootfs not vetted: {err}")
-        return
-    log.info(f"xgates vet of {rootfs}: {found.elf_files} ELF files in "
-             f"{time.monotonic() - began:.2f}s, {len(found.offences)} offences")
+    # Files vetted clean by an earlier create, unchanged since, are not
+    # scanned again (vetcache.py says why that is safe).
+    with vetcache.opened(settings.vet_cache_dir(), log.warning) as cache:
+        try:
+            found = vet.vet_rootfs(rootfs, cache)
+        except ParacellError as err:  # a tree past the vet's bounds: never a silent pass
+            if xgates.vet != WARN:
+                raise ParacellError(f"XGates: rootfs not vetted: {err}") from None
+            log.warning(f"xgates vet (warn): rootfs not vetted: {err}")
+            return
+        unsaved = cache.save()
+    if unsaved:
+        log.warning(f"xgates vet cache: {unsaved}")
+    log.info(f"xgates vet of {rootfs}: {found.elf_files} ELF files ({found.cached} known "
+             f"clean from the cache) in {time.monotonic() - began:.2f}s, "
+             f"{len(found.offences)} offences")
     for path, note in found.notes:
         log.info(f"xgates vet: {path}: {note}")
     offences = found.offences

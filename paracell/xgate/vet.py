@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from paracell.errors import ParacellError
 from paracell.xgate import elfscan
 from paracell.xgate.rule import WHY
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.xgate.vetcache import VetCache
 
 MAX_ENTRIES = 1_000_000
 MAX_DEPTH = 128
@@ -53,6 +58,7 @@ class VetReport:
     notes: list[tuple[str, str]] = field(default_factory=list)  # (host path, what happened)
     entries: int = 0
     elf_files: int = 0
+    cached: int = 0  # files whose clean verdict came from a VetCache, unscanned
 
     @property
     def offences(self) -> list[Finding]:
@@ -64,10 +70,12 @@ def bad_input(message: str) -> ParacellError:
 
 
 class _Walker:
-    def __init__(self, report: VetReport, max_entries: int, max_depth: int) -> None:
+    def __init__(self, report: VetReport, max_entries: int, max_depth: int,
+                 cache: VetCache | None = None) -> None:
         self.report = report
         self.max_entries = max_entries
         self.max_depth = max_depth
+        self.cache = cache
         self.seen: set[tuple[int, int]] = set()
 
     def tree(self, root: str) -> None:
@@ -100,7 +108,7 @@ class _Walker:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 subdirs.append(entry.name)
-            elif entry.is_file(follow_symlinks=False):
+            elif entry.is_file(follow_symlinks=False) and not self._known_clean(entry, host):
                 self._scan(dfd, entry.name, os.path.join(host, entry.name),
                            f"{inside}/{entry.name}")
         for name in subdirs:
@@ -117,7 +125,31 @@ class _Walker:
             finally:
                 os.close(sub)
 
+    def _known_clean(self, entry: os.DirEntry[str], host: str) -> bool:
+        """The cache's verdict on a file, from its identity (an lstat), without
+        opening it: a file that changed has another identity and is scanned."""
+        if self.cache is None:
+            return False
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        verdict = self.cache.lookup(st)
+        if verdict is None:
+            return False
+        key = (st.st_dev, st.st_ino)
+        if verdict.elf and key not in self.seen:
+            self.seen.add(key)
+            self.report.elf_files += 1
+            self.report.cached += 1
+            if verdict.note:
+                self.report.notes.append((os.path.join(host, entry.name), verdict.note))
+        return True
+
     def _scan(self, dfd: int | None, name: str, host: str, inside: str) -> None:
+        started = time.time_ns()
         try:
             fd = os.open(name, _OPEN_FILE, dir_fd=dfd)
         except OSError as err:
@@ -126,11 +158,16 @@ class _Walker:
         try:
             st = os.fstat(fd)
             key = (st.st_dev, st.st_ino)
-            if not stat.S_ISREG(st.st_mode) or key in self.seen or not elfscan.is_elf(fd):
+            if not stat.S_ISREG(st.st_mode) or key in self.seen:
+                return
+            if not elfscan.is_elf(fd):
+                self._remember(fd, st, started, elf=False, note=None)
                 return
             self.seen.add(key)
             self.report.elf_files += 1
             result = elfscan.scan_fd(fd, st.st_size)
+            if not any(hit.offence for hit, _ in result.hits):
+                self._remember(fd, st, started, elf=True, note=result.note)
         except OSError as err:
             self.report.notes.append((host, f"not read: {err.strerror}"))
             return
@@ -141,6 +178,14 @@ class _Walker:
         for hit, vaddr in result.hits:
             self.report.findings.append(Finding(host, inside, hit.offset, vaddr, hit.instruction,
                                                 hit.encoding, hit.offence))
+
+
+    def _remember(self, fd: int, before: os.stat_result, started: int, elf: bool,
+                  note: str | None) -> None:
+        if self.cache is not None:
+            from paracell.xgate.vetcache import Verdict
+
+            self.cache.remember(before, os.fstat(fd), Verdict(elf, note), started)
 
 
 def bundle_rootfs(directory: Path) -> Path | None:
@@ -189,8 +234,10 @@ def vet_paths(paths: list[str], max_entries: int = MAX_ENTRIES,
     return report
 
 
-def vet_rootfs(rootfs: Path) -> VetReport:
-    """What `create` runs: the rootfs (already checked by spec.check_rootfs)."""
+def vet_rootfs(rootfs: Path, cache: VetCache | None = None) -> VetReport:
+    """What `create` runs: the rootfs (already checked by spec.check_rootfs).
+    With a cache, a file it knows clean is not scanned (its findings for
+    information are then not listed), and clean verdicts are remembered in it."""
     report = VetReport(roots=[str(rootfs)])
-    _Walker(report, MAX_ENTRIES, MAX_DEPTH).tree(str(rootfs))
+    _Walker(report, MAX_ENTRIES, MAX_DEPTH, cache).tree(str(rootfs))
     return report

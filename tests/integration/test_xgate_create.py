@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -90,4 +91,44 @@ def test_warn_mode_logs_the_offence_and_boots(runtime, make_bundle, writable_roo
     assert out[-1] == "evil=126", out
     warned = [ln for ln in log.read_text().splitlines() if "xgates vet (warn)" in ln]
     assert len(warned) == 1 and "/bin/evil" in warned[0] and "0x1234" in warned[0]
+    runtime.assert_no_leaks()
+
+
+def _vet_lines(log: Path) -> list[str]:
+    return [ln for ln in log.read_text().splitlines() if "xgates vet of" in ln]
+
+
+def test_a_rootfs_vetted_once_is_not_scanned_again_but_a_changed_binary_is(
+        runtime, make_bundle, writable_rootfs, tmp_path):
+    """The vet cache (paracell/xgate/vetcache.py) across real creates: the
+    second create takes both ELF files' verdicts from the cache, and a binary
+    changed after it, size and mtime kept, is refused at the next."""
+    from paracell.xgate import vetcache
+
+    tool = make_elf(writable_rootfs / "bin" / "tool", [(PF_R | PF_X, 0x1000, 0x401000, 0x1000)],
+                    0x2000)
+    os.chmod(tool, 0o755)
+    # Verdicts are kept only for files older than the timestamps' granularity.
+    time.sleep(vetcache.RACY_S + 0.5)
+    log = tmp_path / "runtime.log"
+    bundle = make_bundle(["echo", "booted"], rootfs=writable_rootfs, mutate=_annotate(XGATES_ON))
+    for n in (1, 2):
+        ran = runtime("--debug", "--log", str(log), "run", "--bundle", str(bundle), f"xg-twice{n}")
+        assert ran.returncode == 0, ran.stderr
+        assert ran.stdout == b"booted\n"
+    first, second = _vet_lines(log)
+    assert "2 ELF files (0 known clean from the cache)" in first, first
+    assert "2 ELF files (2 known clean from the cache)" in second, second
+    runtime.assert_no_leaks()
+
+    st = tool.stat()
+    data = bytearray(tool.read_bytes())
+    data[0x1234:0x1237] = WRPKRU
+    tool.write_bytes(bytes(data))
+    os.utime(tool, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (tool.stat().st_size, tool.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    refused = runtime("create", "--bundle", str(bundle), "xg-changed")
+    assert refused.returncode != 0
+    lines = refused.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "/bin/tool" in lines[0] and "0x1234" in lines[0], lines
     runtime.assert_no_leaks()
