@@ -446,11 +446,15 @@ def restore(container_id: str, image_path: str | None, work_path: str | None, bu
 @click.option("--json", "as_json", is_flag=True)
 def check(as_json: bool) -> None:
     """Probe the host: KVM kind, PKU, QEMU, guest artifacts, the engine, and
-    the libvirt daemon at --libvirt-uri."""
+    the libvirt daemon at --libvirt-uri. Fails, after the report, when new
+    containers are libvirt domains (--vmm) and create would refuse them."""
     from paracell.vmm import hostreport
 
     ctx = _ctx()
-    click.echo(hostreport.render(ctx.engine, as_json, ctx.libvirt_uri))
+    report = hostreport.collect(ctx.engine, ctx.libvirt_uri)
+    click.echo(hostreport.render(report, as_json))
+    if ctx.vmm({}) == "libvirt":
+        hostreport.require_libvirt(report)
 
 
 @main.group()

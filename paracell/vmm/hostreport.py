@@ -1,4 +1,6 @@
-"""`paracell check`: the host facts, the guest artifacts and the engine choice."""
+"""`paracell check`: the host facts, the guest artifacts, the engine choice,
+and the libvirt daemon: what it offers, how it is set up, and the line
+`create` would fail with."""
 
 from __future__ import annotations
 
@@ -32,10 +34,12 @@ def collect(engine: str, libvirt_uri: str = "") -> dict[str, object]:
     xgates = support(chosen, facts)
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
     if libvirt_uri:
+        from paracell import settings
         from paracell.vmm.libvirt import features
 
         try:
-            report["libvirt"] = features.report(libvirt_uri, facts.qemu_path, chosen)
+            report["libvirt"] = features.report(libvirt_uri, facts.qemu_path, chosen,
+                                                str(settings.memory_dir()))
         except ParacellError as err:  # no binding, or a URI that is refused
             report["libvirt"] = {"uri": libvirt_uri, "reachable": False, "detail": str(err)}
     return report
@@ -45,15 +49,28 @@ def _libvirt_lines(found: dict[str, object]) -> list[str]:
     if not found.get("reachable"):
         return [f"libvirt: not reachable at {found['uri']} ({found.get('detail')})"]
     lines = [f"libvirt: {found['version']} at {found['uri']}"]
-    for feature in found.get("features") or []:
+    marks = {True: "yes", False: "MISSING", None: "unverified"}
+    for feature in [*(found.get("setup") or []), *(found.get("features") or [])]:
         assert isinstance(feature, dict)
-        mark = "yes" if feature["present"] else "MISSING"
-        lines.append(f"  {feature['name']}: {mark} ({feature['detail']})")
+        lines.append(f"  {feature['name']}: {marks[feature['present']]} ({feature['detail']})")
+    if found.get("refusal"):
+        lines.append(f"  create fails: {found['refusal']}")
     return lines
 
 
-def render(engine: str, as_json: bool, libvirt_uri: str = "") -> str:
-    report = collect(engine, libvirt_uri)
+def require_libvirt(report: dict[str, object]) -> None:
+    """For a host whose containers are libvirt domains by default: the line
+    `create` would fail with, as an error."""
+    found = report.get("libvirt")
+    if not isinstance(found, dict):
+        return
+    if not found.get("reachable"):
+        raise ParacellError(str(found.get("detail")))
+    if found.get("refusal"):
+        raise ParacellError(str(found["refusal"]))
+
+
+def render(report: dict[str, object], as_json: bool) -> str:
     if as_json:
         return json.dumps(report, indent=2)
     host = report["host"]

@@ -138,9 +138,13 @@ class Sandbox:
         vmm = ctx.vmm(bundle.annotations)
         backend = vmplan.Backend(vmm, ctx.libvirt_uri if vmm == "libvirt" else "")
         if vmm == "libvirt":
-            from paracell.vmm.libvirt import connection
+            from paracell.vmm.libvirt import connection, features
 
             connection.check_uri(backend.libvirt_uri)
+            # The daemon, its setup and its QEMU's features, in one line if
+            # anything is missing: before anything exists on the host.
+            features.require(backend.libvirt_uri, facts.qemu_path, choice.engine,
+                             str(settings.memory_dir()))
         builder, agent, config = vmplan.container_vm(
             state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,
             memory.path_for(ctx.root, container_id), host.size.memory_mib, memory_plan,

@@ -181,10 +181,8 @@ class LibvirtHypervisor(Hypervisor):
             if before_start is not None:
                 before_start()
             # After the jail, which wants the shim single-threaded.
+            # create checked the daemon and its features (features.require).
             watch = DomainWatch(self.uri, self.name)
-            from paracell.vmm.libvirt import features
-
-            features.require(watch.conn, self.uri, vm.machine.qemu, vm.machine.engine)
             dom = self._start(watch, xml, vm.devices)
             pid = find_qemu(self.proc_fd if self.proc_fd >= 0 else _host_proc(),
                             self.name, str(ram.facts()["path"]))
