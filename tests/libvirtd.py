@@ -26,22 +26,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 LIBVIRTD = "/usr/sbin/libvirtd"
+VIRTLOGD = "/usr/sbin/virtlogd"
 # Bound over these, in the daemon's namespace only.
 PRIVATE_DIRS = {"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt",
                 "cache": "/var/cache/libvirt", "log": "/var/log/libvirt"}
-QEMU_CONF = """\
-# QEMU keeps its capabilities: its 9p server needs chown, fowner, dac_override
-# and the like to keep the container's owners and modes (docs/libvirt.md).
-clear_emulator_capabilities = 0
-# The QEMU log goes straight to a file: no virtlogd to start.
-stdio_handler = "file"
-# libvirt checks that QEMU's user can open /dev/kvm, and on a miss throws its
-# capability cache away on every call and probes QEMU again (tens of seconds
-# under TCG). This host's /dev/kvm is root's alone (0600), so QEMU's user is
-# root, as each domain's static DAC label says anyway.
-user = "root"
-group = "root"
-"""
+# The settings ParaCell needs (docs/libvirt.md), by name: a test leaves one
+# out to make a daemon set up as Debian installs it.
+SETTINGS = {
+    # QEMU keeps its capabilities: its 9p server needs chown, fowner,
+    # dac_override and the like to keep the container's owners and modes.
+    "clear_emulator_capabilities": "clear_emulator_capabilities = 0\n",
+    # The QEMU log goes straight to a file: no virtlogd to start.
+    "stdio_handler": 'stdio_handler = "file"\n',
+    # libvirt checks that QEMU's user can open /dev/kvm, and on a miss throws
+    # its capability cache away on every call and probes QEMU again (seconds
+    # each under TCG). This host's /dev/kvm is root's alone (0600), so QEMU's
+    # user is root, as each domain's static DAC label says anyway.
+    "user": 'user = "root"\ngroup = "root"\n',
+}
+QEMU_CONF = "".join(SETTINGS.values())
 START_TIMEOUT_S = 30.0
 
 
@@ -60,8 +63,11 @@ def missing() -> str | None:
 
 
 class PrivateLibvirtd:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, qemu_conf: str = QEMU_CONF, virtlogd: bool = False) -> None:
+        """virtlogd: also run a virtlogd of its own, in its namespace, for a
+        qemu.conf that sends QEMU's output to one."""
         self.base = base
+        self.qemu_conf, self.virtlogd = qemu_conf, virtlogd
         self.sock_dir = base / "sock"
         self.workdir = base / "work"
         self.log = base / "libvirtd.log"
@@ -82,7 +88,7 @@ class PrivateLibvirtd:
         # No network of libvirt's own is started: no bridge, no dnsmasq, no iptables.
         for autostart in etc.glob("**/autostart"):
             shutil.rmtree(autostart)
-        (etc / "qemu.conf").write_text(QEMU_CONF)
+        (etc / "qemu.conf").write_text(self.qemu_conf)
         self.sock_dir.mkdir(mode=0o700)
         self.workdir.mkdir()
         (self.base / "libvirtd.conf").write_text(
@@ -104,8 +110,10 @@ class PrivateLibvirtd:
     def _spawn(self) -> None:
         binds = "; ".join(f"mount --bind {self.base / name} {target}"
                           for name, target in PRIVATE_DIRS.items())
-        script = (f"set -e; {binds}; exec {LIBVIRTD} --config {self.base / 'libvirtd.conf'} "
-                  f"--pid-file {self.pid_file}")
+        logd = (f"{VIRTLOGD} --pid-file {self.base / 'virtlogd.pid'} & "
+                f"echo $! > {self.base / 'virtlogd.pid'}; ") if self.virtlogd else ""
+        script = (f"set -e; {binds}; {logd}exec {LIBVIRTD} --config "
+                  f"{self.base / 'libvirtd.conf'} --pid-file {self.pid_file}")
         with open(self.base / "daemon.out", "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.reaper", "unshare",
                                           "--mount", "--propagation", "slave", "sh", "-c", script],
@@ -124,9 +132,11 @@ class PrivateLibvirtd:
                 raise RuntimeError(f"libvirtd exited: {(self.base / 'daemon.out').read_text()}")
             try:
                 libvirt.open(self.uri).close()
-                return
+                if not self.virtlogd or (self.base / "run" / "virtlogd-sock").exists():
+                    return
             except libvirt.libvirtError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError(f"libvirtd did not answer at {self.uri} in {START_TIMEOUT_S:.0f} s")
 
     def restart(self) -> None:
@@ -136,6 +146,11 @@ class PrivateLibvirtd:
         self._spawn()
 
     def _stop_daemon(self) -> None:
+        if self.virtlogd:
+            try:
+                os.kill(int((self.base / "virtlogd.pid").read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError, IndexError):
+                pass
         if self.proc is None:
             return
         self.proc.send_signal(signal.SIGTERM)
