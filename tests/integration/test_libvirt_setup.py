@@ -137,3 +137,20 @@ def test_a_qemu_conf_that_needs_virtlogd_runs_with_virtlogd(daemon_for, make_bun
     assert state_of(runtime, "lvs2")["status"] == "running"
     runtime("delete", "--force", "lvs2", check=True)
     runtime.assert_no_leaks()
+
+
+def test_a_qemu_conf_changed_after_the_daemon_started_is_unverified(daemon_for, make_bundle):
+    """The daemon runs with the file it read at its start: a newer one is
+    not evidence either way. check says so; create is not refused for it."""
+    runtime = daemon_for(QEMU_CONF)
+    conf = runtime.libvirtd.base / "etc" / "qemu.conf"
+    later = runtime.libvirtd.base.stat().st_mtime + 3600
+    os.utime(conf, (later, later))
+    report = json.loads(runtime("check", "--json", check=True).stdout)["libvirt"]
+    caps = next(f for f in report["setup"] if "clear_emulator_capabilities" in f["name"])
+    assert caps["present"] is None and "changed after libvirtd started" in caps["detail"]
+    assert report["refusal"] is None
+    assert "clear_emulator_capabilities = 0: unverified" in runtime("check").stdout.decode()
+    runtime("create", "--bundle", str(make_bundle(["true"])), "lvs3", check=True)
+    runtime("delete", "--force", "lvs3", check=True)
+    runtime.assert_no_leaks()

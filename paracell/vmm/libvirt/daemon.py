@@ -195,16 +195,18 @@ def qemu_conf(daemon: Daemon) -> dict[str, virconf.Value]:
         if os.fstat(fd).st_mtime > daemon.started + CLOCK_SLACK_S:
             raise ParacellError(f"{QEMU_CONF} changed after {daemon.name} started; restart "
                                 f"{daemon.name} to apply it")
-        data = b""
-        while len(data) <= virconf.MAX_FILE:
+        chunks: list[bytes] = []
+        size = 0
+        while size <= virconf.MAX_FILE:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 break
-            data += chunk
+            chunks.append(chunk)
+            size += len(chunk)
     finally:
         os.close(fd)
     try:
-        return virconf.parse(data.decode(errors="replace"))
+        return virconf.parse(b"".join(chunks).decode(errors="replace"))
     except ParacellError as err:
         raise ParacellError(f"cannot parse {daemon.name}'s {QEMU_CONF}: {err}") from None
 
@@ -238,12 +240,13 @@ def _mounts(pid: str) -> list[tuple[str, list[str]]]:
 
 
 def _holder(mounts: list[tuple[str, list[str]]], path: str,
-            below: str) -> tuple[str, list[str]] | None:
-    """The mount that holds path, not counting one at `below` itself."""
+            excluding: str) -> tuple[str, list[str]] | None:
+    """The mount that holds path, not counting one at `excluding` itself
+    (the RAM tmpfs: a new one is mounted where it is, on the mount below)."""
     best = None
     for point, tags in mounts:
         inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and point != below and (best is None or len(point) >= len(best[0])):
+        if inside and point != excluding and (best is None or len(point) >= len(best[0])):
             best = (point, tags)
     return best
 
@@ -271,8 +274,8 @@ def sees(daemon: Daemon, directory: str) -> tuple[bool, str]:
     if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
         return False, f"the daemon's {anchor} is another directory"
     try:
-        holder = _holder(_mounts("self"), target, below=target)
-        theirs_at = _holder(_mounts(str(daemon.pid)), target, below=target)
+        holder = _holder(_mounts("self"), target, excluding=target)
+        theirs_at = _holder(_mounts(str(daemon.pid)), target, excluding=target)
     except OSError as err:
         raise ParacellError(f"cannot read {daemon.name}'s mounts ({err.strerror})") from None
     if holder is None or theirs_at is None or theirs_at[0] != holder[0]:
