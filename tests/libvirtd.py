@@ -3,8 +3,11 @@
 libvirtd runs in a mount namespace of its own, a slave of the host's, where
 its configuration, run, state, cache and log directories are bind mounts of
 directories in BASE; its sockets and log are in BASE too. Nothing outside
-BASE is touched, but for an empty /run/libvirt mount point that is made if
-missing (and removed again).
+BASE is touched. /run there is a tmpfs of its own, so that /run/libvirt can
+be a mount point without one on the host: a host directory made for it and
+removed again, as before, detached the /run/libvirt of every other private
+daemon bound to it (a concurrent test session's), which then wrote into the
+host's /run/libvirt.
 
 The host's mounts here are private, so a mount made after the daemon started
 (a RAM tmpfs, a share's bind mounts) would not reach it or its QEMUs. BASE
@@ -57,7 +60,7 @@ def missing() -> str | None:
     except ImportError:
         return "libvirt-python is not installed"
     for target in PRIVATE_DIRS.values():
-        if target != "/run/libvirt" and not os.path.isdir(target):
+        if not target.startswith("/run/") and not os.path.isdir(target):
             return f"{target} is missing (Debian's libvirt-daemon-system)"
     return None
 
@@ -73,7 +76,6 @@ class PrivateLibvirtd:
         self.log = base / "libvirtd.log"
         self.pid_file = base / "libvirtd.pid"
         self.proc: subprocess.Popen[bytes] | None = None
-        self._made_run = False
         self._mounted = False
 
     @property
@@ -102,9 +104,6 @@ class PrivateLibvirtd:
         subprocess.run(["mount", "--bind", str(self.workdir), str(self.workdir)], check=True)
         self._mounted = True
         subprocess.run(["mount", "--make-shared", str(self.workdir)], check=True)
-        if not os.path.exists("/run/libvirt"):
-            os.mkdir("/run/libvirt", 0o755)
-            self._made_run = True
         self._spawn()
 
     def _spawn(self) -> None:
@@ -112,7 +111,8 @@ class PrivateLibvirtd:
                           for name, target in PRIVATE_DIRS.items())
         logd = (f"{VIRTLOGD} --pid-file {self.base / 'virtlogd.pid'} & "
                 f"echo $! > {self.base / 'virtlogd.pid'}; ") if self.virtlogd else ""
-        script = (f"set -e; {binds}; {logd}exec {LIBVIRTD} --config "
+        script = (f"set -e; mount -t tmpfs -o mode=0755,size=1m paracell-test-run /run; "
+                  f"mkdir /run/libvirt; {binds}; {logd}exec {LIBVIRTD} --config "
                   f"{self.base / 'libvirtd.conf'} --pid-file {self.pid_file}")
         with open(self.base / "daemon.out", "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.reaper", "unshare",
@@ -184,8 +184,3 @@ class PrivateLibvirtd:
         self._stop_daemon()
         if self._mounted:
             subprocess.run(["umount", "-R", "-l", str(self.workdir)], capture_output=True)
-        if self._made_run:
-            try:
-                os.rmdir("/run/libvirt")
-            except OSError:
-                pass

@@ -30,8 +30,8 @@ def without(setting: str) -> str:
 @pytest.fixture
 def daemon_for(libvirtd):
     """daemon_for(qemu_conf, virtlogd=False, memory_dir=None) -> a Runtime
-    bound to a private daemon of its own. Asks for the session's daemon
-    first, so that the /run/libvirt mount point is that one's to remove."""
+    bound to a private daemon of its own (beside the session's, which the
+    libvirt fixture's skip covers)."""
     made: list[tuple[PrivateLibvirtd, Runtime]] = []
 
     def start(qemu_conf: str, virtlogd: bool = False, memory_dir: Path | None = None) -> Runtime:
