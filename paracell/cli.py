@@ -443,13 +443,18 @@ def restore(container_id: str, image_path: str | None, work_path: str | None, bu
 @click.option("--json", "as_json", is_flag=True)
 def check(as_json: bool) -> None:
     """Probe the host: KVM kind, PKU, QEMU, guest artifacts, the engine, and
-    the libvirt daemon at --libvirt-uri."""
+    the libvirt daemon at --libvirt-uri. Fails, after the report, when new
+    containers run under a daemon backend (--vmm) and create would refuse them."""
     from paracell import hostcheck
     from paracell.vmm import backends
 
     ctx = _ctx()
     daemons = [cls(ctx.location_of(cls)) for cls in backends.classes() if cls.default_location]
-    click.echo(hostcheck.render(ctx.engine, as_json, daemons))
+    report = hostcheck.collect(ctx.engine, daemons)
+    click.echo(hostcheck.render(report, as_json, daemons))
+    chosen = ctx.backend({})
+    if chosen.default_location:
+        hostcheck.require(report, chosen)
 
 
 @main.group()

@@ -49,15 +49,28 @@ def _daemon_lines(name: str, found: dict[str, object]) -> list[str]:
     if not found.get("reachable"):
         return [f"{name}: not reachable at {found['uri']} ({found.get('detail')})"]
     lines = [f"{name}: {found['version']} at {found['uri']}"]
-    for feature in found.get("features") or []:
+    marks = {True: "yes", False: "MISSING", None: "unverified"}
+    for feature in [*(found.get("setup") or []), *(found.get("features") or [])]:
         assert isinstance(feature, dict)
-        mark = "yes" if feature["present"] else "MISSING"
-        lines.append(f"  {feature['name']}: {mark} ({feature['detail']})")
+        lines.append(f"  {feature['name']}: {marks[feature['present']]} ({feature['detail']})")
+    if found.get("refusal"):
+        lines.append(f"  create fails: {found['refusal']}")
     return lines
 
 
-def render(engine: str, as_json: bool, daemons: list[Backend] | None = None) -> str:
-    report = collect(engine, daemons)
+def require(report: dict[str, object], backend: Backend) -> None:
+    """For a host whose new containers run under a daemon backend: the line
+    `create` would fail with, as an error."""
+    found = report.get(backend.name)
+    if not isinstance(found, dict):
+        return
+    if not found.get("reachable"):
+        raise ParacellError(str(found.get("detail")))
+    if found.get("refusal"):
+        raise ParacellError(str(found["refusal"]))
+
+
+def render(report: dict[str, object], as_json: bool, daemons: list[Backend]) -> str:
     if as_json:
         return json.dumps(report, indent=2)
     host = report["host"]
@@ -78,7 +91,7 @@ def render(engine: str, as_json: bool, daemons: list[Backend] | None = None) -> 
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
         f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
-    for backend in daemons or []:
+    for backend in daemons:
         found = report.get(backend.name)
         if isinstance(found, dict):
             lines += _daemon_lines(backend.name, found)

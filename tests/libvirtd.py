@@ -3,8 +3,11 @@
 libvirtd runs in a mount namespace of its own, a slave of the host's, where
 its configuration, run, state, cache and log directories are bind mounts of
 directories in BASE; its sockets and log are in BASE too. Nothing outside
-BASE is touched, but for an empty /run/libvirt mount point that is made if
-missing (and removed again).
+BASE is touched. /run there is a tmpfs of its own, so that /run/libvirt can
+be a mount point without one on the host: a host directory made for it and
+removed again, as before, detached the /run/libvirt of every other private
+daemon bound to it (a concurrent test session's), which then wrote into the
+host's /run/libvirt.
 
 The host's mounts here are private, so a mount made after the daemon started
 (a RAM tmpfs, a share's bind mounts) would not reach it or its QEMUs. BASE
@@ -26,22 +29,25 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 LIBVIRTD = "/usr/sbin/libvirtd"
+VIRTLOGD = "/usr/sbin/virtlogd"
 # Bound over these, in the daemon's namespace only.
 PRIVATE_DIRS = {"etc": "/etc/libvirt", "run": "/run/libvirt", "lib": "/var/lib/libvirt",
                 "cache": "/var/cache/libvirt", "log": "/var/log/libvirt"}
-QEMU_CONF = """\
-# QEMU keeps its capabilities: its 9p server needs chown, fowner, dac_override
-# and the like to keep the container's owners and modes (docs/libvirt.md).
-clear_emulator_capabilities = 0
-# The QEMU log goes straight to a file: no virtlogd to start.
-stdio_handler = "file"
-# libvirt checks that QEMU's user can open /dev/kvm, and on a miss throws its
-# capability cache away on every call and probes QEMU again (tens of seconds
-# under TCG). This host's /dev/kvm is root's alone (0600), so QEMU's user is
-# root, as each domain's static DAC label says anyway.
-user = "root"
-group = "root"
-"""
+# The settings ParaCell needs (docs/libvirt.md), by name: a test leaves one
+# out to make a daemon set up as Debian installs it.
+SETTINGS = {
+    # QEMU keeps its capabilities: its 9p server needs chown, fowner,
+    # dac_override and the like to keep the container's owners and modes.
+    "clear_emulator_capabilities": "clear_emulator_capabilities = 0\n",
+    # The QEMU log goes straight to a file: no virtlogd to start.
+    "stdio_handler": 'stdio_handler = "file"\n',
+    # libvirt checks that QEMU's user can open /dev/kvm, and on a miss throws
+    # its capability cache away on every call and probes QEMU again (seconds
+    # each under TCG). This host's /dev/kvm is root's alone (0600), so QEMU's
+    # user is root, as each domain's static DAC label says anyway.
+    "user": 'user = "root"\ngroup = "root"\n',
+}
+QEMU_CONF = "".join(SETTINGS.values())
 START_TIMEOUT_S = 30.0
 
 
@@ -54,20 +60,22 @@ def missing() -> str | None:
     except ImportError:
         return "libvirt-python is not installed"
     for target in PRIVATE_DIRS.values():
-        if target != "/run/libvirt" and not os.path.isdir(target):
+        if not target.startswith("/run/") and not os.path.isdir(target):
             return f"{target} is missing (Debian's libvirt-daemon-system)"
     return None
 
 
 class PrivateLibvirtd:
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, qemu_conf: str = QEMU_CONF, virtlogd: bool = False) -> None:
+        """virtlogd: also run a virtlogd of its own, in its namespace, for a
+        qemu.conf that sends QEMU's output to one."""
         self.base = base
+        self.qemu_conf, self.virtlogd = qemu_conf, virtlogd
         self.sock_dir = base / "sock"
         self.workdir = base / "work"
         self.log = base / "libvirtd.log"
         self.pid_file = base / "libvirtd.pid"
         self.proc: subprocess.Popen[bytes] | None = None
-        self._made_run = False
         self._mounted = False
 
     @property
@@ -82,7 +90,7 @@ class PrivateLibvirtd:
         # No network of libvirt's own is started: no bridge, no dnsmasq, no iptables.
         for autostart in etc.glob("**/autostart"):
             shutil.rmtree(autostart)
-        (etc / "qemu.conf").write_text(QEMU_CONF)
+        (etc / "qemu.conf").write_text(self.qemu_conf)
         self.sock_dir.mkdir(mode=0o700)
         self.workdir.mkdir()
         (self.base / "libvirtd.conf").write_text(
@@ -96,16 +104,16 @@ class PrivateLibvirtd:
         subprocess.run(["mount", "--bind", str(self.workdir), str(self.workdir)], check=True)
         self._mounted = True
         subprocess.run(["mount", "--make-shared", str(self.workdir)], check=True)
-        if not os.path.exists("/run/libvirt"):
-            os.mkdir("/run/libvirt", 0o755)
-            self._made_run = True
         self._spawn()
 
     def _spawn(self) -> None:
         binds = "; ".join(f"mount --bind {self.base / name} {target}"
                           for name, target in PRIVATE_DIRS.items())
-        script = (f"set -e; {binds}; exec {LIBVIRTD} --config {self.base / 'libvirtd.conf'} "
-                  f"--pid-file {self.pid_file}")
+        logd = (f"{VIRTLOGD} --pid-file {self.base / 'virtlogd.pid'} & "
+                f"echo $! > {self.base / 'virtlogd.pid'}; ") if self.virtlogd else ""
+        script = (f"set -e; mount -t tmpfs -o mode=0755,size=1m paracell-test-run /run; "
+                  f"mkdir /run/libvirt; {binds}; {logd}exec {LIBVIRTD} --config "
+                  f"{self.base / 'libvirtd.conf'} --pid-file {self.pid_file}")
         with open(self.base / "daemon.out", "ab") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.reaper", "unshare",
                                           "--mount", "--propagation", "slave", "sh", "-c", script],
@@ -124,9 +132,11 @@ class PrivateLibvirtd:
                 raise RuntimeError(f"libvirtd exited: {(self.base / 'daemon.out').read_text()}")
             try:
                 libvirt.open(self.uri).close()
-                return
+                if not self.virtlogd or (self.base / "run" / "virtlogd-sock").exists():
+                    return
             except libvirt.libvirtError:
-                time.sleep(0.1)
+                pass
+            time.sleep(0.1)
         raise RuntimeError(f"libvirtd did not answer at {self.uri} in {START_TIMEOUT_S:.0f} s")
 
     def restart(self) -> None:
@@ -136,6 +146,11 @@ class PrivateLibvirtd:
         self._spawn()
 
     def _stop_daemon(self) -> None:
+        if self.virtlogd:
+            try:
+                os.kill(int((self.base / "virtlogd.pid").read_text().split()[0]), signal.SIGTERM)
+            except (OSError, ValueError, IndexError):
+                pass
         if self.proc is None:
             return
         self.proc.send_signal(signal.SIGTERM)
@@ -169,8 +184,3 @@ class PrivateLibvirtd:
         self._stop_daemon()
         if self._mounted:
             subprocess.run(["umount", "-R", "-l", str(self.workdir)], capture_output=True)
-        if self._made_run:
-            try:
-                os.rmdir("/run/libvirt")
-            except OSError:
-                pass

@@ -164,14 +164,16 @@ class Backend(ABC):
     def __init__(self, location: str = "") -> None:
         self.location = location
 
-    def check(self) -> None:  # noqa: B027 (a backend with nothing to check has no override)
+    def check(self, qemu: str, engine: str) -> None:  # noqa: B027 (nothing to check: no override)
         """Fails in one line, before anything is made, where this backend
-        cannot run a VM (a daemon that is unreachable or misconfigured)."""
+        cannot run a VM of this QEMU and engine (a daemon that is unreachable,
+        set up without what ParaCell needs, or lacking a feature)."""
 
     def report(self, qemu: str | None, engine: str | None) -> dict[str, object]:
         """For `paracell check`, a daemon backend's: whether it is reachable
-        at its location, its version, and what it has of what ParaCell needs."""
-        return {"uri": self.location, "reachable": True}
+        at its location, its version, what it has of what ParaCell needs, and
+        the line `check` would fail a create with (`refusal`, or None)."""
+        return {"uri": self.location, "reachable": True, "refusal": None}
 
     def rendezvous(self, memory_file: Path, what: str) -> Path | None:
         """Where a device's socket waits for a VMM that gets no fds; None

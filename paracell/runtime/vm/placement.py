@@ -142,7 +142,9 @@ class OwnVm:
             process = bundle.config.get("process") or {}
             if process.get("terminal"):
                 raise ParacellError("a forked or restored container has no terminal yet")
-        backend.check()
+        # One line, before anything exists on the host, where the backend
+        # cannot run this VM (a daemon's setup, its QEMU's features).
+        backend.check(facts.qemu_path, choice.engine)
         state_dir = ctx.store.dir(container_id)
         planned = vmplan.container_vm(
             state_dir, bundle, artifacts.current(), choice.engine, facts.qemu_path,

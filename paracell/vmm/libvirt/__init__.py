@@ -141,13 +141,20 @@ class LibvirtBackend(Backend):
                                 live_resize=True)
     default_location = connection.DEFAULT_URI
 
-    def check(self) -> None:
-        connection.check_uri(self.location)
-
-    def report(self, qemu: str | None, engine: str | None) -> dict[str, object]:
+    def check(self, qemu: str, engine: str) -> None:
+        from paracell import settings
         from paracell.vmm.libvirt import features
 
-        return features.report(self.location, qemu, engine)
+        connection.check_uri(self.location)
+        # The daemon, its setup and its QEMU's features, in one line if
+        # anything is missing.
+        features.require(self.location, qemu, engine, str(settings.memory_dir()))
+
+    def report(self, qemu: str | None, engine: str | None) -> dict[str, object]:
+        from paracell import settings
+        from paracell.vmm.libvirt import features
+
+        return features.report(self.location, qemu, engine, str(settings.memory_dir()))
 
     def attach_control(self, vm: VmBuilder, state_dir: Path, memory_file: Path) -> dict[str, str]:
         name = domain.name_for(memory_file.stem)
@@ -212,10 +219,8 @@ class LibvirtHypervisor(Hypervisor):
             if before_start is not None:
                 before_start()
             # After the jail, which wants the shim single-threaded.
+            # create checked the daemon and its features (features.require).
             watch = DomainWatch(self.uri, self.name)
-            from paracell.vmm.libvirt import features
-
-            features.require(watch.conn, self.uri, vm.machine.qemu, vm.machine.engine)
             dom = self._start(watch, xml, vm.devices)
             pid = find_qemu(self.proc_fd if self.proc_fd >= 0 else _host_proc(),
                             self.name, str(ram.facts()["path"]))

@@ -1,6 +1,7 @@
-"""What the libvirt backend needs of a daemon, asked of the daemon itself
-(its version and its domain capabilities for ParaCell's QEMU): for
-`paracell check`, and before `create` defines anything."""
+"""What the libvirt backend needs of a daemon: its version and the
+features of its QEMU, asked of the daemon itself (its domain capabilities),
+and how it is set up (hostsetup.py). For `paracell check`, and for `create`
+before it makes anything on the host."""
 
 from __future__ import annotations
 
@@ -15,8 +16,20 @@ from paracell.vmm.libvirt import connection, domain
 @dataclass(frozen=True)
 class Feature:
     name: str
-    present: bool
+    present: bool | None  # None: could not be verified, for the reason in detail
     detail: str
+    # For a missing one: the one line's text after "libvirt at URI".
+    why: str = ""
+
+    def refusal(self, uri: str) -> str:
+        return f"libvirt at {uri}{self.why or f' lacks {self.name}: {self.detail}'}"
+
+    def as_dict(self, uri: str) -> dict[str, Any]:
+        found: dict[str, Any] = {"name": self.name, "present": self.present,
+                                 "detail": self.detail}
+        if self.present is False:
+            found["refusal"] = self.refusal(uri)
+        return found
 
 
 def _values(caps: ET.Element, path: str) -> set[str]:
@@ -50,24 +63,41 @@ def probe(conn: Any, qemu: str, engine: str) -> list[Feature]:
     ]
 
 
-def require(conn: Any, uri: str, qemu: str, engine: str) -> None:
-    """One line naming the first missing feature."""
-    for feature in probe(conn, qemu, engine):
-        if not feature.present:
-            raise ParacellError(f"libvirt at {uri} lacks {feature.name}: {feature.detail}")
+def require(uri: str, qemu: str, engine: str, memory_dir: str) -> None:
+    """One line naming the first thing missing, setup first: a daemon whose
+    QEMU user cannot open /dev/kvm answers each capabilities call slowly.
+    What cannot be verified passes (`paracell check` shows it)."""
+    from paracell.vmm.libvirt import hostsetup
+
+    conn = connection.open_uri(uri)
+    try:
+        for feature in hostsetup.findings(conn, uri, engine, memory_dir):
+            if feature.present is False:
+                raise ParacellError(feature.refusal(uri))
+        for feature in probe(conn, qemu, engine):
+            if not feature.present:
+                raise ParacellError(feature.refusal(uri))
+    finally:
+        conn.close()
 
 
-def report(uri: str, qemu: str | None, engine: str | None) -> dict[str, Any]:
-    """For `paracell check`: reachable or why not, the version, each feature."""
+def report(uri: str, qemu: str | None, engine: str | None, memory_dir: str) -> dict[str, Any]:
+    """For `paracell check`: reachable or why not, the version, the setup
+    and each feature, and the line `create` would fail with."""
+    from paracell.vmm.libvirt import hostsetup
+
     try:
         conn = connection.open_uri(uri)
     except ParacellError as err:
         return {"uri": uri, "reachable": False, "detail": str(err)}
     try:
         version = connection.version_text(conn.getLibVersion())
+        setup = list(hostsetup.findings(conn, uri, engine or "tcg", memory_dir))
         features = probe(conn, qemu, engine or "tcg") if qemu else []
     finally:
         conn.close()
+    missing = next((f for f in setup + features if f.present is False), None)
     return {"uri": uri, "reachable": True, "version": version,
-            "features": [{"name": f.name, "present": f.present, "detail": f.detail}
-                         for f in features]}
+            "setup": [f.as_dict(uri) for f in setup],
+            "features": [f.as_dict(uri) for f in features],
+            "refusal": missing.refusal(uri) if missing else None}
