@@ -16,8 +16,8 @@ import click
 
 from paracell import OCI_VERSION, __version__, globalopts
 from paracell.errors import ParacellError
+from paracell.log import RuntimeLog
 from paracell.runtime.context import Context
-from paracell.runtime.log import RuntimeLog
 
 
 def _version_text() -> str:
@@ -468,9 +468,10 @@ def xgate() -> None:
 def xgate_vet(as_json: bool, paths: tuple[str, ...]) -> None:
     """Scan ELF files, directories or bundles (their rootfs). Exit 0 when clean,
     1 when an offence was found, 2 on input that cannot be vetted."""
+    from paracell.runtime.bundle import spec
     from paracell.xgate import report, vet
 
-    found = vet.vet_paths(list(paths))
+    found = vet.vet_paths(list(paths), bundle_rootfs=spec.bundle_rootfs)
     click.echo(report.as_json(found) if as_json else report.text(found))
     sys.exit(report.exit_status(found))
 

@@ -8,7 +8,7 @@ import sys
 
 def _log_from_argv(argv: list[str]) -> object:
     from paracell.fastpath import split_globals
-    from paracell.runtime.log import RuntimeLog
+    from paracell.log import RuntimeLog
 
     opts = (split_globals(argv) or ({}, []))[0]
     return RuntimeLog(opts.get("--log") or None, opts.get("--log-format") or "text")

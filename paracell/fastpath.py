@@ -69,7 +69,7 @@ def run(argv: list[str]) -> int | None:
     try:
         return handler(opts.get("--root", DEFAULT_ROOT), rest)
     except ParacellError as err:
-        from paracell.runtime.log import RuntimeLog
+        from paracell.log import RuntimeLog
 
         RuntimeLog(opts.get("--log"), opts.get("--log-format", "text")).error(str(err))
         return err.exit_code

@@ -28,6 +28,10 @@ from paracell.net import discover, guestconfig, lent, mirror, netns, tap
 from paracell.reclaim import reclaimable
 from paracell.vmm.builder import Device
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.domainxml import DomainParts
+
 RECORD_FILE = "net.json"
 RECORD_MAX = 64 << 10
 
@@ -266,6 +270,17 @@ class NetworkInterfaces(Device):
                 self._vmm_netns = -1
             lent.delete(names)
         self.record.unlink(missing_ok=True)
+
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell.vmm.domainxml import sub
+
+        for mac, name in zip(self.macs(), self.tap_names(), strict=True):
+            iface = parts.add("interface", {"type": "ethernet"})
+            # managed='no': the TAP is ParaCell's, lent to libvirtd's namespace
+            # for the start and taken back once QEMU holds it (paracell/net/lent.py).
+            sub(iface, "target", dev=name, managed="no")
+            sub(iface, "model", type="virtio")
+            sub(iface, "mac", address=mac)
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:

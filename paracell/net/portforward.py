@@ -27,7 +27,7 @@ from paracell.net.netns import JOIN, NEW, NetworkPlan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.runtime.log import RuntimeLog
+    from paracell.log import RuntimeLog
 
 
 class PortForward:

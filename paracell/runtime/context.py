@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paracell.runtime.log import RuntimeLog
+from paracell.log import RuntimeLog
 from paracell.runtime.state.store import StateStore
 
 TYPE_CHECKING = False

@@ -28,8 +28,8 @@ class Sandbox:
         self.id, self.root = container_id, os.path.abspath(root)
 
     def _ctx(self) -> Any:
+        from paracell.log import RuntimeLog
         from paracell.runtime.context import Context
-        from paracell.runtime.log import RuntimeLog
 
         return Context(root=self.root, log=RuntimeLog(None, "text", False))
 

@@ -22,6 +22,10 @@ from typing import Any, ClassVar, TypeVar
 from paracell.errors import ParacellError
 from paracell.reclaim import Reclaimable
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.vmm.domainxml import DomainParts
+
 # The RTC stays on: without it the kernel spends a second waiting to read the time.
 # compaction_proactiveness=0: kcompactd would otherwise wake every 500 ms to
 # score fragmentation for huge pages, which this guest never makes (no THP),
@@ -115,6 +119,11 @@ class Device(Reclaimable):
         """The owner's cleanup at the end of the VM: close what is open, then
         whatever `reclaim` removes."""
         self.reclaim(self.facts())
+
+    def render_libvirt(self, parts: DomainParts) -> None:
+        """The device in a libvirt domain's XML (paracell/vmm/domainxml.py):
+        a device that does not say how is refused, never left out silently."""
+        raise ParacellError(f"the libvirt backend cannot render the {self.kind} device")
 
 
 D = TypeVar("D", bound=Device)

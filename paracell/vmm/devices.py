@@ -19,6 +19,7 @@ from paracell.vmm.builder import Device
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.pager.server import PagerServer
+    from paracell.vmm.domainxml import DomainParts
 
 
 @reclaimable
@@ -67,6 +68,16 @@ class GuestRam(Device):
     def reclaim(cls, facts: dict[str, Any]) -> None:
         memory.remove(Path(facts["path"]))
 
+    def render_libvirt(self, parts: DomainParts) -> None:
+        # libvirt puts a file-backed RAM under its daemon-wide directory, at a
+        # path of its choosing: ParaCell's own file goes to QEMU as it is.
+        from paracell.vmm.domainxml import RAM_BACKEND_ID
+
+        parts.qemu_args += ["-object", f"memory-backend-file,id={RAM_BACKEND_ID},"
+                            f"size={self.size_mib}M,mem-path={self.path},share=on,"
+                            "prealloc=off,align=2M", "-machine",
+                            f"memory-backend={RAM_BACKEND_ID}"]
+
 
 @reclaimable
 class SerialConsole(Device):
@@ -83,6 +94,13 @@ class SerialConsole(Device):
     def host_paths(self) -> dict[str, bool]:
         return {str(self.path): True}
 
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell.vmm.domainxml import sub
+
+        serial = parts.add("serial", {"type": "file"})
+        sub(serial, "source", path=str(self.path), append="on")
+        sub(serial, "target", port="0")
+
 
 @reclaimable
 class DebugExit(Device):
@@ -94,6 +112,9 @@ class DebugExit(Device):
         from paracell._native import lib
 
         return ["-device", f"isa-debug-exit,iobase={lib.PC_DEBUG_EXIT_PORT:#x},iosize=4"]
+
+    def render_libvirt(self, parts: DomainParts) -> None:
+        parts.qemu_args += self.qemu_args()  # libvirt has no element for it
 
 
 class Rendezvous:
@@ -189,6 +210,17 @@ class AgentPort(Device):
         if facts.get("path"):
             unixsock.unlink(Path(str(facts["path"])))
 
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell.vmm.domainxml import sub
+
+        if self.listen_path is None:
+            raise ParacellError("internal: the agent port of a libvirt domain needs a socket "
+                                "path")
+        channel = parts.add("channel", {"type": "unix"})
+        # QEMU connects to the shim's listener: nothing else can take the port first.
+        sub(channel, "source", mode="connect", path=str(self.listen_path))
+        sub(channel, "target", type="virtio", name=wire.text("PC_AGENT_PORT_NAME"))
+
 
 @reclaimable
 class Share(Device):
@@ -219,6 +251,19 @@ class Share(Device):
             opts += ",multidevs=remap"
         return ["-fsdev", opts,
                 "-device", f"virtio-9p-device,fsdev={self.tag},mount_tag={self.tag}"]
+
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell.vmm.domainxml import sub
+
+        attrs = {"type": "mount", "accessmode": "passthrough"}
+        if self.multidevs:
+            attrs["multidevs"] = "remap"
+        fs = parts.add("filesystem", attrs)
+        sub(fs, "driver", type="path")
+        sub(fs, "source", dir=str(self.path))
+        sub(fs, "target", dir=self.tag)
+        if self.readonly:
+            sub(fs, "readonly")
 
 
 class RootDisk(Device):
@@ -437,6 +482,17 @@ class PagerChannel(Device):
             except FileNotFoundError:
                 pass
 
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell._native import lib
+        from paracell.vmm.domainxml import sub
+
+        if self.listen_path is None:
+            raise ParacellError("internal: the Pager of a libvirt domain needs a socket path")
+        shmem = parts.add("shmem", {"name": "paracell-pager"})
+        sub(shmem, "model", type="ivshmem-doorbell")
+        sub(shmem, "server", path=str(self.listen_path))
+        sub(shmem, "msi", vectors=str(lib.PC_PAGER_VECTORS), ioeventfd="on")
+
 
 @reclaimable
 class Balloon(Device):
@@ -447,3 +503,11 @@ class Balloon(Device):
 
     def qemu_args(self) -> list[str]:
         return ["-device", "virtio-balloon-device,free-page-reporting=on"]
+
+    def render_libvirt(self, parts: DomainParts) -> None:
+        from paracell.vmm.domainxml import sub
+
+        parts.balloon = True
+        balloon = parts.add("memballoon", {"model": "virtio", "freePageReporting": "on"})
+        # No statistics polling: it would wake an idle guest.
+        sub(balloon, "stats", period="0")

@@ -18,7 +18,7 @@ from paracell.errors import ParacellError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.runtime.log import RuntimeLog
+    from paracell.log import RuntimeLog
     from paracell.xgate.support import XgatesSupport
 
 ANNOTATION = "io.paracell.xgates"

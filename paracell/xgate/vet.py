@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,33 +189,11 @@ class _Walker:
             self.cache.remember(before, os.fstat(fd), Verdict(elf, note), started)
 
 
-def bundle_rootfs(directory: Path) -> Path | None:
-    """The rootfs of an OCI bundle, or None when `directory` is not one (no
-    config.json with a root object). A bundle whose root.path is a symlink or
-    missing is bad input, by runtime/bundle/spec.py's own check."""
-    from paracell.runtime.bundle import spec
-
-    config_path = directory / "config.json"
-    if not config_path.is_file():
-        return None
-    try:
-        config = spec.read_json_file(config_path, spec.MAX_CONFIG_BYTES)
-    except ParacellError as err:
-        raise bad_input(str(err)) from None
-    if not isinstance(config, dict) or not isinstance(config.get("root"), dict):
-        return None
-    root_path = config["root"].get("path")
-    if not isinstance(root_path, str):
-        raise bad_input(f"{config_path}: root.path must be a string")
-    try:
-        return spec.check_rootfs(directory, root_path)
-    except ParacellError as err:
-        raise bad_input(str(err)) from None
-
-
-def vet_paths(paths: list[str], max_entries: int = MAX_ENTRIES,
-              max_depth: int = MAX_DEPTH) -> VetReport:
-    """Each path is an ELF file, a directory, or a bundle directory (config.json)."""
+def vet_paths(paths: list[str], max_entries: int = MAX_ENTRIES, max_depth: int = MAX_DEPTH,
+              bundle_rootfs: Callable[[Path], Path | None] | None = None) -> VetReport:
+    """Each path is an ELF file or a directory; with bundle_rootfs (the
+    bundle layer's reader of config.json), a bundle directory stands for its
+    rootfs."""
     report = VetReport()
     walker = _Walker(report, max_entries, max_depth)
     for given in paths:
@@ -223,7 +202,7 @@ def vet_paths(paths: list[str], max_entries: int = MAX_ENTRIES,
         # A path named by the user is theirs to follow; nothing under it is.
         real = Path(os.path.realpath(given))
         if real.is_dir():
-            root = bundle_rootfs(real) or real
+            root = (bundle_rootfs(real) if bundle_rootfs else None) or real
             report.roots.append(str(root))
             walker.tree(str(root))
         elif real.is_file():

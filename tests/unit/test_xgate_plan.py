@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from paracell.errors import ParacellError
+from paracell.log import RuntimeLog
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.defaultspec import default_config
-from paracell.runtime.log import RuntimeLog
 from paracell.vmm.probe import HostFacts
 from paracell.xgate import admission
 from paracell.xgate.support import support

@@ -335,7 +335,9 @@ def test_symlink_loops_fifos_and_links_out_of_a_bundle_are_not_followed(tmp_path
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert clean.stdout.startswith(b"0 offence(s)")
     assert cli(str(outside)).returncode == 1  # the file the links point at is an offence
-    report = vet.vet_paths([str(bundle)])
+    from paracell.runtime.bundle import spec
+
+    report = vet.vet_paths([str(bundle)], bundle_rootfs=spec.bundle_rootfs)
     assert report.roots == [str(rootfs)] and report.elf_files == 1
 
 

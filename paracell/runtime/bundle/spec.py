@@ -552,3 +552,28 @@ def exec_launch_spec(container_id: str, process: dict[str, Any]) -> bytes:
     """Records for another process in a container that exists in the guest."""
     return _encode([(K.CONTAINER, container_id), (K.ROLE, "exec"),
                            *_process_records(process)])
+
+
+def bundle_rootfs(directory: Path) -> Path | None:
+    """For `paracell xgate vet`: the rootfs of an OCI bundle, or None when
+    `directory` is not one (no config.json with a root object). A bundle whose
+    root.path is a symlink or missing is bad input (the vet's exit status 2),
+    by check_rootfs."""
+    from paracell.xgate.vet import bad_input
+
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        config = read_json_file(config_path, MAX_CONFIG_BYTES)
+    except ParacellError as err:
+        raise bad_input(str(err)) from None
+    if not isinstance(config, dict) or not isinstance(config.get("root"), dict):
+        return None
+    root_path = config["root"].get("path")
+    if not isinstance(root_path, str):
+        raise bad_input(f"{config_path}: root.path must be a string")
+    try:
+        return check_rootfs(directory, root_path)
+    except ParacellError as err:
+        raise bad_input(str(err)) from None

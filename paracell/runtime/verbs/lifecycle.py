@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from paracell.errors import NotExistError, ParacellError
+from paracell.log import rfc3339_now
 from paracell.procfs import kill_same, process_start_time
 from paracell.runtime.agent import channel
 from paracell.runtime.agent.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.agent.signals import FORWARDED, SIGKILL, exit_status_for_signal
 from paracell.runtime.context import Context
-from paracell.runtime.log import rfc3339_now
 from paracell.runtime.state import status
 from paracell.runtime.state.ids import check_id
 from paracell.runtime.state.store import (

@@ -18,13 +18,13 @@ from pathlib import Path
 
 from paracell import unixsock
 from paracell.errors import ParacellError
+from paracell.log import RuntimeLog
 from paracell.net import device as net_device
 from paracell.net import late, netns, portforward
 from paracell.procfs import process_start_time
 from paracell.runtime.agent import channel, console, sandboxspec, signals
 from paracell.runtime.agent.signals import exit_status_for_signal
 from paracell.runtime.host.hostns import HostIsolation
-from paracell.runtime.log import RuntimeLog
 from paracell.runtime.state.store import CONTROL_SOCKET
 from paracell.runtime.vm import standin
 from paracell.runtime.vm.spawn import Handshake, Ready

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from paracell.vmm.builder import VmBuilder
+    from paracell.vmm.domainxml import DomainParts
     from paracell.vmm.libvirt.watch import DomainWatch
 
 CONNECT_TIMEOUT_S = 30.0
@@ -60,6 +61,9 @@ class LibvirtDomain(Device):
     def shape(self) -> dict[str, Any]:
         return {"uri": self.uri}
 
+    def render_libvirt(self, parts: DomainParts) -> None:
+        """The domain is the XML itself: nothing to add to it."""
+
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:
         uri, name = str(facts.get("uri", "")), str(facts.get("name", ""))
@@ -68,7 +72,6 @@ class LibvirtDomain(Device):
         destroy(uri, name)
 
 
-domain.renders(LibvirtDomain)(lambda _device, _parts: None)
 
 
 def destroy(uri: str, name: str) -> None:
@@ -143,18 +146,18 @@ class LibvirtBackend(Backend):
 
     def check(self, qemu: str, engine: str) -> None:
         from paracell import settings
-        from paracell.vmm.libvirt import features
+        from paracell.vmm.libvirt import readiness
 
         connection.check_uri(self.location)
         # The daemon, its setup and its QEMU's features, in one line if
         # anything is missing.
-        features.require(self.location, qemu, engine, str(settings.memory_dir()))
+        readiness.require(self.location, qemu, engine, str(settings.memory_dir()))
 
     def report(self, qemu: str | None, engine: str | None) -> dict[str, object]:
         from paracell import settings
-        from paracell.vmm.libvirt import features
+        from paracell.vmm.libvirt import readiness
 
-        return features.report(self.location, qemu, engine, str(settings.memory_dir()))
+        return readiness.report(self.location, qemu, engine, str(settings.memory_dir()))
 
     def attach_control(self, vm: VmBuilder, state_dir: Path, memory_file: Path) -> dict[str, str]:
         name = domain.name_for(memory_file.stem)
@@ -219,7 +222,7 @@ class LibvirtHypervisor(Hypervisor):
             if before_start is not None:
                 before_start()
             # After the jail, which wants the shim single-threaded.
-            # create checked the daemon and its features (features.require).
+            # create checked the daemon and its features (readiness.require).
             watch = DomainWatch(self.uri, self.name)
             dom = self._start(watch, xml, vm.devices)
             pid = find_qemu(self.proc_fd if self.proc_fd >= 0 else _host_proc(),
