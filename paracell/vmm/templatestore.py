@@ -66,6 +66,20 @@ def key_of(shape: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
+def summary(shape: Any) -> dict[str, Any]:
+    """What `template list` shows of a template's shape (VmBuilder.shape),
+    which may come from a damaged meta.json: RAM, vCPUs, the memory manager,
+    NICs, and whether it is a pod's VM."""
+    shape = shape if isinstance(shape, dict) else {}
+    found = [d for d in shape.get("devices") or [] if isinstance(d, dict)] \
+        if isinstance(shape.get("devices"), list) else []
+    kinds = [d.get("kind") for d in found]
+    nics = sum(d.get("nics", 0) + d.get("spares", 0) for d in found if d.get("kind") == "net")
+    return {"memory_mib": shape.get("memory_mib"), "vcpus": shape.get("vcpus"),
+            "memory_manager": next((k for k in ("pager", "balloon") if k in kinds), "none"),
+            "nics": nics, "pod": "pod-share" in kinds}
+
+
 def binary_identity(path: str) -> list[int | str]:
     """What tells one QEMU binary from another without reading 20 MiB."""
     st = os.stat(path)

@@ -11,7 +11,6 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.runtime.context import Context
@@ -45,22 +44,11 @@ def build(ctx: Context, bundle: str | None) -> str:
                         "(io.paracell.template), or saving failed (see --log)")
 
 
-def _summary(shape: dict[str, Any]) -> dict[str, Any]:
-    devices = shape.get("devices")
-    kinds = [d.get("kind") for d in devices if isinstance(d, dict)] \
-        if isinstance(devices, list) else []
-    nics = sum(d.get("nics", 0) + d.get("spares", 0) for d in devices or []
-               if isinstance(d, dict) and d.get("kind") == "net")
-    return {"memory_mib": shape.get("memory_mib"), "vcpus": shape.get("vcpus"),
-            "memory_manager": next((k for k in ("pager", "balloon") if k in kinds), "none"),
-            "nics": nics, "pod": "pod-share" in kinds}
-
-
 def list_templates(fmt: str) -> str:
     entries = templatestore.store().entries()
     rows = [{"key": e["key"], "last_used": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                         time.gmtime(e["used"])),
-             "disk_bytes": e["disk_bytes"], **_summary(e["shape"]),
+             "disk_bytes": e["disk_bytes"], **templatestore.summary(e["shape"]),
              **({"broken": e["broken"]} if "broken" in e else {})} for e in entries]
     if fmt == "json":
         return json.dumps(rows, indent=2)
