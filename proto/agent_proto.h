@@ -69,7 +69,7 @@ enum pc_type {
 };
 
 /* Fixed-size payloads, little-endian.  Each side encodes and decodes them in
- * one place: proto/agent_codec.h for C, paracell/runtime/channel.py for Python. */
+ * one place: proto/agent_codec.h for C, paracell/runtime/agent/channel.py for Python. */
 struct pc_signal_msg {
     uint32_t signo;
     uint32_t flags;   /* PC_SIGNAL_ALL */

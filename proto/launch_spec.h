@@ -1,7 +1,7 @@
 /* The record keys of the launch spec (SPEC), the SANDBOX and the START
  * payloads: `key=value`, each NUL-terminated (docs/agent-protocol.md).  This
  * list is their one definition: the agent compares against these names and
- * the host writes them, through cffi (paracell/runtime/speckeys.py), so a key
+ * the host writes them, through cffi (paracell/speckeys.py), so a key
  * is never typed twice.  Compound values separate their fields with
  * PC_KEY_SEP. */
 #ifndef PARACELL_PROTO_LAUNCH_SPEC_H

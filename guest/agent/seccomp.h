@@ -1,5 +1,5 @@
 /* linux.seccomp in the guest: the BPF program the host compiled with
- * libseccomp (paracell/runtime/seccomp.py) arrives in a PC_SECCOMP frame
+ * libseccomp (paracell/runtime/inguest/seccomp.py) arrives in a PC_SECCOMP frame
  * just before the init's SPEC, is kept by the container, and is installed in
  * its init and every exec as the last step before execve, as runc does. */
 #ifndef PARACELL_AGENT_SECCOMP_H

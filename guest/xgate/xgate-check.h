@@ -3,7 +3,7 @@
  * FAIL/EXPECT reports the integration tests read, RDPKRU, and a fault
  * catcher that turns a SIGSEGV, SIGTRAP or SIGILL into a recorded outcome
  * instead of the program's death.  Static and header-only: each program is
- * one file built into the test rootfs (paracell/xgate/rootfs.py). */
+ * one file built into the test rootfs (paracell/bench/xgaterootfs.py). */
 #ifndef PARACELL_XGATE_CHECK_H
 #define PARACELL_XGATE_CHECK_H
 

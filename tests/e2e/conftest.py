@@ -135,6 +135,26 @@ class Containerd:
     socket: Path
     runc_root: Path
     env: dict[str, str]
+    memory_dir: Path  # the guests' RAM files
+    libvirtd: object | None = None  # the private daemon of a libvirt backend
+
+    def leftovers(self, container_id: str) -> list[str]:
+        """Whatever of a deleted container is still on the host: its state,
+        a QEMU, a RAM file, its host cgroup (containerd's /default/ID), a
+        libvirt domain."""
+        import psutil
+
+        found = [f"state {p}" for p in [self.runc_root / "default" / container_id]
+                 if p.exists()]
+        found += [f"qemu pid {proc.pid}" for proc in psutil.process_iter(["cmdline"])
+                  if "qemu-system" in " ".join(proc.info["cmdline"] or [])
+                  and str(self.memory_dir) in " ".join(proc.info["cmdline"] or [])]
+        found += [f"RAM file {p}" for p in (self.memory_dir.glob("*") if
+                                            self.memory_dir.exists() else [])]
+        found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/default/{container_id}")]
+        if self.libvirtd is not None:
+            found += [f"domain {d}" for d in self.libvirtd.domains()]  # type: ignore[attr-defined]
+        return found
 
     def ctr(self, *args: str, timeout: float = 180, input: bytes | None = None,
             tty: bool = False) -> subprocess.CompletedProcess[bytes]:
@@ -170,7 +190,8 @@ def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
                             env=env, start_new_session=True)
     try:
         wait_for(sock, proc, "containerd")
-        daemon = Containerd(sock, base / "runc", env)
+        lv = request.getfixturevalue("libvirtd") if backend_env else None
+        daemon = Containerd(sock, base / "runc", env, memory_dir, lv)
         image = oci_image_tar(busybox_rootfs_module, base / "bb.tar")
         imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(image))
         assert imported.returncode == 0, imported.stderr

@@ -48,8 +48,7 @@ def test_run_rm_leaves_nothing(containerd):
     result = containerd.ctr("run", *containerd.run_args(), "--rm", IMAGE, "ctr-rm", "true")
     assert result.returncode == 0, result.stderr
     assert b"ctr-rm" not in containerd.ctr("containers", "ls").stdout
-    runc_root = containerd.runc_root / "default"
-    assert not (runc_root / "ctr-rm").exists()
+    assert containerd.leftovers("ctr-rm") == []
 
 
 def test_tty(containerd):

@@ -66,7 +66,7 @@ def test_a_changed_rootfs_gets_a_new_image_and_an_unchanged_one_reuses_it(
         result = runtime(*MANAGER, "run", "--bundle", str(bundle), f"snap-key{i}")
         assert result.returncode == 0, result.stderr
         outputs.append(result.stdout.strip())
-        runtime("delete", f"snap-key{i}")
+        runtime("delete", f"snap-key{i}", check=True)
         assert len(list(disks.glob("*.ext4"))) == (1 if i < 2 else 2)
     assert outputs == [b"one", b"one", b"two"]
 

@@ -1,5 +1,5 @@
 """`linux.resources` as hostile input: parsed once into typed, bounded values
-that the cgroup writers (runtime/cgroups) and the VM sizing use.
+that the cgroup writers (runtime/host/cgroups/) and the VM sizing use.
 
 A value that is absent stays None and is left alone, as runc leaves it. Every
 refusal is one line naming the field, so `create` and `update` fail the same way.

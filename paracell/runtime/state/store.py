@@ -48,7 +48,7 @@ class HostRecord(Record):
 
     FIELDS = {"cgroups": []}
 
-    cgroups: list[dict[str, Any]]  # CgroupDir facts (paracell/runtime/cgroups)
+    cgroups: list[dict[str, Any]]  # CgroupDir facts (paracell/runtime/host/cgroups/)
 
 
 class VmRecord(Record):
