@@ -197,7 +197,7 @@ def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
 
 @dataclass
 class PodSlot:
-    """A member's place in its pod's running Sandbox (runtime/vm/placement.py's
+    """A member's place in its pod's running VM (runtime/vm/placement.py's
     Placement): its directory of the pod share, its own host cgroup, and the
     records that join it to its pod's namespaces in the guest."""
 
