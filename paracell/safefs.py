@@ -11,6 +11,7 @@ go through here."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 
@@ -204,6 +205,17 @@ def read_all(fd: int, limit: int) -> bytes:
     if len(data) > limit:
         raise ParacellError(f"a file grew past {limit} bytes while it was read")
     return data
+
+
+def sha256_fd(fd: int) -> str:
+    """The SHA-256 of a file's whole content, from its start; the offset is
+    left at the start again."""
+    digest = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, 1 << 20):
+        digest.update(chunk)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return digest.hexdigest()
 
 
 def sparse_copy(source_fd: int, target_fd: int, size: int | None = None) -> int:

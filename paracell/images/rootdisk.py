@@ -41,7 +41,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from paracell import settings
+from paracell import safefs, settings
 from paracell.errors import ParacellError
 
 FORMAT = 1
@@ -161,14 +161,6 @@ def image_for(rootfs: Path) -> Path:
     return found
 
 
-def _sha256(fd: int) -> str:
-    digest = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _open_image(path: Path) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -188,7 +180,7 @@ def find(digest: str) -> Path | None:
         except (OSError, ParacellError):
             continue
         try:
-            matches = _sha256(fd) == digest
+            matches = safefs.sha256_fd(fd) == digest
         finally:
             os.close(fd)
         if matches:
@@ -200,8 +192,6 @@ def find(digest: str) -> Path | None:
 def import_disk(source_fd: int, digest: str) -> Path:
     """A root disk from elsewhere (a checkpoint image), copied into the cache
     and checked against its digest there, so QEMU opens only the cache's copy."""
-    from paracell import safefs
-
     if not DIGEST.fullmatch(digest):
         raise ParacellError("a root disk digest must be 64 hex digits")
     size = safefs.check_regular(source_fd, "the image's root disk", MAX_BYTES).st_size
@@ -219,7 +209,7 @@ def import_disk(source_fd: int, digest: str) -> Path:
                          0o600)
             try:
                 safefs.sparse_copy(source_fd, fd, size)
-                if _sha256(fd) != digest:
+                if safefs.sha256_fd(fd) != digest:
                     raise ParacellError("the image's root disk does not match its digest "
                                         "(damaged or tampered with)")
                 os.fsync(fd)
@@ -256,7 +246,7 @@ def _build(rootfs: Path, directory: Path, prefix: str, size: int, entries: int) 
         fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
         try:
             os.fsync(fd)
-            path = directory / f"{prefix}{_sha256(fd)}{SUFFIX}"
+            path = directory / f"{prefix}{safefs.sha256_fd(fd)}{SUFFIX}"
         finally:
             os.close(fd)
         os.chmod(tmp, 0o444)

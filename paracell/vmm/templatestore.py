@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from paracell import safefs
 from paracell.errors import ParacellError
 
 FORMAT = 1
@@ -155,13 +156,6 @@ def ram_copy(source_fd: int, target_fd: int, size: int) -> str:
     return f"{out.high:016x}{out.low:016x}"
 
 
-def _sha256(fd: int) -> str:
-    digest = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-    os.lseek(fd, 0, os.SEEK_SET)
-    return digest.hexdigest()
 
 
 @dataclass
@@ -268,7 +262,7 @@ class TemplateStore:
             # Every file is checked before QEMU is asked to read any of them.
             template.state_fd = _open_in(dir_fd, STATE, key, limit=MAX_STATE_BYTES)
             template.ram_fd = _open_in(dir_fd, RAM, key, size=template.meta["ram_bytes"])
-            if _sha256(template.state_fd) != template.meta["state_sha256"]:
+            if safefs.sha256_fd(template.state_fd) != template.meta["state_sha256"]:
                 raise TemplateError(f"template {key}: device.state does not match its digest "
                                     "(damaged, or from another save)")
             with contextlib.suppress(OSError):
@@ -336,7 +330,7 @@ class TemplateStore:
                 capture.save_state(tmp / STATE)
                 state_fd = os.open(tmp / STATE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    state_sha256 = _sha256(state_fd)
+                    state_sha256 = safefs.sha256_fd(state_fd)
                 finally:
                     os.close(state_fd)
                 ram_digest = _copy_ram_new(capture.ram, tmp / RAM, capture.ram_bytes)

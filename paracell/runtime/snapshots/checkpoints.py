@@ -20,7 +20,6 @@ warning, and refused by name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from paracell import safefs
 from paracell.errors import ParacellError
 
 FORMAT = 2
@@ -103,17 +103,9 @@ class Checkpoint:
 def _sha256(path: Path) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return _fd_sha256(fd)
+        return safefs.sha256_fd(fd)
     finally:
         os.close(fd)
-
-
-def _fd_sha256(fd: int) -> str:
-    digest = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _regular(path: Path) -> os.stat_result:
@@ -222,8 +214,6 @@ class CheckpointStore:
         return self.dir / VMSTATE
 
     def _open_vmstate(self) -> tuple[int, int]:
-        from paracell import safefs
-
         try:
             fd = os.open(self.vmstate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as err:
@@ -239,19 +229,17 @@ class CheckpointStore:
         """The device states' qcow2 into target (open for reading too), never
         through a link and bounded by what it can be; the SHA-256 of what was
         copied."""
-        from paracell import safefs
-
         fd, size = self._open_vmstate()
         try:
             safefs.sparse_copy(fd, target_fd, size)
         finally:
             os.close(fd)
-        return _fd_sha256(target_fd)
+        return safefs.sha256_fd(target_fd)
 
     def vmstate_digest(self) -> str:
         fd, _ = self._open_vmstate()
         try:
-            return _fd_sha256(fd)
+            return safefs.sha256_fd(fd)
         finally:
             os.close(fd)
 
