@@ -25,6 +25,7 @@
 
 /* Options for every 9p share, as the host exports them. */
 #define SHARE_OPTS "trans=virtio,version=9p2000.L,msize=262144,cache=mmap,access=client"
+#define BOOT_ID "/proc/sys/kernel/random/boot_id"
 
 static int attached;
 static struct sandbox_spec sb;
@@ -190,6 +191,23 @@ static int write_machine_id(const char *hex, char *err, size_t errlen)
     return 0;
 }
 
+/* A fork is another machine: a boot_id of its own.  Any write makes the
+ * guest kernel draw a new one (guest/bootid/), from the CRNG just reseeded
+ * with this fork's entropy; only PID 1 of the VM may write it. */
+static int renew_boot_id(char *err, size_t errlen)
+{
+    int fd = open(BOOT_ID, O_WRONLY | O_CLOEXEC);
+    ssize_t n = fd < 0 ? -1 : write(fd, "\n", 1);
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (n != 1) {
+        errno = n < 0 ? e : EIO;
+        return failed(err, errlen, "renew", BOOT_ID);
+    }
+    return 0;
+}
+
 int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
 {
     struct sandbox_spec f;
@@ -211,6 +229,8 @@ int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
     int rc = add_entropy(f.entropy, f.nentropy, err, errlen);
     explicit_bzero(f.entropy, sizeof f.entropy);
     if (rc < 0)
+        return -1;
+    if (renew_boot_id(err, errlen) < 0)
         return -1;
     if (sethostname(f.hostname, strlen(f.hostname)) < 0) {
         snprintf(err, errlen, "fork: sethostname: %s", strerror(errno));

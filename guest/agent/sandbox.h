@@ -11,9 +11,9 @@
 /* Parses every record first, then applies them: 0, or -1 with err set to one
  * line.  A second SANDBOX is refused. */
 int sandbox_attach(char *buf, size_t len, char *err, size_t errlen);
-/* A fork's FORKED records: the clock, fresh entropy, the hostname (the VM's
- * and the container's), the container's new id and machine-id.  0, or -1
- * with err set to one line. */
+/* A fork's FORKED records: the clock, fresh entropy (then a new boot_id),
+ * the hostname (the VM's and the container's), the container's new id and
+ * machine-id.  0, or -1 with err set to one line. */
 int sandbox_fork(char *buf, size_t len, char *err, size_t errlen);
 /* 1 once a SANDBOX has been applied. */
 int sandbox_attached(void);

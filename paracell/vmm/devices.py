@@ -346,8 +346,8 @@ class BoundShare(Share):
 
 @reclaimable
 class HostShare(BoundShare):
-    """Bind sources from outside the rootfs, each bind-mounted into a slot of one
-    share directory on the host (see paracell/vmm/hostshare.py)."""
+    """Bind sources from outside the rootfs, each bind-mounted at its entry
+    (SLOT/NAME) of one share directory on the host (paracell/vmm/hostshare.py)."""
 
     kind = "host-share"
 

@@ -1,6 +1,7 @@
 """Host directories and files outside the rootfs (podman's /etc/hosts,
 /dev/shm, ...) reach the guest through one extra virtio-9p share: each source is
-bind-mounted into a numbered slot of a share directory on the host."""
+bind-mounted into a numbered slot of a share directory on the host, under
+its own name (`bind_entry`)."""
 
 from __future__ import annotations
 
@@ -22,12 +23,44 @@ def mount(source: Path | None, target: Path, flags: int) -> None:
         raise ParacellError(f"mount of {source or target}: {os.strerror(err)}")
 
 
+# The longest name a bind gets in its slot: any one name of a path (NAME_MAX).
+NAME_MAX = 255
+
+
+def bind_entry(slot: str, source: Path) -> str:
+    """Where a bind source sits in the share: `SLOT/NAME`, NAME being the
+    source's own name. The guest's /proc/self/mountinfo shows the bind's root
+    as that path, so its last component is the source's, as under runc, where
+    tools such as findmnt and runtime-tools' mount checks look. The slot, a
+    number, keeps two sources of one name apart."""
+    return f"{slot}/{_share_name(source.name)}"
+
+
+def _share_name(name: str) -> str:
+    # The name travels in a launch-spec record, which holds no control
+    # characters, and as UTF-8, which a name of other bytes is not (Path keeps
+    # them as lone surrogates): either becomes "_". "/" has no name.
+    safe = "".join(c if c.isprintable() and c != "/" else "_" for c in name)
+    safe = safe.encode()[:NAME_MAX].decode(errors="ignore")
+    return "_" if safe in ("", ".", "..") else safe
+
+
+def _split_entry(entry: str) -> tuple[str, str]:
+    slot, _, name = entry.partition("/")
+    if not (slot.isascii() and slot.isdigit()) or _share_name(name) != name:
+        raise ParacellError(f"invalid host share entry {entry!r}")
+    return slot, name
+
+
 def mount_binds(share: Path, binds: list[tuple[Path, str]]) -> None:
-    """Bind-mounts each (source, slot) at share/slot; all or nothing."""
+    """Bind-mounts each (source, entry) at share/entry, an entry being
+    `bind_entry`'s SLOT/NAME; all or nothing."""
     share.mkdir(mode=0o700, exist_ok=True)
     try:
-        for source, slot in binds:
-            target = share / slot
+        for source, entry in binds:
+            slot, name = _split_entry(entry)
+            (share / slot).mkdir(mode=0o700, exist_ok=True)
+            target = share / slot / name
             if source.is_dir():
                 target.mkdir(exist_ok=True)
             else:

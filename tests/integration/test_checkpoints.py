@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from paracell.runtime.bundle.spec import CAPABILITIES
+from tests.caps import SHOW_CAPS, cap_masks
 from tests.conftest import PARACELL, wait_status
 from tests.integration.snapshots import (
+    SNAPSHOT,
     bump,
     checkpoint,
     report,
@@ -243,6 +246,43 @@ def test_a_fork_from_now_and_bad_fork_requests(runtime, make_bundle, memfill_roo
         result = runtime("sandbox", "fork", *args)
         assert result.returncode != 0, args
         assert len(result.stderr.strip().splitlines()) == 1 and says in result.stderr.decode()
+
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id(runtime, cid: str) -> str:
+    return runtime("exec", cid, "cat", BOOT_ID, check=True).stdout.decode().strip()
+
+
+def test_a_fork_gets_a_boot_id_of_its_own(runtime, make_bundle, writable_rootfs: Path):
+    """The parent has read its boot_id, so the kernel drew it before the
+    checkpoint: the fork's agent renews it (guest/bootid/). A container's
+    root, even with CAP_SYS_ADMIN, can neither renew nor choose it."""
+    def privileged(config: dict) -> None:
+        config["annotations"] = SNAPSHOT
+        config["process"]["capabilities"] = {kind: ["CAP_SYS_ADMIN"] for kind in (
+            "bounding", "effective", "permitted", "inheritable", "ambient")}
+    bundle = make_bundle(["sleep", "600"], rootfs=writable_rootfs, readonly=False,
+                         mutate=privileged)
+    runtime("run", "--detach", "--bundle", str(bundle), "ck-boot", check=True)
+    parent = boot_id(runtime, "ck-boot")
+    result = runtime("sandbox", "fork", "ck-boot")
+    assert result.returncode == 0, result.stderr
+    [fork] = result.stdout.decode().split()
+    first, again = boot_id(runtime, fork), boot_id(runtime, fork)
+    assert len(first) == 36 and first != parent and again == first
+    assert boot_id(runtime, "ck-boot") == parent
+    for cid, value in (("ck-boot", parent), (fork, first)):
+        refused = runtime("exec", cid, "sh", "-c",
+                          f"{SHOW_CAPS}; echo 00000000-0000-4000-8000-000000000000 > {BOOT_ID}")
+        assert cap_masks(refused.stdout.decode())["CapEff"] & 1 << CAPABILITIES["SYS_ADMIN"]
+        # Past the file's mode (root may open it): the kernel's own check says no.
+        assert refused.returncode != 0 and b"Operation not permitted" in refused.stderr
+        assert boot_id(runtime, cid) == value
+    for cid in ("ck-boot", fork):
+        runtime("delete", "--force", cid, check=True)
+    runtime.assert_no_leaks()
 
 
 def test_runc_checkpoint_and_restore_into_a_new_id_and_bundle(

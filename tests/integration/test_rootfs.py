@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 
+from tests.conftest import cri_pod
+
 pytestmark = pytest.mark.integration
 
 
@@ -130,4 +132,46 @@ def test_a_host_bind_with_a_propagation_option_appears(runtime, make_bundle, tmp
         assert fields == [], lines[1]
     else:
         assert [f for f in fields if f.startswith(shown)] != [], lines[1]
+    runtime.assert_no_leaks()
+
+
+@pytest.mark.parametrize("where", ["own VM", "pod member"])
+def test_a_host_binds_root_in_mountinfo_ends_in_its_source_name(
+        runtime, make_bundle, tmp_path, where):
+    """runc shows a bind's source path as the mount's root; here the source
+    comes through a 9p share, and the root's last component is the source's
+    own name, which findmnt and runtime-tools' mount checks compare."""
+    conf, one, two = tmp_path / "etc" / "app.conf", tmp_path / "a" / "data", tmp_path / "b" / "data"
+    for directory, which in ((one, "a"), (two, "b")):
+        directory.mkdir(parents=True)
+        (directory / "which").write_text(f"{which}\n")
+    conf.parent.mkdir()
+    conf.write_text("conf\n")
+    binds = [{"destination": dest, "type": "bind", "source": str(source),
+              "options": ["rbind", *options]}
+             for dest, source, options in (("/mnt/conf", conf, []), ("/mnt/one", one, []),
+                                           ("/mnt/two", two, ["ro"]))]
+    script = ("cat /mnt/conf /mnt/one/which /mnt/two/which; touch /mnt/two/new || echo ro;"
+              " cat /proc/self/mountinfo")
+    pod = where == "pod member"
+
+    def mutate(config):
+        if pod:
+            cri_pod("container", "bpod")(config)
+        config["mounts"] += binds
+    if pod:
+        sandbox = make_bundle(["sleep", "60"], mutate=cri_pod("sandbox", "bpod"))
+        runtime("run", "--detach", "--bundle", str(sandbox), "bpod", check=True)
+    ran = runtime("run", "--bundle", str(make_bundle(["sh", "-c", script], mutate=mutate)), "bind")
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.decode().splitlines()
+    assert lines[:4] == ["conf", "a", "b", "ro"], lines
+    roots = {f[4]: f[3] for f in (ln.split() for ln in lines[4:])}
+    assert [roots[d].rsplit("/", 1)[1] for d in ("/mnt/conf", "/mnt/one", "/mnt/two")] == [
+        "app.conf", "data", "data"], roots
+    assert roots["/mnt/one"] != roots["/mnt/two"]
+    assert not (two / "new").exists()
+    if pod:
+        runtime("delete", "--force", "bpod", check=True)
+    assert conf.read_text() == "conf\n" and (one / "which").read_text() == "a\n"
     runtime.assert_no_leaks()

@@ -60,7 +60,7 @@ def builder(engine: str = "tcg", readonly: bool = True, binds: bool = False) -> 
     vm.attach(devices.AgentPort())
     vm.attach(devices.rootfs_share(Path("/r"), readonly))
     if binds:
-        vm.attach(devices.HostShare(Path("/s"), [(Path("/etc/hosts"), "0")]))
+        vm.attach(devices.HostShare(Path("/s"), [(Path("/etc/hosts"), "0/hosts")]))
     vm.attach(QmpSocket(Path("/q.sock")))
     return vm
 

@@ -146,7 +146,7 @@ def test_bind_sources_inside_and_outside_the_rootfs(tmp_path):
     mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec("c1", bundle))
               if r[0] == "mount"]
     assert mounts[-2][:3] == ["/inside", "bind", "/rootfs/etc"]
-    assert mounts[-1][:3] == ["/etc/hosts", "bind", "/hostshare/0"]
+    assert mounts[-1][:3] == ["/etc/hosts", "bind", "/hostshare/0/hostfile"]
     assert bundle.host_binds == [spec.HostBind(outside.resolve(), "0")]
 
 
@@ -227,7 +227,7 @@ def test_bind_sources_are_host_paths_resolved_on_the_host(tmp_path):
     mounts = [r[1].split("\x1f") for r in records(spec.init_launch_spec("c1", bundle))
               if r[0] == "mount"]
     assert mounts[-2][:3] == ["/in", "bind", "/rootfs/data"]
-    assert mounts[-1][:3] == ["/out", "bind", "/hostshare/0"]
+    assert mounts[-1][:3] == ["/out", "bind", "/hostshare/0/outside"]
     assert bundle.host_binds == [spec.HostBind(outside, "0")]
     assert bundle.mount_points[-2:] == [spec.MountPoint("/in", True, "/data"),
                                         spec.MountPoint("/out", True)]

@@ -62,21 +62,21 @@ def _read_small(path: str, dest: str) -> bytes:
     return data
 
 
-def _guest_tmpfs_for_shm(bundle: Bundle, by_slot: dict[str | None, str]) -> None:
+def _guest_tmpfs_for_shm(bundle: Bundle, by_entry: dict[str | None, str]) -> None:
     """A host bind on /dev/shm becomes a tmpfs in the guest."""
     from dataclasses import replace
 
     from paracell.linux import MS_NODEV, MS_NOEXEC, MS_NOSUID
 
-    moved = {slot for slot, dest in by_slot.items() if dest in GUEST_TMPFS}
+    moved = {entry for entry, dest in by_entry.items() if dest in GUEST_TMPFS}
     if not moved:
         return
     bundle.mounts = [replace(m, kind="tmpfs", source="shm", flags=MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                             data=SHM_OPTIONS, host_slot=None, copyup=False)
-                     if m.host_slot in moved else m for m in bundle.mounts]
-    bundle.host_binds = [b for b in bundle.host_binds if b.slot not in moved]
-    for slot in moved:
-        by_slot.pop(slot, None)
+                             data=SHM_OPTIONS, host_entry=None, copyup=False)
+                     if m.host_entry in moved else m for m in bundle.mounts]
+    bundle.host_binds = [b for b in bundle.host_binds if b.entry not in moved]
+    for entry in moved:
+        by_entry.pop(entry, None)
 
 
 def plan(bundle: Bundle, pod: bool) -> SnapshotPlan:
@@ -85,15 +85,26 @@ def plan(bundle: Bundle, pod: bool) -> SnapshotPlan:
         return SnapshotPlan()
     if pod:
         raise ParacellError("snapshot mode is for a container in a VM of its own, not a pod's")
-    by_slot = {m.host_slot: m.dest for m in bundle.mounts if m.host_slot is not None}
-    _guest_tmpfs_for_shm(bundle, by_slot)
+    by_entry = {m.host_entry: m.dest for m in bundle.mounts if m.host_entry is not None}
+    _guest_tmpfs_for_shm(bundle, by_entry)
     files = []
     for bind in bundle.host_binds:
-        dest = by_slot.get(bind.slot, "?")
+        dest = by_entry.get(bind.entry, "?")
         if dest not in COPIED_IN:
             raise ParacellError(
                 f"snapshot mode: the bind mount of {bind.source} on {dest} cannot be "
                 f"snapshotted (only {', '.join(COPIED_IN)} are copied in)")
         # Resolved on the host, as runc resolves a bind's source.
         files.append((bind.slot, _read_small(str(bind.source), dest)))
+    _copies_at_their_slots(bundle)
     return SnapshotPlan(True, tuple(files))
+
+
+def _copies_at_their_slots(bundle: Bundle) -> None:
+    """A copy lies at its slot itself in the guest (HostFiles writes the file
+    SLOT), not at a name in it as a shared source does."""
+    from dataclasses import replace
+
+    slots = {b.entry: b.slot for b in bundle.host_binds}
+    bundle.mounts = [replace(m, host_entry=slots[m.host_entry]) if m.host_entry in slots else m
+                     for m in bundle.mounts]

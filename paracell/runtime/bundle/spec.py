@@ -25,6 +25,7 @@ from paracell.runtime.bundle.mountpoints import INVALID_ROOTFS, MountPoint, crea
 from paracell.runtime.configcheck import expect as _expect
 from paracell.runtime.configcheck import fail as _fail
 from paracell.runtime.inguest import guestfields, mountopts, seccomp
+from paracell.vmm import hostshare
 
 MAX_CONFIG_BYTES = 4 << 20
 GUEST_ROOTFS = wire.text("PC_ROOTFS_DIR")
@@ -64,17 +65,22 @@ SYSCTL_PART = re.compile(r"[A-Za-z0-9_.-]+")
 
 @dataclass(frozen=True)
 class HostBind:
-    """A bind mount whose source is outside the rootfs: shared through hostshare."""
+    """A bind mount whose source is outside the rootfs: shared through
+    hostshare, at `entry` (SLOT/NAME: vmm/hostshare.bind_entry)."""
 
     source: Path
     slot: str
+
+    @property
+    def entry(self) -> str:
+        return hostshare.bind_entry(self.slot, self.source)
 
 
 @dataclass(frozen=True)
 class MountRecord:
     """One `mount` record of the launch spec, validated. A bind source
-    outside the rootfs is a slot of the bind share, whose guest path
-    (Bundle.bind_prefix) depends on the VM the container runs in."""
+    outside the rootfs is an entry of the bind share (HostBind.entry), whose
+    guest path (Bundle.bind_prefix) depends on the VM the container runs in."""
 
     dest: str
     kind: str
@@ -85,10 +91,10 @@ class MountRecord:
     attr_set: int
     attr_clr: int
     copyup: bool
-    host_slot: str | None = None
+    host_entry: str | None = None
 
     def record(self, bind_prefix: str) -> tuple[str, str]:
-        source = self.source if self.host_slot is None else f"{bind_prefix}/{self.host_slot}"
+        source = self.source if self.host_entry is None else f"{bind_prefix}/{self.host_entry}"
         return (K.MOUNT, "\x1f".join([
             self.dest, self.kind, source, str(self.flags), self.data, str(self.propagation),
             str(self.attr_set), str(self.attr_clr), "1" if self.copyup else "0"]))
@@ -478,10 +484,10 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> MountRecord:
     opts = mountopts.parse(options, where)
     mountopts.check_type(kind, opts, where)
     data = opts.data or []
-    slot = None
+    entry = None
     if kind == "bind" or opts.flags & MS_BIND:
         kind = "bind"
-        source, slot = _bind_source(bundle, source, where, dest)
+        source, entry = _bind_source(bundle, source, where, dest)
         opts.flags |= MS_BIND
     else:
         bundle.mount_points.append(MountPoint(dest, directory=True))
@@ -490,11 +496,11 @@ def _mount_record(bundle: Bundle, mount: Any, where: str) -> MountRecord:
     # runc copies up only into a tmpfs and ignores the option elsewhere.
     copyup = opts.tmpcopyup and kind == "tmpfs"
     return MountRecord(dest, kind, source, opts.flags, ",".join(data), opts.propagation,
-                       opts.attr_set, opts.attr_clr, copyup, slot)
+                       opts.attr_set, opts.attr_clr, copyup, entry)
 
 
 def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> tuple[str, str | None]:
-    """Guest path of a bind source inside the rootfs, or the slot of one
+    """Guest path of a bind source inside the rootfs, or the entry of one
     outside it in the bind share. The source is a host path, resolved on the
     host with its symlinks, as runc does."""
     host = Path(source if os.path.isabs(source) else bundle.path / source)
@@ -507,9 +513,9 @@ def _bind_source(bundle: Bundle, source: str, where: str, dest: str) -> tuple[st
         bundle.mount_points.append(MountPoint(dest, directory, posixpath.normpath(inside)))
         return f"{GUEST_ROOTFS}{inside}", None
     bundle.mount_points.append(MountPoint(dest, directory))
-    slot = str(len(bundle.host_binds))
-    bundle.host_binds.append(HostBind(real, slot))
-    return "", slot
+    bind = HostBind(real, str(len(bundle.host_binds)))
+    bundle.host_binds.append(bind)
+    return "", bind.entry
 
 
 def prepare_rootfs(bundle: Bundle) -> None:

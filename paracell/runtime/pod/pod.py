@@ -115,7 +115,7 @@ def mount_member(bundle: Bundle, member_dir: Path) -> None:
             hostshare.mount(root, root, MS_BIND | MS_REMOUNT | MS_RDONLY)
         if bundle.host_binds:
             hostshare.mount_binds(member_dir / "binds",
-                                  [(b.source, b.slot) for b in bundle.host_binds])
+                                  [(b.source, b.entry) for b in bundle.host_binds])
     except BaseException:
         hostshare.remove_tree(member_dir)
         raise

@@ -82,7 +82,7 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         vm.attach(devices.rootfs_share(bundle.rootfs, bundle.rootfs_readonly))
         if bundle.host_binds:
             vm.attach(devices.HostShare(state_dir / SHARE_DIR,
-                                        [(b.source, b.slot) for b in bundle.host_binds]))
+                                        [(b.source, b.entry) for b in bundle.host_binds]))
     if pod_share:
         config.pod_share = str(vm.attach(devices.PodShare(state_dir / POD_SHARE_DIR)).path)
     if network is not None and network.mode in (JOIN, NEW):
