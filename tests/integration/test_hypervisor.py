@@ -15,12 +15,12 @@ from paracell.guest import artifacts
 from paracell.runtime.agent import channel, sandboxspec
 from paracell.runtime.bundle import spec
 from paracell.runtime.bundle.defaultspec import default_config
+from paracell.safefs import sparse_copy
 from paracell.vmm import devices, hostclock, probe
 from paracell.vmm.builder import Machine, VmBuilder
 from paracell.vmm.hypervisor import VmStatus
 from paracell.vmm.qemu import QemuHypervisor
 from paracell.vmm.qemu.monitor import QmpSocket
-from paracell.vmm.templatestore import sparse_copy
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +129,11 @@ def test_a_vm_saved_at_ready_restores_into_a_new_qemu(work: Path, busybox_rootfs
     second.launch(incoming=True)
     try:
         assert second.hypervisor.query().detail == "inmigrate"
-        second.hypervisor.restore(work / "device.state")
+        state_fd = os.open(work / "device.state", os.O_RDONLY)
+        try:
+            second.hypervisor.restore(state_fd)
+        finally:
+            os.close(state_fd)
         second.hypervisor.resume()
         assert second.hypervisor.query().running
         # The agent goes on from READY: it mounts the rootfs share only now,
