@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PARACELL, wait_status
+from tests.integration.test_terminal import ConsoleReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -135,17 +136,25 @@ def test_a_chain_of_three_rolls_back_to_the_first_then_the_third(
 
 
 def test_an_open_exec_session_ends_with_a_clear_status_on_rollback(
-        runtime, make_bundle, memfill_rootfs: Path):
+        runtime, make_bundle, memfill_rootfs: Path, tmp_path: Path):
     started(runtime, make_bundle, memfill_rootfs, "ck-exec")
     checkpoint(runtime, "ck-exec", "before")
     session = subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", "ck-exec",
                                 "sleep", "300"], env=runtime.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
+    # One on a terminal too: its stderr is not the terminal, and says it as well.
+    console = ConsoleReceiver(tmp_path / "console.sock")
+    on_tty = subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", "--tty",
+                               "--console-socket", str(tmp_path / "console.sock"), "ck-exec",
+                               "sleep", "300"], env=runtime.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    console.thread.join(timeout=60)
     time.sleep(2)
     rollback(runtime, "ck-exec", "before")
-    out, err = session.communicate(timeout=60)
-    assert session.returncode == 137, (session.returncode, err)
-    assert b"rolled back to a checkpoint" in err
+    for proc in (session, on_tty):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 137, (proc.returncode, err)
+        assert ROLLED_BACK in err, err
     # The sandbox takes new sessions after it.
     assert runtime("exec", "ck-exec", "true").returncode == 0
     ps = runtime("exec", "ck-exec", "ps", check=True).stdout

@@ -167,7 +167,10 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
         cfg.start_payload = callback
     if tty_fd >= 0:
         cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
-        cfg.err_fd = -1
+        # The process's output is all on the terminal; the relay's own lines
+        # (why an execve failed, that a rollback ended the session) go to our
+        # stderr, as runc's errors do.
+        cfg.err_fd = 2
     else:
         cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
     cfg.forward_mask = signals.forward_mask()
