@@ -40,6 +40,15 @@
 #define MAX_CLIENTS 256
 #define CLIENT_GRACE_MS 2000
 #define FLUSH_LIMIT_MS 60000
+/* While the agent answers a QUIESCE, the channel is read even when a slow
+ * reader's queue is full, for this much at most: the agent's own queue
+ * (1 MiB, guest/agent/channel.h) and what it read before QUIESCE reached it.
+ * A guest that sends more than that fails the quiesce by its timeout. */
+#define QUIESCE_OVERRUN_MAX (2u << 20)
+
+/* What a frame handler returns besides 0 (taken) and -1 (a violation): the
+ * frame must wait, and so must everything behind it from the same peer. */
+#define FRAME_WAIT 1
 
 struct inbuf {
     char *buf;
@@ -51,6 +60,9 @@ struct client {
     int chan;  /* 0 until the client binds a process with SECCOMP or SPEC */
     int spec_sent; /* a pod member's init sends SECCOMP, then its SPEC, on one channel */
     int closing;
+    /* Its next frame waits (FRAME_WAIT): it is tried again every round, and
+     * nothing more is read from the client meanwhile. */
+    int stalled;
     struct inbuf in;
     struct sink out;
 };
@@ -79,9 +91,17 @@ struct relay {
     long long grace_deadline;
     /* A checkpoint or rollback (docs/snapshots.md): the client that asked
      * for QUIESCE, -1 for none.  From QUIESCE to its RESUME nothing else
-     * goes to the guest, so the channel is empty both ways once the agent
+     * goes to the guest: clients' requests wait, and whatever else is queued
+     * for it (a vanished proxy's SIGKILL, port-forward credit) waits behind
+     * a hold in to_chan, so the channel is empty both ways once the agent
      * has answered QUIESCED. */
     int quiesce_client;
+    uint32_t quiesce_seq;     /* the number of the last QUIESCE sent */
+    int quiesce_answered;     /* its QUIESCED came */
+    size_t quiesce_overrun;   /* read past full queues while it was awaited */
+    /* Shim mode: STDIN bytes each channel may still send (PC_STDIN_WINDOW);
+     * below 0 only for the init's, after a rollback kept held stdin. */
+    long stdin_credit[PC_MAX_CHAN + 1];
 };
 
 #define ROLLED_BACK_MSG "the sandbox was rolled back to a checkpoint: this session ended"
@@ -116,25 +136,30 @@ static int sink_signal(struct sink *s, unsigned chan, uint32_t signo)
 
 /* --- frame parsing ----------------------------------------------------- */
 
-/* Calls handle() for every complete frame; returns -1 when a header is invalid. */
+/* Calls handle() for every complete frame until one must wait (FRAME_WAIT,
+ * which is returned; that frame stays in the buffer); -1 when a header is
+ * invalid or handle() says so. */
 typedef int (*frame_fn)(struct relay *r, void *who, unsigned type, unsigned chan,
                         const char *p, uint32_t n);
 
 static int parse_frames(struct relay *r, void *who, struct inbuf *in, frame_fn handle)
 {
     size_t pos = 0;
+    int rc = 0;
     while (in->len - pos >= PC_HDR_LEN) {
         struct pc_hdr h;
         pc_hdr_decode((const unsigned char *)in->buf + pos, &h);
         if (h.len > PC_MAX_PAYLOAD || h.chan > PC_MAX_CHAN) return -1;
         if (in->len - pos < PC_HDR_LEN + h.len) break;
-        if (handle(r, who, h.type, h.chan, in->buf + pos + PC_HDR_LEN, h.len) < 0) return -1;
+        rc = handle(r, who, h.type, h.chan, in->buf + pos + PC_HDR_LEN, h.len);
+        if (rc < 0) return -1;
+        if (rc == FRAME_WAIT) break;
         pos += PC_HDR_LEN + h.len;
         if (r->done) break;
     }
     memmove(in->buf, in->buf + pos, in->len - pos);
     in->len -= pos;
-    return 0;
+    return rc;
 }
 
 /* Returns bytes read, 0 on EOF, -1 on EAGAIN, -2 on error. */
@@ -149,6 +174,16 @@ static ssize_t fill(int fd, struct inbuf *in)
 
 /* --- clients (shim mode) ------------------------------------------------ */
 
+/* RESUME goes ahead of everything held since its QUIESCE. */
+static int resume_guest(struct relay *r, const struct pc_resume_msg *m)
+{
+    unsigned char b[PC_U32_MSG_LEN];
+    if (m->flags & PC_RESUME_ROLLED_BACK) end_sessions_after_rollback(r);
+    r->quiesce_client = -1;
+    pc_resume_encode(b, m);
+    return sink_release_hold(&r->to_chan, PC_RESUME, 0, (const char *)b, sizeof b);
+}
+
 static void client_drop(struct relay *r, int idx)
 {
     struct client *c = r->clients[idx];
@@ -159,13 +194,8 @@ static void client_drop(struct relay *r, int idx)
         sink_signal(&r->to_chan, (unsigned)c->chan, SIGKILL);
         r->chan_owner[c->chan] = -2;
     }
-    if (r->quiesce_client == idx) {
-        /* Whoever asked went away without RESUME: the guest goes on. */
-        unsigned char b[PC_U32_MSG_LEN];
-        pc_resume_encode(b, &(struct pc_resume_msg){0});
-        sink_frame(&r->to_chan, PC_RESUME, 0, (const char *)b, sizeof b);
-        r->quiesce_client = -1;
-    }
+    /* Whoever asked went away without RESUME: the guest goes on. */
+    if (r->quiesce_client == idx) resume_guest(r, &(struct pc_resume_msg){0});
     close(c->fd);
     free(c->in.buf);
     free(c->out.buf);
@@ -200,6 +230,18 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
     int idx = (int)(intptr_t)who;
     struct client *c = r->clients[idx];
     (void)chan;
+    if (r->quiesce_client == idx) {
+        struct pc_resume_msg m;
+        if (type != PC_RESUME || pc_resume_decode((const unsigned char *)p, n, &m) < 0) {
+            c->closing = 1; /* its hang-up resumes the guest */
+            return 0;
+        }
+        if (resume_guest(r, &m) < 0) return -1;
+        client_ack(c);
+        return 0;
+    }
+    /* Another's checkpoint or rollback: every request waits for its RESUME. */
+    if (r->quiesce_client >= 0) return FRAME_WAIT;
     if (c->chan == 0) {
         if ((type == PC_SPEC || type == PC_SECCOMP) && !r->shim) {
             c->closing = 1; /* a member proxy runs one process: its own */
@@ -213,6 +255,7 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             c->chan = ch;
             c->spec_sent = type == PC_SPEC;
             r->chan_owner[ch] = idx;
+            r->stdin_credit[ch] = PC_STDIN_WINDOW;
             return sink_frame(&r->to_chan, type, (unsigned)ch, p, n);
         }
         if (type == PC_START && r->start_payload) {
@@ -228,22 +271,15 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             n = (uint32_t)len;
         }
         if (type == PC_QUIESCE && r->shim) {
-            if (r->quiesce_client >= 0 || r->init_exited)
-                return refuse(c, r->init_exited ? "container not running"
-                                                : "a checkpoint or rollback is in progress");
+            if (r->init_exited) return refuse(c, "container not running");
+            /* The relay numbers each QUIESCE; the client's payload is not used. */
+            unsigned char b[PC_U32_MSG_LEN];
+            pc_quiesce_encode(b, &(struct pc_quiesce_msg){++r->quiesce_seq});
             r->quiesce_client = idx;
-            return sink_frame(&r->to_chan, PC_QUIESCE, 0, NULL, 0);
-        }
-        if (type == PC_RESUME && r->shim && r->quiesce_client == idx) {
-            struct pc_resume_msg m;
-            if (pc_resume_decode((const unsigned char *)p, n, &m) < 0) {
-                c->closing = 1;
-                return 0;
-            }
-            if (m.flags & PC_RESUME_ROLLED_BACK) end_sessions_after_rollback(r);
-            r->quiesce_client = -1;
-            if (sink_frame(&r->to_chan, PC_RESUME, 0, p, n) < 0) return -1;
-            client_ack(c);
+            r->quiesce_answered = 0;
+            r->quiesce_overrun = 0;
+            if (sink_frame(&r->to_chan, PC_QUIESCE, 0, (const char *)b, sizeof b) < 0) return -1;
+            sink_hold(&r->to_chan);
             return 0;
         }
         if (type == PC_START || type == PC_SIGNAL) {
@@ -259,11 +295,26 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
         c->spec_sent = 1;
         return sink_frame(&r->to_chan, type, (unsigned)c->chan, p, n);
     }
+    if (c->spec_sent && type == PC_STDIN && r->shim) {
+        /* Beyond the channel's window it waits for the agent's credit, and
+         * holds back only this client. */
+        if ((long)n > r->stdin_credit[c->chan]) return FRAME_WAIT;
+        r->stdin_credit[c->chan] -= (long)n;
+    }
     if (c->spec_sent &&
         (type == PC_START || type == PC_STDIN || type == PC_SIGNAL || type == PC_RESIZE))
         return sink_frame(&r->to_chan, type, (unsigned)c->chan, p, n);
     c->closing = 1;
     return 0;
+}
+
+/* The client's complete frames, up to one that must wait; -1: hang up on it. */
+static int client_parse(struct relay *r, int idx)
+{
+    struct client *c = r->clients[idx];
+    int rc = parse_frames(r, (void *)(intptr_t)idx, &c->in, on_client_frame);
+    c->stalled = rc == FRAME_WAIT;
+    return rc < 0 ? -1 : 0;
 }
 
 static void accept_client(struct relay *r)
@@ -306,10 +357,27 @@ static int to_client(struct relay *r, unsigned chan, unsigned type, const char *
     return 0;
 }
 
+/* Credit for the channel's stdin (PC_STDIN_WINDOW).  Credit for a session
+ * that has ended crossed its end; more than the window is clamped: a guest
+ * that lies about it only floods its own buffers. */
+static int on_stdin_credit(struct relay *r, unsigned chan, const char *p, uint32_t n)
+{
+    struct pc_stdin_credit_msg m;
+    if (!r->shim || pc_stdin_credit_decode((const unsigned char *)p, n, &m) < 0) {
+        r->violation = "STDIN_CREDIT with a bad payload";
+        return -1;
+    }
+    if (chan > 0 && r->chan_owner[chan] == -1) return 0;
+    long credit = r->stdin_credit[chan] + (long)m.bytes;
+    r->stdin_credit[chan] = credit > PC_STDIN_WINDOW ? PC_STDIN_WINDOW : credit;
+    return 0;
+}
+
 static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned chan,
                          const char *p, uint32_t n)
 {
     (void)who;
+    if (type == PC_STDIN_CREDIT) return on_stdin_credit(r, chan, p, n);
     if (r->shim && fwd_is_type(type)) {
         if (r->fwd) return fwd_on_frame(r->fwd, type, chan, p, n, &r->violation);
         r->violation = "port-forward frame, but this VM forwards no ports";
@@ -359,8 +427,14 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
     case PC_READY: case PC_CREATED:
         return 0;
     case PC_QUIESCED: {
+        struct pc_quiesce_msg m;
         int q = r->quiesce_client;
-        if (!r->shim || q < 0 || !r->clients[q]) return 0;  /* its asker left: RESUME is sent */
+        if (!r->shim) return 0;
+        if (pc_quiesce_decode((const unsigned char *)p, n, &m) < 0) return -1;
+        /* One whose asker left (RESUME was sent for it), or that answers an
+         * earlier QUIESCE, or a second answer, is no answer to this one. */
+        if (q < 0 || !r->clients[q] || m.seq != r->quiesce_seq || r->quiesce_answered) return 0;
+        r->quiesce_answered = 1;
         return sink_frame(&r->clients[q]->out, PC_QUIESCED, 0, NULL, 0);
     }
     default:
@@ -368,9 +442,23 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
     }
 }
 
+/* Of what waited behind QUIESCE: the init's frames stay (counting its
+ * stdin), those of the sessions and streams that end here go. */
+static int kept_after_rollback(void *arg, unsigned type, unsigned chan, size_t len)
+{
+    if (fwd_is_type(type) || chan > 0) return 0;
+    if (type == PC_STDIN) *(long *)arg += (long)len;
+    return 1;
+}
+
 static void end_sessions_after_rollback(struct relay *r)
 {
     unsigned char b[PC_U32_MSG_LEN];
+    long held_stdin = 0;
+    sink_filter_held(&r->to_chan, kept_after_rollback, &held_stdin);
+    /* The init's window restarts from the agent's count (its STDIN_CREDIT
+     * after the RESUME), less what is still to go. */
+    r->stdin_credit[0] = -held_stdin;
     pc_exit_encode(b, &(struct pc_exit_msg){ROLLED_BACK_STATUS});
     for (unsigned ch = 1; ch <= PC_MAX_CHAN; ch++) {
         if (r->chan_owner[ch] == -1) continue;
@@ -382,11 +470,21 @@ static void end_sessions_after_rollback(struct relay *r)
 
 /* --- local input and signals -------------------------------------------- */
 
+/* How much of the local stdin may go now: in shim mode the init's window. */
+static size_t stdin_room(const struct relay *r)
+{
+    if (!r->shim) return PC_MAX_PAYLOAD;
+    long credit = r->stdin_credit[0];
+    return credit <= 0 ? 0 : credit > PC_MAX_PAYLOAD ? PC_MAX_PAYLOAD : (size_t)credit;
+}
+
 static void read_stdin(struct relay *r)
 {
     char buf[PC_MAX_PAYLOAD];
-    ssize_t n = r->in_is_socket ? recv(r->in_fd, buf, sizeof buf, MSG_DONTWAIT)
-                                : read(r->in_fd, buf, sizeof buf);
+    size_t room = stdin_room(r);
+    if (!room) return;
+    ssize_t n = r->in_is_socket ? recv(r->in_fd, buf, room, MSG_DONTWAIT)
+                                : read(r->in_fd, buf, room);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
         /* EOF (or a hung-up tty): the process sees its stdin close. */
@@ -394,6 +492,7 @@ static void read_stdin(struct relay *r)
         r->in_open = 0;
         return;
     }
+    if (r->shim) r->stdin_credit[0] -= n;
     sink_frame(&r->to_chan, PC_STDIN, 0, buf, (size_t)n);
 }
 
@@ -466,14 +565,24 @@ static void run_loop(struct relay *r)
     int chan_open = 1;
     while (!r->done) {
         if (r->init_exited && (!live_exec_clients(r) || now_ms() >= r->grace_deadline)) break;
+        /* Requests that waited (for credit, or for a RESUME) go when they can. */
+        for (int i = 0; i < MAX_CLIENTS && sink_has_room(&r->to_chan); i++)
+            if (r->clients[i] && r->clients[i]->stalled && !r->clients[i]->closing &&
+                client_parse(r, i) < 0)
+                client_drop(r, i);
         int room_to_chan = sink_has_room(&r->to_chan) && r->quiesce_client < 0;
         short chan_ev = 0;
-        if (chan_open && all_sinks_have_room(r)) chan_ev |= POLLIN;
-        if (sink_pending(&r->to_chan)) chan_ev |= POLLOUT;
+        /* The agent's answer to QUIESCE comes behind what it had queued,
+         * which is read even while a slow reader's queue is full. */
+        int overrun = r->quiesce_client >= 0 && !r->quiesce_answered &&
+                      r->quiesce_overrun < QUIESCE_OVERRUN_MAX && !all_sinks_have_room(r);
+        if (chan_open && (all_sinks_have_room(r) || overrun)) chan_ev |= POLLIN;
+        if (sink_flushable(&r->to_chan)) chan_ev |= POLLOUT;
         add_pollfd(pfd, P_CHAN, r->chan_fd, chan_ev);
         add_pollfd(pfd, P_LISTEN, r->listen_fd,
                    r->listen_fd >= 0 && room_to_chan && !r->init_exited ? POLLIN : 0);
-        add_pollfd(pfd, P_STDIN, r->in_fd, r->in_open && r->started && room_to_chan ? POLLIN : 0);
+        add_pollfd(pfd, P_STDIN, r->in_fd,
+                   r->in_open && r->started && room_to_chan && stdin_room(r) ? POLLIN : 0);
         add_pollfd(pfd, P_SIG, r->sig_fd, r->sig_fd >= 0 && room_to_chan ? POLLIN : 0);
         add_pollfd(pfd, P_OUT, r->out.fd,
                    sink_pending(&r->out) && r->out.kind == SINK_NONBLOCK ? POLLOUT : 0);
@@ -483,9 +592,11 @@ static void run_loop(struct relay *r)
         for (int i = 0; i < MAX_CLIENTS; i++) {
             struct client *c = r->clients[i];
             short ev = 0;
-            if (c && !c->closing && (room_to_chan || (i == r->quiesce_client &&
-                                                      sink_has_room(&r->to_chan))))
+            if (c && !c->closing && !c->stalled &&
+                (room_to_chan || (i == r->quiesce_client && sink_has_room(&r->to_chan))))
                 ev |= POLLIN;
+            /* A stalled client is not read, but its hang-up is still seen. */
+            if (c && !c->closing && c->stalled) ev |= POLLRDHUP;
             if (c && sink_pending(&c->out)) ev |= POLLOUT;
             add_pollfd(pfd, P_FIXED + i, c ? c->fd : -1, ev);
         }
@@ -503,6 +614,7 @@ static void run_loop(struct relay *r)
         }
         if (pfd[P_CHAN].revents & (POLLIN | POLLHUP | POLLERR)) {
             ssize_t n = fill(r->chan_fd, &r->chan_in);
+            if (n > 0 && overrun) r->quiesce_overrun += (size_t)n;
             if (n == 0 || n == -2) {
                 chan_open = 0;
                 if (!r->init_exited)
@@ -528,10 +640,13 @@ static void run_loop(struct relay *r)
             short ev = pfd[P_FIXED + i].revents;
             if (!c) continue;
             if (ev & POLLOUT) sink_flush(&c->out);
-            if (ev & (POLLIN | POLLHUP | POLLERR) && !c->closing) {
+            if (c->stalled && !c->closing && ev & (POLLRDHUP | POLLHUP | POLLERR)) {
+                client_drop(r, i);  /* what it left waiting goes with it */
+                continue;
+            }
+            if (ev & (POLLIN | POLLHUP | POLLERR) && !c->closing && !c->stalled) {
                 ssize_t n = fill(c->fd, &c->in);
-                if (n == 0 || n == -2 ||
-                    (n > 0 && parse_frames(r, (void *)(intptr_t)i, &c->in, on_client_frame) < 0)) {
+                if (n == 0 || n == -2 || (n > 0 && client_parse(r, i) < 0)) {
                     client_drop(r, i);
                     continue;
                 }
@@ -542,8 +657,13 @@ static void run_loop(struct relay *r)
         /* A peer that hangs up right after EXIT may leave our last frames
          * (stdin, signals) unsent; the exit it reported stands. */
         if (r->to_chan.dead && !r->done && !r->init_exited) {
-            end_with(r, PC_END_HANGUP, "%s", "virtual machine exited unexpectedly");
-            break;
+            if (r->shim) {
+                end_with(r, PC_END_HANGUP, "%s", "virtual machine exited unexpectedly");
+                break;
+            }
+            /* The shim ended this session and closed it; what it sent first
+             * (the EXIT, or why not) is still to be read, up to its EOF. */
+            r->in_open = 0;
         }
     }
 }
@@ -578,7 +698,10 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
      * waits for `start`, which arrives on its control socket. */
     r->started = !r->shim && cfg->control_fd < 0;
     r->chan_fd = cfg->chan_fd;
-    for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) r->chan_owner[ch] = -1;
+    for (unsigned ch = 0; ch <= PC_MAX_CHAN; ch++) {
+        r->chan_owner[ch] = -1;
+        r->stdin_credit[ch] = PC_STDIN_WINDOW;
+    }
     r->quiesce_client = -1;
     r->chan_in.buf = malloc(INBUF_CAP);
     fcntl(r->chan_fd, F_SETFL, fcntl(r->chan_fd, F_GETFL) | O_NONBLOCK);

@@ -63,6 +63,11 @@ size_t sink_pending(const struct sink *s)
     return s->len - s->off;
 }
 
+size_t sink_flushable(const struct sink *s)
+{
+    return sink_pending(s) - s->held;
+}
+
 int sink_has_room(const struct sink *s)
 {
     return s->kind == SINK_NONE || s->dead || s->kind == SINK_BLOCKING ||
@@ -77,8 +82,8 @@ static ssize_t sink_write(struct sink *s, const char *p, size_t n)
 
 int sink_flush(struct sink *s)
 {
-    while (sink_pending(s) > 0) {
-        ssize_t w = sink_write(s, s->buf + s->off, sink_pending(s));
+    while (sink_flushable(s) > 0) {
+        ssize_t w = sink_write(s, s->buf + s->off, sink_flushable(s));
         if (w > 0) {
             s->off += (size_t)w;
             continue;
@@ -86,10 +91,10 @@ int sink_flush(struct sink *s)
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         s->dead = 1;
-        s->off = s->len = 0;
+        s->off = s->len = s->held = 0;
         return -1;
     }
-    s->off = s->len = 0;
+    if (!s->held) s->off = s->len = 0;
     return 0;
 }
 
@@ -132,6 +137,7 @@ int sink_append(struct sink *s, const char *p, size_t n)
     if (sink_reserve(s, n) < 0) return -1;
     memcpy(s->buf + s->len, p, n);
     s->len += n;
+    if (s->holding) s->held += n;
     return 0;
 }
 
@@ -159,6 +165,7 @@ ssize_t sink_recv_frame(struct sink *s, int fd, unsigned type, unsigned chan, si
     struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
     pc_hdr_encode((unsigned char *)s->buf + s->len, &h);
     s->len += PC_HDR_LEN + (size_t)n;
+    if (s->holding) s->held += PC_HDR_LEN + (size_t)n;
     return n;
 }
 
@@ -168,4 +175,48 @@ void sink_release(struct sink *s)
     free(s->buf);
     memset(s, 0, sizeof *s);
     s->fd = -1;
+}
+
+void sink_hold(struct sink *s)
+{
+    s->holding = 1;
+}
+
+int sink_release_hold(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n)
+{
+    size_t held = s->held;
+    s->holding = 0;
+    s->held = 0;
+    if (s->kind == SINK_NONE || s->dead) return 0;
+    if (sink_reserve(s, PC_HDR_LEN + n) < 0) return -1;
+    char *at = s->buf + s->len - held;
+    memmove(at + PC_HDR_LEN + n, at, held);
+    struct pc_hdr h = {.len = (uint32_t)n, .type = (uint16_t)type, .chan = (uint16_t)chan};
+    pc_hdr_encode((unsigned char *)at, &h);
+    if (n) memcpy(at + PC_HDR_LEN, p, n);
+    s->len += PC_HDR_LEN + n;
+    return 0;
+}
+
+void sink_filter_held(struct sink *s, int (*keep)(void *arg, unsigned type, unsigned chan,
+                                                 size_t len),
+                      void *arg)
+{
+    char *from = s->buf + s->len - s->held, *end = s->buf + s->len, *to = from;
+    while (end - from >= PC_HDR_LEN) {
+        struct pc_hdr h;
+        pc_hdr_decode((const unsigned char *)from, &h);
+        size_t size = PC_HDR_LEN + h.len;
+        if (size > (size_t)(end - from)) break;  /* never: only whole frames are queued */
+        if (keep(arg, h.type, h.chan, h.len)) {
+            memmove(to, from, size);
+            to += size;
+        }
+        from += size;
+    }
+    memmove(to, from, (size_t)(end - from));
+    to += end - from;
+    size_t dropped = (size_t)(end - to);
+    s->len -= dropped;
+    s->held -= dropped;
 }

@@ -23,6 +23,10 @@ struct sink {
     char *buf;
     size_t off, len, cap;
     int dead;   /* the reader went away: drop further output, as a broken pipe would */
+    /* sink_hold: the last `held` bytes queued wait for sink_release_hold;
+     * only what came before them is written. */
+    int holding;
+    size_t held;
 };
 
 /* fd reopened (or kept) so that this process alone sees it non-blocking. */
@@ -30,6 +34,8 @@ int private_nonblocking(int fd, int flags, int *owned, enum sink_kind *kind);
 void sink_init_local(struct sink *s, int fd);
 void sink_init_socket(struct sink *s, int fd);
 size_t sink_pending(const struct sink *s);
+/* What sink_flush may write now: the pending bytes before any held ones. */
+size_t sink_flushable(const struct sink *s);
 int sink_has_room(const struct sink *s);
 /* Writes as much as the fd takes now; returns -1 when the reader is gone. */
 int sink_flush(struct sink *s);
@@ -39,5 +45,14 @@ int sink_frame(struct sink *s, unsigned type, unsigned chan, const char *p, size
  * payload of one frame: the bytes read, 0 at EOF, -1 with errno (EAGAIN). */
 ssize_t sink_recv_frame(struct sink *s, int fd, unsigned type, unsigned chan, size_t max);
 void sink_release(struct sink *s);
+/* From now on, what is queued waits behind everything queued so far. */
+void sink_hold(struct sink *s);
+/* Puts one frame ahead of the held bytes, then lets them go. */
+int sink_release_hold(struct sink *s, unsigned type, unsigned chan, const char *p, size_t n);
+/* Drops the held frames keep() refuses (sink_frame and sink_recv_frame queue
+ * whole frames, so the held bytes are a run of them). */
+void sink_filter_held(struct sink *s, int (*keep)(void *arg, unsigned type, unsigned chan,
+                                                 size_t len),
+                      void *arg);
 
 #endif

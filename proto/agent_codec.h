@@ -103,6 +103,33 @@ static inline int pc_exit_decode(const unsigned char *p, uint32_t n, struct pc_e
     return 0;
 }
 
+static inline void pc_quiesce_encode(unsigned char *p, const struct pc_quiesce_msg *m)
+{
+    pc_put_le32(p, m->seq);
+}
+
+static inline int pc_quiesce_decode(const unsigned char *p, uint32_t n, struct pc_quiesce_msg *m)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    m->seq = pc_get_le32(p);
+    return 0;
+}
+
+static inline void pc_stdin_credit_encode(unsigned char *p, const struct pc_stdin_credit_msg *m)
+{
+    pc_put_le32(p, m->bytes);
+}
+
+static inline int pc_stdin_credit_decode(const unsigned char *p, uint32_t n,
+                                         struct pc_stdin_credit_msg *m)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    m->bytes = pc_get_le32(p);
+    return 0;
+}
+
 static inline void pc_resume_encode(unsigned char *p, const struct pc_resume_msg *m)
 {
     pc_put_le32(p, m->flags);

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 /* Sent in READY; the host refuses a guest that speaks another version. */
-#define PC_PROTO_VERSION 2
+#define PC_PROTO_VERSION 3
 /* A frame larger than this is a protocol violation, never a reason to allocate. */
 #define PC_MAX_PAYLOAD 65536
 #define PC_HDR_LEN 8
@@ -31,7 +31,7 @@ enum pc_type {
      * then each container's processes come as SPECs (docs/agent-protocol.md). */
     PC_SPEC = 1,      /* launch spec records; guest answers CREATED or ERROR */
     PC_START = 2,     /* let the created process execve */
-    PC_STDIN = 3,     /* stdin bytes; an empty payload is EOF */
+    PC_STDIN = 3,     /* stdin bytes, within the channel's window (below); empty: EOF */
     PC_SIGNAL = 4,    /* struct pc_signal_msg */
     PC_RESIZE = 5,    /* struct pc_resize_msg */
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
@@ -41,7 +41,7 @@ enum pc_type {
      * agent to send what it has queued, then QUIESCED, then nothing until
      * RESUME; the host sends nothing in between either, so the channel is
      * empty both ways while the VM is saved or loaded. */
-    PC_QUIESCE = 13,  /* no payload */
+    PC_QUIESCE = 13,  /* struct pc_quiesce_msg */
     PC_RESUME = 14,   /* struct pc_resume_msg */
     PC_FORKED = 15,   /* a fork's new identity, SANDBOX records, while quiesced before its
                        * RESUME; guest answers ATTACHED or ERROR */
@@ -54,7 +54,8 @@ enum pc_type {
     PC_EXIT = 20,     /* struct pc_exit_msg; all output was sent before it */
     PC_ERROR = 21,    /* text: why the request for this channel failed */
     PC_ATTACHED = 22, /* no payload: the SANDBOX is applied */
-    PC_QUIESCED = 23, /* no payload: everything before it is sent; nothing follows until RESUME */
+    PC_QUIESCED = 23, /* struct pc_quiesce_msg, the QUIESCE's: everything before it is sent;
+                       * nothing follows until RESUME */
 
     /* port-forward streams (docs/networking.md): `chan` is the stream id,
      * 1..PC_FWD_MAX_STREAMS, which the host gives out; both ways unless marked */
@@ -63,6 +64,9 @@ enum pc_type {
     PC_FWD_CREDIT = 26, /* struct pc_fwd_credit_msg: bytes the receiver passed on */
     PC_FWD_SHUT = 27,   /* no payload: the sender's socket read EOF; no more DATA */
     PC_FWD_CLOSE = 28,  /* no payload: the sender is done with the stream (below) */
+
+    /* guest -> host */
+    PC_STDIN_CREDIT = 29, /* struct pc_stdin_credit_msg: STDIN bytes the agent passed on */
 
     /* host only: the shim's answer to a control client (start, kill) */
     PC_HOST_ACK = 40,
@@ -90,13 +94,37 @@ struct pc_ready_msg {
 #define PC_AGENT_CAP_SECCOMP 2  /* PC_SECCOMP programs */
 #define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP)
 
+/* QUIESCE's number, which its QUIESCED repeats: a QUIESCED that answers an
+ * earlier QUIESCE (one whose asker gave up and got a RESUME sent for it)
+ * never passes for the answer to a later one. */
+struct pc_quiesce_msg {
+    uint32_t seq;
+};
+
 struct pc_resume_msg {
     uint32_t flags;   /* PC_RESUME_ROLLED_BACK */
 };
 /* The VM was loaded from a checkpoint: the host has ended every exec session
  * and port-forward stream, so the agent kills the exec'd processes and drops
- * the streams without a word. */
+ * the streams without a word.  The init's stdin window starts again from
+ * what the agent holds: the agent sends STDIN_CREDIT on channel 0 for the
+ * window less the bytes it has buffered, and the host counts from 0. */
 #define PC_RESUME_ROLLED_BACK 1
+
+/* Stdin flow control, per channel: the host may have at most
+ * PC_STDIN_WINDOW bytes of STDIN unanswered.  It starts each channel (at its
+ * SPEC; the init's at the start) with that much credit, spends it on STDIN
+ * payloads, and gets it back by STDIN_CREDIT once the agent has written the
+ * bytes to the process (or dropped them: the process closed its stdin or is
+ * gone).  The agent buffers a whole window per process, so a STDIN frame
+ * never waits in the agent's receive buffer, and a process that does not
+ * read its stdin holds back its own channel, never the VM's (QUIESCE,
+ * SIGNAL and the other channels go on).  Credit beyond the window is
+ * clamped, not trusted. */
+struct pc_stdin_credit_msg {
+    uint32_t bytes;
+};
+#define PC_STDIN_WINDOW (2 * PC_MAX_PAYLOAD)
 
 struct pc_created_msg {
     uint32_t pid;     /* guest pid of the created process */

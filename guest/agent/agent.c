@@ -45,8 +45,10 @@ static int port_down;
 static int ever_connected;
 static struct spec spec;
 /* Between QUIESCE and RESUME: nothing new is read from the containers or the
- * streams, so nothing new is queued; QUIESCED goes once the queue is empty. */
+ * streams, so nothing new is queued; QUIESCED goes once the queue is empty,
+ * carrying the QUIESCE's number. */
 static int quiescing, quiesced;
+static uint32_t quiesce_seq;
 
 /* seccomp=1 in a SPEC and a PC_SECCOMP frame before it go together. */
 static int seccomp_matches(const struct spec *s, const struct seccomp_prog *prog, char *err,
@@ -172,7 +174,11 @@ static int dispatch(const struct frame *f)
         fwd_handle(&m);
         break;
     case PC_QUIESCE:
+        /* A second one (its asker gave up, and the RESUME sent for it is
+         * still on its way) gets its own QUIESCED. */
         quiescing = 1;
+        quiesced = 0;
+        quiesce_seq = m.quiesce.seq;
         break;
     case PC_FORKED:
         handle_attach(&m, sandbox_fork);
@@ -182,7 +188,7 @@ static int dispatch(const struct frame *f)
             loghost("protocol: RESUME without QUIESCE");
         quiescing = quiesced = 0;
         if (m.resume.flags & PC_RESUME_ROLLED_BACK) {
-            proc_forget_execs();
+            proc_rolled_back();
             fwd_forget_all();
             logmsg("resumed from a checkpoint");
         }
@@ -367,15 +373,24 @@ static void run(int sfd)
             fwd_poll_handle(pfd, n);
         }
         process_frames();
-        if (!quiescing)
+        if (!quiescing) {
+            /* Before any EXIT: a channel's credit never follows its end. */
+            proc_send_credits();
             proc_collect();
-        if (quiescing && !quiesced && !port_down && !outq_pending()) {
-            chan_send(PC_QUIESCED, 0, NULL, 0);
-            quiesced = 1;
         }
         /* Push new output now rather than one poll round later. */
         if (!port_down && outq_pending())
             flush_port(&progress);
+        /* Only after that flush: when it empties the queue, nothing else may
+         * ever wake this loop (no output is read, the host sends nothing),
+         * so QUIESCED must go in this round. */
+        if (quiescing && !quiesced && !port_down && !outq_pending()) {
+            unsigned char b[PC_U32_MSG_LEN];
+            pc_quiesce_encode(b, &(struct pc_quiesce_msg){quiesce_seq});
+            chan_send(PC_QUIESCED, 0, b, sizeof b);
+            quiesced = 1;
+            flush_port(&progress);
+        }
     }
 }
 

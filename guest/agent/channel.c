@@ -277,9 +277,13 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
     case PC_START:
     case PC_STDIN:
     case PC_POWEROFF:
-    case PC_QUIESCE:
     case PC_FORKED: /* records, checked by sandbox_fork */
         return 0;
+    case PC_QUIESCE:
+        if (h->chan == 0 && pc_quiesce_decode(f->payload, h->len, &m->quiesce) == 0)
+            return 0;
+        snprintf(why, whylen, "QUIESCE with %u bytes on chan %u", h->len, h->chan);
+        return -1;
     case PC_RESUME:
         if (h->chan == 0 && pc_resume_decode(f->payload, h->len, &m->resume) == 0)
             return 0;

@@ -34,6 +34,7 @@ struct host_msg {
     struct pc_fwd_open_msg fwd_open;     /* port 1..65535, a known family */
     struct pc_fwd_credit_msg credit;
     struct pc_resume_msg resume;
+    struct pc_quiesce_msg quiesce;
 };
 
 int chan_init(void);

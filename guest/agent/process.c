@@ -27,8 +27,17 @@
 
 /* Bigger pipes mean fewer wakeups per MiB of output under TCG. */
 #define PIPE_SIZE (256 * 1024)
-/* Holds at least one whole STDIN frame, so a frame is taken or left whole. */
-#define STDIN_CAP (2 * PC_MAX_PAYLOAD)
+/* Holds the host's whole window (proto/agent_proto.h), so a STDIN frame
+ * within it is always taken at once; it also holds a whole frame, so a frame
+ * beyond the window is taken or left whole. */
+#define STDIN_CAP PC_STDIN_WINDOW
+_Static_assert(STDIN_CAP >= PC_MAX_PAYLOAD, "a STDIN frame must fit the stdin buffer");
+/* Credit goes back once this much has gathered: the host then always has
+ * room for a whole frame while nothing is buffered. */
+#define CREDIT_BATCH (PC_STDIN_WINDOW / 4)
+_Static_assert(PC_STDIN_WINDOW - CREDIT_BATCH >= PC_MAX_PAYLOAD, "credit must not stall a frame");
+/* Room kept for other control frames when credit is queued. */
+#define CREDIT_ROOM (OUTQ_CTRL_RESERVE / 2)
 #define SETUP_TIMEOUT_MS 30000
 
 enum { P_FREE, P_CREATED, P_RUNNING };
@@ -47,7 +56,7 @@ struct proc {
     unsigned char *inbuf;
     size_t in_off, in_len;
     int in_eof;
-    int forgotten;      /* a rollback ended its session on the host: no EXIT for it */
+    uint32_t credit_due; /* stdin bytes passed on or dropped, not yet credited */
 };
 
 static struct proc procs[PC_MAX_CHAN + 1];
@@ -62,6 +71,8 @@ static void close_fd(int *fd)
 
 static void close_stdin(struct proc *p)
 {
+    /* What is still buffered is dropped: the host may send that much again. */
+    p->credit_due += (uint32_t)p->in_len;
     close_fd(&p->in_fd);
     free(p->inbuf);
     p->inbuf = NULL;
@@ -300,9 +311,13 @@ void proc_start(unsigned chan)
 int proc_stdin(unsigned chan, const unsigned char *data, size_t len)
 {
     struct proc *p = &procs[chan];
+    if (p->state == P_FREE)
+        return 0; /* its session is over on the host too: no credit */
     /* Input after EOF, or for a process that is gone, is a normal race. */
-    if (p->state == P_FREE || p->in_fd < 0 || p->in_eof)
+    if (p->in_fd < 0 || p->in_eof) {
+        p->credit_due += (uint32_t)len;
         return 0;
+    }
     if (!len) {
         p->in_eof = 1;
         if (!p->in_len)
@@ -314,10 +329,12 @@ int proc_stdin(unsigned chan, const unsigned char *data, size_t len)
          * buffer is empty, any rest below always fits. */
         ssize_t n = write(p->in_fd, data, len);
         if (n < 0 && errno != EAGAIN && errno != EINTR) {
+            p->credit_due += (uint32_t)len;
             close_stdin(p);
             return 0;
         }
         if (n > 0) {
+            p->credit_due += (uint32_t)n;
             data += n;
             len -= (size_t)n;
         }
@@ -326,6 +343,7 @@ int proc_stdin(unsigned chan, const unsigned char *data, size_t len)
     }
     if (!p->inbuf && !(p->inbuf = malloc(STDIN_CAP))) {
         logmsg("out of memory: dropping stdin of chan %u", chan);
+        p->credit_due += (uint32_t)len;
         close_stdin(p);
         return 0;
     }
@@ -353,6 +371,7 @@ static void flush_stdin(struct proc *p)
         }
         p->in_off += (size_t)n;
         p->in_len -= (size_t)n;
+        p->credit_due += (uint32_t)n;
     }
     p->in_off = 0;
     if (p->in_eof)
@@ -514,20 +533,50 @@ void proc_poll_handle(const struct pollfd *pfd, int n)
     }
 }
 
-void proc_forget_execs(void)
+static void send_credit(unsigned chan, uint32_t bytes)
 {
-    for (unsigned c = 1; c <= PC_MAX_CHAN; c++) {
+    unsigned char b[PC_U32_MSG_LEN];
+    pc_stdin_credit_encode(b, &(struct pc_stdin_credit_msg){bytes});
+    chan_send(PC_STDIN_CREDIT, (uint16_t)chan, b, sizeof b);
+}
+
+void proc_send_credits(void)
+{
+    for (unsigned c = 0; c <= PC_MAX_CHAN && outq_free() >= CREDIT_ROOM; c++) {
         struct proc *p = &procs[c];
-        if (p->state == P_FREE || p->is_init)
+        if (p->state == P_FREE || p->credit_due < CREDIT_BATCH)
             continue;
+        send_credit(c, p->credit_due);
+        p->credit_due = 0;
+    }
+}
+
+void proc_rolled_back(void)
+{
+    for (unsigned c = 0; c <= PC_MAX_CHAN; c++) {
+        struct proc *p = &procs[c];
+        if (p->state == P_FREE)
+            continue;
+        if (p->is_init) {
+            /* The host counts this window from 0 now: all of it but what
+             * this checkpoint's buffer still holds. */
+            p->credit_due = 0;
+            send_credit(c, (uint32_t)(STDIN_CAP - p->in_len));
+            continue;
+        }
+        /* The slot is free at once: the host may give its channel to a new
+         * session in its next frame.  The killed process is reaped as an
+         * orphan. */
         if (!p->exited && p->pid > 0)
             kill(p->pid, SIGKILL);
-        p->forgotten = 1;
         close_fd(&p->out_fd);
         close_fd(&p->err_fd);
         close_fd(&p->status_fd);
         close_fd(&p->start_fd);
         close_stdin(p);
+        ctr_release(p->ctr);
+        memset(p, 0, sizeof *p);
+        p->state = P_FREE;
     }
 }
 
@@ -537,12 +586,11 @@ void proc_collect(void)
         struct proc *p = &procs[c];
         if (p->state == P_FREE || !p->exited || p->out_fd >= 0 || p->err_fd >= 0 || p->status_fd >= 0)
             continue;
-        if (!p->forgotten) {
-            unsigned char b[PC_U32_MSG_LEN];
-            struct pc_exit_msg m = {.status = p->status};
-            pc_exit_encode(b, &m);
-            chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
-        }
+        /* Credit still due is not sent: EXIT ends the channel's window. */
+        unsigned char b[PC_U32_MSG_LEN];
+        struct pc_exit_msg m = {.status = p->status};
+        pc_exit_encode(b, &m);
+        chan_send(PC_EXIT, (uint16_t)c, b, sizeof b);
         close_stdin(p);
         close_fd(&p->start_fd);
         if (p->is_init)

@@ -18,8 +18,12 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
 /* 0 when chan can take a SPEC, else -1 with err set. */
 int proc_chan_free(unsigned chan, char *err, size_t errlen);
 void proc_start(unsigned chan);
-/* 0: taken (or dropped); 1: stdin buffer full, retry the frame later. */
+/* 0: taken (or dropped); 1: stdin buffer full, retry the frame later (only
+ * when the host sent beyond the channel's window). */
 int proc_stdin(unsigned chan, const unsigned char *data, size_t len);
+/* Sends STDIN_CREDIT for the stdin bytes passed on (or dropped) since the
+ * last, per process, once enough has gathered. */
+void proc_send_credits(void);
 void proc_signal(unsigned chan, uint32_t signo, uint32_t flags);
 void proc_resize(unsigned chan, unsigned rows, unsigned cols);
 void proc_reap(void);
@@ -29,7 +33,9 @@ void proc_poll_handle(const struct pollfd *pfd, int n);
 /* Sends EXIT for every process that has ended and whose output is drained. */
 void proc_collect(void);
 int proc_active(void);
-/* After a rollback: every exec'd process is killed, and leaves without an EXIT. */
-void proc_forget_execs(void);
+/* After a rollback: every exec'd process is killed, and leaves without an
+ * EXIT; its channel is free at once (the host has ended its session), and
+ * the init's stdin window restarts from what is buffered for it. */
+void proc_rolled_back(void);
 
 #endif

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -30,8 +31,12 @@ from tests.integration.snapshots import (
     snapshot_bundle,
     started,
 )
+from tests.integration.test_terminal import ConsoleReceiver
 
 pytestmark = pytest.mark.integration
+
+# What an exec session that a rollback ends prints (docs/snapshots.md).
+ROLLED_BACK = b"the sandbox was rolled back to a checkpoint: this session ended"
 
 def test_rollback_restores_memory_files_pid_and_fds_exactly_for_50_rounds(
         runtime, make_bundle, memfill_rootfs: Path):
@@ -81,17 +86,25 @@ def test_a_chain_of_three_rolls_back_to_the_first_then_the_third(
 
 
 def test_an_open_exec_session_ends_with_a_clear_status_on_rollback(
-        runtime, make_bundle, memfill_rootfs: Path):
+        runtime, make_bundle, memfill_rootfs: Path, tmp_path: Path):
     started(runtime, make_bundle, memfill_rootfs, "ck-exec")
     checkpoint(runtime, "ck-exec", "before")
     session = subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", "ck-exec",
                                 "sleep", "300"], env=runtime.env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
+    # One on a terminal too: its stderr is not the terminal, and says it as well.
+    console = ConsoleReceiver(tmp_path / "console.sock")
+    on_tty = subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", "--tty",
+                               "--console-socket", str(tmp_path / "console.sock"), "ck-exec",
+                               "sleep", "300"], env=runtime.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    console.thread.join(timeout=60)
     time.sleep(2)
     rollback(runtime, "ck-exec", "before")
-    out, err = session.communicate(timeout=60)
-    assert session.returncode == 137, (session.returncode, err)
-    assert b"rolled back to a checkpoint" in err
+    for proc in (session, on_tty):
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 137, (proc.returncode, err)
+        assert ROLLED_BACK in err, err
     # The sandbox takes new sessions after it.
     assert runtime("exec", "ck-exec", "true").returncode == 0
     ps = runtime("exec", "ck-exec", "ps", check=True).stdout
@@ -379,3 +392,167 @@ def test_a_shim_killed_mid_operation_leaves_a_stopped_deletable_container(
         wait_status(runtime, cid, "stopped")
         runtime("delete", cid, check=True)
     runtime.assert_no_leaks()
+
+
+
+def sandbox_running(runtime, make_bundle, rootfs: Path, cid: str) -> None:
+    bundle = snapshot_bundle(make_bundle, rootfs, ["sleep", "100000"])
+    runtime("run", "--detach", "--bundle", str(bundle), cid, check=True)
+    wait_status(runtime, cid, "running")
+
+
+def exec_session(runtime, cid: str, *args: str, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+    return subprocess.Popen([PARACELL, "--root", str(runtime.root), "exec", cid, *args],
+                            env=runtime.env, stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def test_checkpoints_quiesce_while_an_exec_writes_steadily(
+        runtime, make_bundle, writable_rootfs: Path):
+    """Output keeps arriving as the agent quiesces: its answer must not wait
+    for an event that quiescing itself has stopped (docs/agent-protocol.md)."""
+    sandbox_running(runtime, make_bundle, writable_rootfs, "ck-steady")
+    writer = exec_session(runtime, "ck-steady", "sh", "-c", "while :; do echo tick; done")
+    assert writer.stdout.read(5) == b"tick\n"  # it runs
+    drained = threading.Thread(target=writer.stdout.read)
+    drained.start()
+    for k in range(5):
+        checkpoint(runtime, "ck-steady", f"s{k}")
+    rollback(runtime, "ck-steady", "s0")
+    assert writer.wait(timeout=60) == 137
+    drained.join()
+    assert ROLLED_BACK in writer.stderr.read()
+    assert runtime("exec", "ck-steady", "echo", "after").stdout == b"after\n"
+
+
+def test_an_exec_that_does_not_read_its_stdin_holds_back_only_itself(
+        runtime, make_bundle, writable_rootfs: Path):
+    """Megabytes of stdin for a process that does not read it: a checkpoint,
+    other execs and a rollback go on (its stdin waits in its own window)."""
+    sandbox_running(runtime, make_bundle, writable_rootfs, "ck-stdin")
+    checkpoint(runtime, "ck-stdin", "base")
+    stuck = exec_session(runtime, "ck-stdin", "sh", "-c", "echo reading later; sleep 600; cat",
+                         stdin=subprocess.PIPE)
+    feeding = threading.Thread(target=_feed, args=(stuck, b"y" * (8 << 20)))
+    feeding.start()
+    assert stuck.stdout.readline() == b"reading later\n"
+    checkpoint(runtime, "ck-stdin", "during")
+    assert runtime("exec", "ck-stdin", "echo", "another").stdout == b"another\n"
+    rollback(runtime, "ck-stdin", "base")
+    assert stuck.wait(timeout=60) == 137
+    assert ROLLED_BACK in stuck.stderr.read()
+    feeding.join(timeout=60)
+
+
+def _feed(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the session ended before it took it all
+
+
+
+def test_a_guest_that_never_answers_fails_the_checkpoint_cleanly(
+        runtime, make_bundle, writable_rootfs: Path):
+    """The guest is hostile: one that never answers QUIESCE (here its QEMU
+    is stopped) fails the operation in one line after the bounded wait, and
+    the sandbox goes on as it was once it runs again."""
+    sandbox_running(runtime, make_bundle, writable_rootfs, "ck-mute")
+    checkpoint(runtime, "ck-mute", "before")
+    [qemu] = runtime.qemu_processes()
+    os.kill(qemu, signal.SIGSTOP)
+    try:
+        result = runtime("sandbox", "checkpoint", "--name", "never", "ck-mute", timeout=60)
+    finally:
+        os.kill(qemu, signal.SIGCONT)
+    assert result.returncode != 0
+    assert result.stderr == b"paracell: the guest did not quiesce: QUIESCE: timed out\n"
+    assert not (runtime.root / "ck-mute" / "checkpoints" / "never").exists()
+    assert runtime("exec", "ck-mute", "echo", "awake").stdout == b"awake\n"
+    checkpoint(runtime, "ck-mute", "after")
+    rollback(runtime, "ck-mute", "before")
+    assert runtime("exec", "ck-mute", "echo", "again").stdout == b"again\n"
+
+
+# The race of checkpoints and rollbacks with execs that start and end:
+# bounded in operations and in time, so it stays short on a loaded host.
+RACE_OPS = 30
+RACE_SECONDS = 60.0
+RACE_WORKERS = 3
+RACE_INPUT = bytes(range(256)) * 600  # 150 KiB of stdin: several STDIN frames
+# (what it runs, its stdin, the stdout it must print when it runs to its end)
+RACE_EXECS = (
+    (["true"], None, b""),
+    (["echo", "short"], None, b"short\n"),
+    (["cat"], RACE_INPUT, RACE_INPUT),
+    (["sh", "-c", "head -c 200000 /dev/zero | tr '\\0' x"], None, b"x" * 200000),
+    (["sh", "-c", "sleep 0.3; echo slept"], None, b"slept\n"),
+    # A line at a time for a while: output keeps arriving as the agent quiesces.
+    (["sh", "-c", "i=0; while [ $i -lt 20000 ]; do echo tick; i=$((i+1)); done"], None,
+     b"tick\n" * 20000),
+)
+
+
+def test_checkpoints_and_rollbacks_racing_execs_all_succeed(
+        runtime, make_bundle, writable_rootfs: Path):
+    """Execs start and end, some with output and some with stdin, while
+    checkpoints and rollbacks come one after another: every operation
+    succeeds, and every exec ends with its own status and output, or, when a
+    rollback ended its session, with 137 and the documented message."""
+    sandbox_running(runtime, make_bundle, writable_rootfs, "ck-race")
+    checkpoint(runtime, "ck-race", "base")
+    stop = threading.Event()
+    execs: list[tuple[list[str], int, bytes, bytes, bytes]] = []
+
+    def worker(w: int) -> None:
+        n = w
+        while not stop.is_set():
+            args, given, want = RACE_EXECS[n % len(RACE_EXECS)]
+            n += 1
+            try:
+                done = subprocess.run([PARACELL, "--root", str(runtime.root), "exec", "ck-race",
+                                       *args], input=given, capture_output=True,
+                                      stdin=None if given else subprocess.DEVNULL,
+                                      env=runtime.env, timeout=90)
+                execs.append((args, done.returncode, done.stdout, done.stderr, want))
+            except subprocess.TimeoutExpired:
+                execs.append((args, -1, b"", b"timed out", want))
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(RACE_WORKERS)]
+    for t in threads:
+        t.start()
+    ops: list[tuple[str, int, bytes]] = []
+    taken = ["base"]
+    deadline = time.monotonic() + RACE_SECONDS
+    try:
+        for i in range(RACE_OPS):
+            if time.monotonic() > deadline:
+                break
+            if i % 2 == 0:
+                args = ["checkpoint", "--name", f"r{i}", "ck-race"]
+            else:  # the newest and the first, in turn
+                args = ["rollback", "ck-race", taken[-1] if i % 4 == 1 else "base"]
+            done = runtime("sandbox", *args, timeout=60)
+            ops.append((" ".join(args), done.returncode, done.stderr))
+            if i % 2 == 0 and done.returncode == 0:
+                taken.append(f"r{i}")
+            if len(taken) > 4:
+                runtime("sandbox", "rm-checkpoint", "ck-race", taken.pop(1), check=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+    failed_ops = [op for op in ops if op[1] != 0]
+    bad = [(args, rc, err[-300:]) for args, rc, out, err, want in execs
+           if not (rc == 0 and out == want) and not (rc == 137 and ROLLED_BACK in err)]
+    ended = sum(rc == 137 for _, rc, *_ in execs)
+    summary = (f"{len(ops)} operations ({len(failed_ops)} failed), {len(execs)} execs "
+               f"({len(bad)} bad), {ended} ended by a rollback")
+    print(summary)
+    assert not failed_ops, (summary, failed_ops)
+    assert not bad, (summary, bad)
+    assert len(ops) >= 6 and len(execs) >= 10, summary
+    # And it goes on serving: a last exec and a last checkpoint.
+    assert runtime("exec", "ck-race", "echo", "after").stdout == b"after\n"
+    checkpoint(runtime, "ck-race", "last")

@@ -26,6 +26,7 @@ from paracell.runtime.agent.signals import SIGKILL, exit_status_for_signal
 # checks their sizes against the header's structs.
 SIGNAL_MSG = struct.Struct("<II")
 CREATED_MSG = struct.Struct("<I")
+EXIT_MSG = struct.Struct("<i")  # struct pc_exit_msg
 READY_MSG = struct.Struct("<II")  # struct pc_ready_msg: version, caps
 
 
@@ -166,7 +167,10 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
         cfg.start_payload = callback
     if tty_fd >= 0:
         cfg.in_fd = cfg.out_fd = cfg.tty_fd = tty_fd
-        cfg.err_fd = -1
+        # The process's output is all on the terminal; the relay's own lines
+        # (why an execve failed, that a rollback ended the session) go to our
+        # stderr, as runc's errors do.
+        cfg.err_fd = 2
     else:
         cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd = 0, 1, 2, -1
     cfg.forward_mask = signals.forward_mask()
@@ -200,17 +204,50 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
 
 # A process a proxy opens in a running VM: an exec, or a pod member's init.
 CREATE_TIMEOUT_S = 60.0
+# After an ERROR the shim sends at most an EXIT, then closes the connection.
+AFTER_ERROR_TIMEOUT_S = 5.0
 # The process's fate is unknown when its channel is lost: the container or
 # its VM went away under it, which for the process is death by SIGKILL.
 EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
+
+
+class SessionEnded(ParacellError):
+    """The shim ended a proxy's session before its process started (a
+    rollback did, docs/snapshots.md): why, and the status it ends with."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _created_by_shim(fd: int) -> None:
+    """CREATED from the shim, or ParacellError with the reason. A refusal
+    is an ERROR and the connection's end; a session that existed and was
+    ended is an ERROR and an EXIT: SessionEnded."""
+    from paracell._native import lib
+
+    frame = recv(fd, CREATE_TIMEOUT_S, "waiting for the container process")
+    if frame.type == lib.PC_CREATED:
+        decode_created(frame.payload)
+        return
+    if frame.type != lib.PC_ERROR:
+        raise ParacellError(f"agent protocol violation: expected CREATED, got type {frame.type}")
+    why = printable(frame.payload)
+    try:
+        after = recv(fd, AFTER_ERROR_TIMEOUT_S, "after the shim's ERROR")
+    except ParacellError:
+        raise ParacellError(why) from None
+    if after.type == lib.PC_EXIT and len(after.payload) == EXIT_MSG.size:
+        raise SessionEnded(why, EXIT_MSG.unpack(after.payload)[0] & 0xFF)
+    raise ParacellError(why)
 
 
 def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socket: str | None,
                  seccomp: bytes | None = None) -> tuple[socket.socket, int]:
     """A proxy's first step: the shim makes the process in the guest from
     `launch` (a pod member's init sends its seccomp program just before). The
-    connection and the terminal's fd (-1 without one); ParacellError or
-    OSError on failure."""
+    connection and the terminal's fd (-1 without one); ParacellError
+    (SessionEnded for a session ended before its start) or OSError on failure."""
     from paracell._native import lib
     from paracell.runtime.agent import console
 
@@ -219,7 +256,7 @@ def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socke
         if seccomp:
             send(conn.fileno(), lib.PC_SECCOMP, 0, seccomp)
         send(conn.fileno(), lib.PC_SPEC, 0, launch)
-        expect_created(conn.fileno(), CREATE_TIMEOUT_S)
+        _created_by_shim(conn.fileno())
         tty_fd = console.open_for_container(console_socket) if terminal else -1
     except BaseException:
         conn.close()
@@ -228,7 +265,20 @@ def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socke
 
 
 def relay_status(end: RelayEnd) -> int:
-    """A proxy's exit status from how its relay ended."""
+    """A proxy's exit status from how its relay ended. When the process's
+    end is unknown, why goes to the proxy's stderr, which is the process's
+    (as the shim's ERROR texts do), so the status never comes alone."""
     from paracell._native import lib
 
-    return end.status & 0xFF if end.kind == lib.PC_END_EXIT else EXIT_CHANNEL_LOST
+    if end.kind == lib.PC_END_EXIT:
+        return end.status & 0xFF
+    say_on_stderr(end.message or "the session ended without an exit status")
+    return EXIT_CHANNEL_LOST
+
+
+def say_on_stderr(message: str) -> None:
+    """One line for the process's stderr, as the relay writes the shim's."""
+    try:
+        os.write(2, f"paracell: {message}\n".encode(errors="replace"))
+    except OSError:
+        pass  # nobody reads it: the status says the rest

@@ -138,10 +138,17 @@ class ExecProxy:
         self.marker = execs_dir / str(os.getpid())
         self.conn: socket.socket | None = None
         self.tty_fd = -1
+        # A rollback ended the session before its start: it ends as the
+        # sessions a rollback ends after theirs do (docs/snapshots.md).
+        self.ended: channel.SessionEnded | None = None
 
     def open(self) -> spawn.Ready:
-        self.conn, self.tty_fd = channel.open_process(self.shim_socket, self.launch, self.terminal,
-                                              self.console_socket)
+        try:
+            self.conn, self.tty_fd = channel.open_process(self.shim_socket, self.launch,
+                                                          self.terminal, self.console_socket)
+        except channel.SessionEnded as ended:
+            self.ended = ended
+            return spawn.Ready(pid=os.getpid())
         self.marker.parent.mkdir(exist_ok=True)
         write_exec_marker(self.marker, os.getpid())
         return spawn.Ready(pid=os.getpid())
@@ -149,8 +156,14 @@ class ExecProxy:
     def run(self) -> int:
         from paracell._native import lib
 
+        if self.ended is not None:
+            channel.say_on_stderr(str(self.ended))
+            return self.ended.status
         assert self.conn is not None
-        channel.send(self.conn.fileno(), lib.PC_START)
+        try:
+            channel.send(self.conn.fileno(), lib.PC_START)
+        except ParacellError:
+            pass  # the shim has ended the session already: the relay reads why and how
         return channel.relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
 
     def close(self) -> None:
