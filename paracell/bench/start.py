@@ -81,7 +81,7 @@ def run(ctx: Context, runs: int, output: str, baseline_kernel: Path | None = Non
         samples["raw_qemu_baseline"] = []
     other = f"paracell_{also.name}" if also else ""
     if also:
-        also.check()  # one line now, not a traceback mid-run
+        also.check(facts.qemu_path or "", choice.engine)  # one line now, not a traceback mid-run
         samples[other] = []
     with tempfile.TemporaryDirectory(prefix="paracell-bench-") as tmp:
         # A template store of the run's own, built before the first round.
