@@ -1,1 +1,3 @@
-"""Host side of the micro-VM: probe, QEMU command line, QMP, RAM backing."""
+"""Host side of the micro-VM: the probe, the VM builder and its devices, RAM
+backing, templates, and the backends that run it (qemu/, libvirt/), behind
+hypervisor.py's interface."""

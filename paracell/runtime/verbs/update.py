@@ -4,7 +4,8 @@ with the guest's memory resized live through the balloon.
 What a micro-VM can change live, and what it cannot:
 - every cgroup limit: written as runc writes it;
 - guest memory: down (and back up to its boot size) with the balloon memory
-  manager, by QMP `balloon`; the Pager and `none` have no live resize, and
+  manager, through the backend's live resize (Hypervisor.set_memory, where
+  its Capabilities say it has one); the Pager and `none` have no live resize, and
   no manager can grow the guest past its boot RAM (microvm has no memory
   hotplug), so those are refused;
 - vCPUs: microvm cannot hotplug CPUs, so the count stays; the cpu limits
@@ -26,6 +27,7 @@ from paracell.runtime.bundle import resources
 from paracell.runtime.bundle.resources import MIB, Resources
 from paracell.runtime.host import cgroups
 from paracell.runtime.state.store import ContainerState
+from paracell.vmm import backends
 from paracell.vmm.hypervisor import Hypervisor
 
 TYPE_CHECKING = False
@@ -138,6 +140,9 @@ def _memory_target(state: ContainerState, res: Resources, guest_mib: int) -> int
         raise ParacellError(f"memory.limit: the {manager} memory manager cannot resize the "
                             "guest live; create the container with the balloon manager "
                             "(annotation io.paracell.memory-manager=balloon) to shrink it")
+    if target != guest_mib and not backends.capabilities_of(state.vm.config).live_resize:
+        raise ParacellError(f"memory.limit: the {state.vm.config.vmm} backend cannot resize "
+                            "the guest live")
     return target
 
 
@@ -230,7 +235,6 @@ def update(ctx: Context, container_id: str, source: str | None,
     """runc's update: the host cgroup, and guest memory through the balloon;
     source is --resources (a file, or - for stdin)."""
     from paracell.runtime.state import status
-    from paracell.vmm import backends
 
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
