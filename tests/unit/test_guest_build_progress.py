@@ -45,6 +45,15 @@ def _project(root: Path, broken: str | None = None) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _make_of_its_own(monkeypatch):
+    """The tests' make is not a sub-make of whatever make runs pytest (`make
+    test` exports MAKEFLAGS and MAKELEVEL, which would add "make[1]:" and
+    directory lines to what the tests read)."""
+    for name in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _needs_make() -> None:
     if not (shutil.which("make") and shutil.which("cc")):
         pytest.skip("make and cc are not installed")
