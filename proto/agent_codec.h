@@ -103,6 +103,15 @@ static inline int pc_exit_decode(const unsigned char *p, uint32_t n, struct pc_e
     return 0;
 }
 
+/* The payloads that are one u32: each decoder below is this check. */
+static inline int pc_u32_msg_decode(const unsigned char *p, uint32_t n, uint32_t *v)
+{
+    if (n != PC_U32_MSG_LEN)
+        return -1;
+    *v = pc_get_le32(p);
+    return 0;
+}
+
 static inline void pc_quiesce_encode(unsigned char *p, const struct pc_quiesce_msg *m)
 {
     pc_put_le32(p, m->seq);
@@ -110,10 +119,7 @@ static inline void pc_quiesce_encode(unsigned char *p, const struct pc_quiesce_m
 
 static inline int pc_quiesce_decode(const unsigned char *p, uint32_t n, struct pc_quiesce_msg *m)
 {
-    if (n != PC_U32_MSG_LEN)
-        return -1;
-    m->seq = pc_get_le32(p);
-    return 0;
+    return pc_u32_msg_decode(p, n, &m->seq);
 }
 
 static inline void pc_stdin_credit_encode(unsigned char *p, const struct pc_stdin_credit_msg *m)
@@ -124,10 +130,7 @@ static inline void pc_stdin_credit_encode(unsigned char *p, const struct pc_stdi
 static inline int pc_stdin_credit_decode(const unsigned char *p, uint32_t n,
                                          struct pc_stdin_credit_msg *m)
 {
-    if (n != PC_U32_MSG_LEN)
-        return -1;
-    m->bytes = pc_get_le32(p);
-    return 0;
+    return pc_u32_msg_decode(p, n, &m->bytes);
 }
 
 static inline void pc_resume_encode(unsigned char *p, const struct pc_resume_msg *m)
@@ -137,10 +140,7 @@ static inline void pc_resume_encode(unsigned char *p, const struct pc_resume_msg
 
 static inline int pc_resume_decode(const unsigned char *p, uint32_t n, struct pc_resume_msg *m)
 {
-    if (n != PC_U32_MSG_LEN)
-        return -1;
-    m->flags = pc_get_le32(p);
-    return 0;
+    return pc_u32_msg_decode(p, n, &m->flags);
 }
 
 #define PC_FWD_OPEN_LEN 4
@@ -167,10 +167,7 @@ static inline void pc_fwd_credit_encode(unsigned char *p, const struct pc_fwd_cr
 static inline int pc_fwd_credit_decode(const unsigned char *p, uint32_t n,
                                        struct pc_fwd_credit_msg *m)
 {
-    if (n != PC_U32_MSG_LEN)
-        return -1;
-    m->bytes = pc_get_le32(p);
-    return 0;
+    return pc_u32_msg_decode(p, n, &m->bytes);
 }
 
 #endif

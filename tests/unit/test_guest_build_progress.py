@@ -130,11 +130,12 @@ def _read_all(fd: int, into: list[bytes]) -> None:
         into.append(chunk)
 
 
-def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
-    _needs_make()
+def _on_a_terminal(tmp_path, columns: int, make: list[str]) -> tuple[int, str]:
+    """A build of the test project with its progress on a pty of that width:
+    its exit status, and what the terminal got (the tty's own onlcr undone)."""
     project = _project(tmp_path / "p")
     master, slave = os.openpty()
-    termios.tcsetwinsize(slave, (24, 200))
+    termios.tcsetwinsize(slave, (24, columns))
     seen: list[bytes] = []
     reader = threading.Thread(target=_read_all, args=(master, seen))
     reader.start()
@@ -142,13 +143,17 @@ def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
         with os.fdopen(slave, "w") as out:
             progress = Progress("test", out, Estimate(10, "a test"), interval_s=0)
             assert progress.tty is True
-            code = buildprogress.run_logged(["make", "-j2"], tmp_path / "log", progress,
-                                            cwd=project)
+            code = buildprogress.run_logged(make, tmp_path / "log", progress, cwd=project)
     finally:
         reader.join(timeout=30)
         os.close(master)
+    return code, b"".join(seen).decode().replace("\r\n", "\n")
+
+
+def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
+    _needs_make()
+    code, text = _on_a_terminal(tmp_path, 200, ["make", "-j2"])
     assert code == 0
-    text = b"".join(seen).decode().replace("\r\n", "\n")  # the tty's own onlcr
     # Lines of their own: the estimate, the script's words.
     own = text.split("\n")
     assert own[0] == "paracell: test: about 10 objects to build (an estimate: a test)"
@@ -170,20 +175,7 @@ def test_on_a_terminal_one_line_rewritten_in_place(tmp_path):
 
 def test_on_a_narrow_terminal_the_line_is_cut_rather_than_wrapped(tmp_path):
     _needs_make()
-    project = _project(tmp_path / "p")
-    master, slave = os.openpty()
-    termios.tcsetwinsize(slave, (24, 30))
-    seen: list[bytes] = []
-    reader = threading.Thread(target=_read_all, args=(master, seen))
-    reader.start()
-    try:
-        with os.fdopen(slave, "w") as out:
-            progress = Progress("test", out, Estimate(10, "a test"), interval_s=0)
-            buildprogress.run_logged(["make"], tmp_path / "log", progress, cwd=project)
-    finally:
-        reader.join(timeout=30)
-        os.close(master)
-    text = b"".join(seen).decode().replace("\r\n", "\n")
+    _, text = _on_a_terminal(tmp_path, 30, ["make"])
     draws = [d for line in text.split("\n") for d in line.split("\r")
              if d.startswith("paracell: test: ") and d.endswith("\x1b[K")]
     assert draws and all(len(d.removesuffix("\x1b[K")) == 29 for d in draws), draws
