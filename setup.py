@@ -1,7 +1,29 @@
-"""Only here because cffi_modules and a hand-written script are setup() keywords."""
+"""Only here because cffi_modules and a hand-written script are setup() keywords,
+and because QEMU's Pager plugin is a plain shared object, not a Python module."""
+
+from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# csrc/ramplugin.c: loaded by QEMU (-plugin) for copy-on-write guest RAM, never imported.
+PLUGIN = "paracell/_qemu_ram_plugin.so"
+PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c"]
+
+
+class BuildExtAndPlugin(build_ext):
+    def run(self) -> None:
+        super().run()
+        target = Path(PLUGIN) if self.inplace else Path(self.build_lib) / PLUGIN
+        objects = self.compiler.compile(
+            PLUGIN_SOURCES, output_dir=self.build_temp, include_dirs=["proto", "csrc"],
+            extra_preargs=["-fPIC", "-fvisibility=hidden"],
+            extra_postargs=["-O2", "-Wall", "-Wextra", "-Werror"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self.compiler.link_shared_object(objects, str(target), libraries=["pthread"])
+
 
 setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder",
                     "csrc/build_linux.py:ffibuilder"],
+      cmdclass={"build_ext": BuildExtAndPlugin},
       scripts=["bin/paracell"])

@@ -89,9 +89,9 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
         p->gate = NULL;
         return fail(p, PC_PAGER_IO_ERROR, "allocating the Pager's gate");
     }
-    p->ram_fd = dup(ram_fd);
     p->token_fd = dup(token_fd);
-    if (p->ram_fd < 0 || p->token_fd < 0) goto io_error;
+    if (p->token_fd < 0) goto io_error;
+    if (ram_fd >= 0 && (p->ram_fd = dup(ram_fd)) < 0) goto io_error;
     /* Allocated, not just sized: on a full filesystem the first store into
      * a sparse shared mapping is a SIGBUS; here it is ENOSPC, reported. */
     if (fallocate(p->token_fd, 0, 0, PC_PAGER_TOKEN_SIZE) < 0 ||
@@ -99,12 +99,14 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
         goto io_error;
     p->stats = mmap(NULL, sizeof *p->stats, PROT_READ | PROT_WRITE, MAP_SHARED, stats_fd, 0);
     if (p->stats == MAP_FAILED) { p->stats = NULL; goto io_error; }
-    /* NORESERVE: this mapping only ever populates what the guest asked for. */
-    p->ram_map = mmap(NULL, ram_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
-                      p->ram_fd, 0);
-    if (p->ram_map == MAP_FAILED) { p->ram_map = NULL; goto io_error; }
-    /* The rings: guest RAM the host reserved (memmap=), below the split. */
-    p->shm = (struct pc_pager_shm *)(p->ram_map + PC_PAGER_RING_GPA);
+    if (p->ram_fd >= 0) {
+        /* NORESERVE: this mapping only ever populates what the guest asked for. */
+        p->ram_map = mmap(NULL, ram_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                          p->ram_fd, 0);
+        if (p->ram_map == MAP_FAILED) { p->ram_map = NULL; goto io_error; }
+        /* The rings: guest RAM the host reserved (memmap=), below the split. */
+        p->shm = (struct pc_pager_shm *)(p->ram_map + PC_PAGER_RING_GPA);
+    }
     p->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->irq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -118,6 +120,34 @@ io_error:
     fail(p, PC_PAGER_IO_ERROR, "setting up the Pager: %s", strerror(errno));
     pc_pager_close(p);
     return PC_PAGER_IO_ERROR;
+}
+
+int pc_pager_adopt(struct pc_pager *p, uint8_t *ram_map, uint64_t ram_size, uint64_t ram_split,
+                   int doorbell_fd, int irq_fd, int abort_fd, int stats_fd)
+{
+    memset(p, 0, sizeof *p);
+    p->ram_fd = p->token_fd = p->stop_fd = -1;
+    p->in_vmm = 1;
+    p->ram_size = ram_size;
+    p->ram_split = ram_split;
+    p->doorbell_fd = doorbell_fd;
+    p->irq_fd = irq_fd;
+    p->abort_fd = abort_fd;
+    p->ram_map = ram_map;
+    p->shm = (struct pc_pager_shm *)(ram_map + PC_PAGER_RING_GPA);
+    p->gate = malloc(sizeof(pthread_mutex_t));
+    if (!p->gate || pthread_mutex_init(p->gate, NULL)) {
+        free(p->gate);
+        p->gate = NULL;
+        return fail(p, PC_PAGER_IO_ERROR, "allocating the Pager's gate");
+    }
+    p->stop_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    p->stats = mmap(NULL, sizeof *p->stats, PROT_READ | PROT_WRITE, MAP_SHARED, stats_fd, 0);
+    if (p->stop_fd < 0 || p->stats == MAP_FAILED) {
+        p->stats = NULL;
+        return fail(p, PC_PAGER_IO_ERROR, "setting up the Pager in QEMU: %s", strerror(errno));
+    }
+    return PC_PAGER_OK;
 }
 
 /* One int64 little-endian message, with an fd attached when fd >= 0. */
@@ -197,7 +227,7 @@ static int64_t published(struct pc_pager *p, const char *ring, const uint32_t *p
 static int populate(struct pc_pager *p, int64_t off, uint64_t len)
 {
     if (madvise(p->ram_map + off, len, MADV_POPULATE_WRITE) == 0) return 0;
-    if (errno != EINVAL) return -1;
+    if (errno != EINVAL || p->in_vmm) return -1;
     /* Hosts before Linux 5.14: allocate in the file; QEMU's fault then maps it. */
     return fallocate(p->ram_fd, 0, off, (off_t)len);
 }
@@ -301,6 +331,16 @@ static int drain_bind(struct pc_pager *p, int *more)
     return (int)n;
 }
 
+/* Gives a free range's memory back to the host.  A shared file is punched;
+ * QEMU's private mapping of a template drops its own copy, and the range
+ * reads the template's page again, which its other users share: the
+ * template's file itself is never written. */
+static int discard(struct pc_pager *p, int64_t off, uint64_t len)
+{
+    if (p->in_vmm) return madvise(p->ram_map + off, len, MADV_DONTNEED);
+    return fallocate(p->ram_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, (off_t)len);
+}
+
 static int by_addr(const void *a, const void *b)
 {
     const struct pc_pager_range *x = a, *y = b;
@@ -332,8 +372,7 @@ static int drain_unbind(struct pc_pager *p, uint64_t now_ns)
                         (unsigned long long)batch[i].len);
     for (int64_t i = 0; i < avail; i++) offs[i] = ram_offset(p, batch[i].addr, batch[i].len);
     for (int64_t i = 0; i < avail; i++) {
-        if (fallocate(p->ram_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offs[i],
-                      (off_t)batch[i].len) < 0)
+        if (discard(p, offs[i], batch[i].len) < 0)
             return fail(p, PC_PAGER_IO_ERROR, "unbinding guest memory: %s", strerror(errno));
         p->stats->unbind_ranges++;
         p->stats->unbind_pages += batch[i].len / PC_PAGER_PAGE_SIZE;
@@ -420,6 +459,8 @@ static void *serve(void *arg)
         if (rc < 0) break;
     }
     if (rc == PC_PAGER_VIOLATION) p->stats->violations++;
+    /* Inside QEMU the shim cannot read this struct: the reason goes to qemu.log. */
+    if (p->in_vmm) fprintf(stderr, "paracell pager: %s\n", p->error);
     uint64_t one = 1;
     if (write(p->abort_fd, &one, sizeof one) < 0) { /* the relay still sees QEMU go */ }
     return NULL;
@@ -427,6 +468,7 @@ static void *serve(void *arg)
 
 int pc_pager_start(struct pc_pager *p)
 {
+    if (!p->ram_map) return PC_PAGER_OK;  /* served inside QEMU (pc_pager_open) */
     /* The thread is born with every signal blocked: signals sent to the shim
      * (SIGWINCH, SIGTERM, ...) must reach its relay's signalfd, never this
      * thread, where SIGTERM's default action would end the whole shim. */
@@ -462,17 +504,20 @@ void pc_pager_close(struct pc_pager *p)
         pthread_join((pthread_t)p->thread, NULL);
         p->running = 0;
     }
-    if (p->ram_map) munmap(p->ram_map, p->ram_size);
+    /* Inside QEMU the RAM mapping and the eventfds are QEMU's, lent. */
+    if (p->ram_map && !p->in_vmm) munmap(p->ram_map, p->ram_size);
     if (p->stats) munmap(p->stats, sizeof *p->stats);
     p->ram_map = NULL;
     p->shm = NULL;
     p->stats = NULL;
     close_fd(&p->ram_fd);
     close_fd(&p->token_fd);
-    close_fd(&p->doorbell_fd);
-    close_fd(&p->irq_fd);
     close_fd(&p->stop_fd);
-    close_fd(&p->abort_fd);
+    if (!p->in_vmm) {
+        close_fd(&p->doorbell_fd);
+        close_fd(&p->irq_fd);
+        close_fd(&p->abort_fd);
+    }
     if (p->gate) {
         pthread_mutex_destroy(p->gate);
         free(p->gate);

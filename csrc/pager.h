@@ -51,14 +51,28 @@ struct pc_pager {
     unsigned long thread;
     int running;
     void *gate;           /* a mutex the thread holds for each wakeup: pc_pager_pause */
+    int in_vmm;           /* serving from inside QEMU (pc_pager_adopt), not from the shim */
     char error[240];
 };
 
 /* Maps guest RAM (ram_fd, ram_size bytes, of which ram_split sit below 4 GiB;
  * the rings are inside it) and the stats file (stats_fd), sizes the token
- * page QEMU's ivshmem wants for BAR2 (token_fd), and makes the eventfds. */
+ * page QEMU's ivshmem wants for BAR2 (token_fd), and makes the eventfds.
+ * With ram_fd -1 the VM's RAM is QEMU's private copy-on-write mapping of a
+ * template (docs/pager.md), served inside QEMU by csrc/ramplugin.c: only the
+ * token page, the stats and the eventfds are made, for the greeting and for
+ * QEMU to inherit; nothing is mapped, and pc_pager_start starts no thread. */
 int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ram_split,
                   int token_fd, int stats_fd);
+
+/* Inside QEMU (csrc/ramplugin.c): serves the rings through QEMU's own mapping
+ * of guest RAM, ram_map, which is private: an UNBIND discards QEMU's copy of
+ * a page (MADV_DONTNEED, so the page reads the template's again and holds no
+ * memory of its own) and a BIND populates one (MADV_POPULATE_WRITE).  The
+ * template's file is never written.  The fds are the shim's, inherited, and
+ * are used as they are (not duplicated); stats_fd is mapped. */
+int pc_pager_adopt(struct pc_pager *p, uint8_t *ram_map, uint64_t ram_size, uint64_t ram_split,
+                   int doorbell_fd, int irq_fd, int abort_fd, int stats_fd);
 /* Queues the ivshmem server's greeting for QEMU on sock_fd, which QEMU gets
  * as `-chardev socket,fd=`: version, QEMU's peer id, the token page, its
  * own vectors, then the host's. */
@@ -82,7 +96,8 @@ void pc_pager_pause(struct pc_pager *p);
  * consumer indices from the rings again, as after a restore: a rollback put
  * back the rings of its checkpoint. */
 void pc_pager_resume(struct pc_pager *p, int reattach);
-/* Stops the thread and releases every fd and mapping. Idempotent. */
+/* Stops the thread and releases every fd and mapping it owns (after
+ * pc_pager_adopt, guest RAM and the eventfds are lent, and stay). Idempotent. */
 void pc_pager_close(struct pc_pager *p);
 
 #endif

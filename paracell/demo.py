@@ -20,9 +20,11 @@ class MemorySampler(threading.Thread):
     """Peak host memory of the VM while it runs: QEMU's RSS, and how much of the
     guest-RAM file is really backed by host pages."""
 
-    def __init__(self, qemu_pid: int, memory_file: Path, state_dir: Path) -> None:
+    def __init__(self, qemu_pid: int, memory_file: Path, memory_bytes: int,
+                 state_dir: Path) -> None:
         super().__init__(daemon=True)
         self.qemu_pid, self.memory_file, self.state_dir = qemu_pid, memory_file, state_dir
+        self.memory_bytes = memory_bytes
         self.peak_rss = self.peak_backed = self.last_backed = 0
         self.pager: dict | None = None
         self.done = threading.Event()
@@ -31,7 +33,7 @@ class MemorySampler(threading.Thread):
         import psutil
 
         from paracell.pager import telemetry
-        from paracell.vmm import memory
+        from paracell.vmm import ramview
 
         try:
             proc = psutil.Process(self.qemu_pid)
@@ -42,12 +44,13 @@ class MemorySampler(threading.Thread):
                 self.peak_rss = max(self.peak_rss, proc.memory_info().rss)
             except psutil.Error:
                 return
-            backed = memory.resident_bytes(self.memory_file)
+            ram = ramview.view(self.memory_file, self.memory_bytes, self.qemu_pid)
+            backed = ram.resident if ram else 0
             if backed:
                 self.last_backed = backed
             self.peak_backed = max(self.peak_backed, backed)
             # The Pager's files go with the VM: keep the last figures seen.
-            self.pager = telemetry.read(self.state_dir, self.memory_file) or self.pager
+            self.pager = telemetry.read(self.state_dir, ram.read if ram else None) or self.pager
             time.sleep(0.02)
 
 
@@ -58,6 +61,7 @@ def _run_once(ctx: Context, manager: str) -> dict[str, float | int | None]:
     began = time.monotonic()
     state = lifecycle.create(run_ctx, container_id, str(EXAMPLE), None, None, detach=False)
     sampler = MemorySampler(state.vm.qemu_pid, Path(state.vm.config.ram_file),
+                            state.vm.config.memory_mib << 20,
                             ctx.store.dir(container_id))
     sampler.start()
     try:

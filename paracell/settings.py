@@ -211,6 +211,17 @@ def xgates_default() -> bool:
     return file_config().get("xgates") is True
 
 
+TEMPLATE_RAM = ("shared", "copied")
+
+
+def template_ram() -> str:
+    """How a VM restored from a template holds its RAM: "shared" maps the
+    template's pages copy-on-write (the default), "copied" gives each VM a
+    copy of its own, as before (docs/templates.md)."""
+    return choice("PARACELL_TEMPLATE_RAM", "template_ram", TEMPLATE_RAM,
+                  "template RAM mode") or "shared"
+
+
 def templates_default() -> bool:
     """Whether creates restore from VM templates unless told otherwise
     (--no-template, io.paracell.template): on unless the file says false."""

@@ -66,13 +66,15 @@ class Runtime:
         return result
 
     def qemu_processes(self) -> list[int]:
-        """QEMU processes whose guest RAM lives in this test's memory directory."""
+        """QEMU processes whose guest RAM lives in this test's memory directory,
+        or (copy-on-write from a template, with no RAM file) whose console
+        log is in its state root."""
         import psutil
 
         found = []
         for proc in psutil.process_iter(["cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "qemu-system" in cmd and str(self.memory_dir) in cmd:
+            if "qemu-system" in cmd and (str(self.memory_dir) in cmd or str(self.root) in cmd):
                 found.append(proc.pid)
         return found
 

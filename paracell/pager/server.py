@@ -7,6 +7,7 @@ punches and populates guest RAM, and never calls back into Python.
 from __future__ import annotations
 
 import os
+import select
 from pathlib import Path
 
 from paracell.errors import ParacellError
@@ -27,28 +28,40 @@ def _create(path: Path) -> int:
 
 
 class PagerServer:
-    """Owns the C server's state; `close` is idempotent and ends the thread."""
+    """Owns the C server's state; `close` is idempotent and ends the thread.
 
-    def __init__(self, ram_path: Path, ram_bytes: int, state_dir: Path) -> None:
+    Without a RAM file (ram_path None) the guest's RAM is QEMU's private
+    copy-on-write mapping of a template, which only QEMU can discard pages
+    of: the rings are then served inside QEMU by its RAM plugin
+    (csrc/ramplugin.c, `plugin_options`), with the eventfds and stats made here."""
+
+    def __init__(self, ram_path: Path | None, ram_bytes: int, state_dir: Path) -> None:
         from paracell._native import ffi, lib
 
         self._ffi, self._lib = ffi, lib
         self._p = ffi.new("struct pc_pager *")
         if ram_bytes > MAX_RAM_BYTES:
             raise ParacellError(f"the Pager serves guests of up to {MAX_RAM_BYTES >> 20} MiB")
-        split = ram_bytes
+        self.ram_bytes = self.split = ram_bytes
+        self.in_vmm = ram_path is None
+        self.stats_fd = -1  # kept for QEMU to inherit, when the Pager runs there
         fds = []
         try:
-            fds.append(os.open(ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC))
+            ram_fd = -1 if ram_path is None else os.open(
+                ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fds.append(ram_fd)
             fds.append(_create(state_dir / TOKEN_FILE))
             fds.append(_create(state_dir / STATS_FILE))
-            if lib.pc_pager_open(self._p, fds[0], ram_bytes, split, fds[1], fds[2]) != 0:
+            if lib.pc_pager_open(self._p, ram_fd, ram_bytes, self.split, fds[1], fds[2]) != 0:
                 raise ParacellError(self.error)
+            if self.in_vmm:
+                self.stats_fd = fds.pop()
         except OSError as err:
             raise ParacellError(f"setting up the Pager: {err}") from None
         finally:
             for fd in fds:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
 
     @property
     def error(self) -> str:
@@ -57,6 +70,23 @@ class PagerServer:
     @property
     def abort_fd(self) -> int:
         return int(self._p.abort_fd)
+
+    def plugin_fds(self) -> tuple[int, ...]:
+        """What QEMU inherits for the Pager in its RAM plugin."""
+        p = self._p
+        return (int(p.doorbell_fd), int(p.irq_fd), int(p.abort_fd), self.stats_fd)
+
+    def plugin_options(self) -> list[str]:
+        """The Pager's part of QEMU's `-plugin` option (csrc/ramplugin.c)."""
+        doorbell, irq, abort, stats = self.plugin_fds()
+        return [f"split={self.split}", f"doorbell={doorbell}", f"irq={irq}", f"abort={abort}",
+                f"stats={stats}"]
+
+    def launched(self) -> None:
+        """QEMU holds its copy of the stats file now."""
+        if self.stats_fd >= 0:
+            os.close(self.stats_fd)
+            self.stats_fd = -1
 
     def greet(self, sock_fd: int) -> None:
         if self._lib.pc_pager_greet(self._p, sock_fd) != 0:
@@ -79,7 +109,11 @@ class PagerServer:
 
     def failure(self) -> str | None:
         """Why the thread stopped on its own, if it did."""
+        if self.in_vmm:
+            aborted = select.select([self.abort_fd], [], [], 0)[0] if self.abort_fd >= 0 else []
+            return "the Pager in QEMU stopped (qemu.log says why)" if aborted else None
         return self.error or None
 
     def close(self) -> None:
+        self.launched()
         self._lib.pc_pager_close(self._p)

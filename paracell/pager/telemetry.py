@@ -1,15 +1,19 @@
 """The Pager's figures for `paracell events --stats`, read straight from the
 host counters its C thread keeps in the container's state directory and from
-the guest's own, in its rings in the guest-RAM file, so no request reaches
-the shim."""
+the guest's own, in its rings in guest RAM (paracell/vmm/ramview.py), so no
+request reaches the shim."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from paracell.pager.server import STATS_FILE
+
+# Reads (offset, size) of guest RAM: paracell.vmm.ramview.GuestRamView.read.
+RamReader = Callable[[int, int], "bytes | None"]
 
 PAGE = 4096
 HOST_FIELDS = ("unbind_ranges", "unbind_pages", "unbind_batches", "bind_ranges", "bind_pages",
@@ -19,13 +23,13 @@ GUEST_FIELDS = ("total_pages", "free_pages", "unbound_pages", "reported_pages",
                 "bind_batches", "inflight_pages")
 
 
-def _read(path: Path, size: int, offset: int = 0) -> bytes | None:
+def _read(path: Path, size: int) -> bytes | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.pread(fd, size, offset)  # a hole reads as zeros, allocating nothing
+        data = os.pread(fd, size, 0)
     except OSError:
         return None
     finally:
@@ -33,14 +37,15 @@ def _read(path: Path, size: int, offset: int = 0) -> bytes | None:
     return data if len(data) == size else None
 
 
-def read(state_dir: Path, ram_path: Path) -> dict[str, Any] | None:
+def read(state_dir: Path, read_ram: RamReader | None) -> dict[str, Any] | None:
     """Host counters, and the guest's own (untrusted: shown, never acted on,
     clamped to the guest's size; zeros until its driver wrote the rings).
     None when this VM has no Pager."""
     from paracell._native import ffi, lib
 
     host_raw = _read(state_dir / STATS_FILE, ffi.sizeof("struct pc_pager_stats"))
-    shm_raw = _read(ram_path, ffi.sizeof("struct pc_pager_shm"), lib.PC_PAGER_RING_GPA)
+    shm_size = ffi.sizeof("struct pc_pager_shm")
+    shm_raw = read_ram(lib.PC_PAGER_RING_GPA, shm_size) if read_ram else None
     if host_raw is None or shm_raw is None:
         return None
     host = ffi.cast("struct pc_pager_stats *", ffi.from_buffer(host_raw))

@@ -25,7 +25,12 @@ if TYPE_CHECKING:
 @reclaimable
 class GuestRam(Device):
     """Guest RAM in a sparse tmpfs file the runtime owns and QEMU maps shared,
-    so that the host can see, and the Pager release, exactly what the guest uses."""
+    so that the host can see, and the Pager release, exactly what the guest uses.
+
+    A VM restored from a template may instead map the template's own RAM
+    file privately (`shared_from`): it shares every page it has not written
+    with the other VMs from that template, and its own pages are anonymous
+    copies in its QEMU (docs/templates.md). It has no RAM file of its own."""
 
     kind = "guest-ram"
     BACKEND_ID = "mem"
@@ -35,6 +40,14 @@ class GuestRam(Device):
         self.path, self.size_mib = path, size_mib
         # For a restore: writes a saved VM's RAM into the new, empty file.
         self.fill: Callable[[int], object] | None = None
+        # For a copy-on-write restore: the template's RAM file, open and checked,
+        # and what the Pager adds to QEMU's RAM plugin (PagerChannel.prepare).
+        self.shared_from = -1
+        self.plugin_options: list[str] = []
+
+    @property
+    def copy_on_write(self) -> bool:
+        return self.shared_from >= 0
 
     def facts(self) -> dict[str, Any]:
         return {"path": str(self.path)}
@@ -43,6 +56,8 @@ class GuestRam(Device):
         return {"size_mib": self.size_mib}
 
     def prepare(self) -> None:
+        if self.copy_on_write:
+            return
         memory.create_at(self.path, self.size_mib)
         if self.fill is None:
             return
@@ -57,10 +72,20 @@ class GuestRam(Device):
             raise
 
     def host_paths(self) -> dict[str, bool]:
-        return {str(self.path): True}
+        return {str(memory.PLUGIN): False} if self.copy_on_write else {str(self.path): True}
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self.shared_from,) if self.copy_on_write else ()
 
     def qemu_args(self) -> list[str]:
         size = f"{self.size_mib}M"
+        if self.copy_on_write:
+            # The file QEMU opens is the one that was checked: the fd it inherits.
+            plugin = ",".join([f"file={memory.PLUGIN}", f"ram={self.shared_from}",
+                               f"size={self.size_mib << 20}", *self.plugin_options])
+            return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
+                    f"mem-path=/proc/self/fd/{self.shared_from},share=off,prealloc=off",
+                    "-plugin", plugin]
         return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
                 f"mem-path={self.path},share=on,prealloc=off,align=2M"]
 
@@ -406,7 +431,11 @@ class PagerChannel(Device):
     def prepare(self) -> None:
         from paracell.pager.server import PagerServer
 
-        self.server = PagerServer(self.ram.path, self.ram.size_mib << 20, self.state_dir)
+        # A copy-on-write RAM's pages can only be discarded by QEMU: served there.
+        self.server = PagerServer(None if self.ram.copy_on_write else self.ram.path,
+                                  self.ram.size_mib << 20, self.state_dir)
+        if self.server.in_vmm:
+            self.ram.plugin_options = self.server.plugin_options()
         try:
             if self._rendezvous is not None:
                 self._rendezvous.listen()
@@ -428,7 +457,8 @@ class PagerChannel(Device):
         self.server.greet(self._host_end.fileno())
 
     def pass_fds(self) -> tuple[int, ...]:
-        return (self._vm_end.fileno(),) if self._vm_end else ()
+        plugin = self.server.plugin_fds() if self.server and self.server.in_vmm else ()
+        return ((self._vm_end.fileno(),) if self._vm_end else ()) + plugin
 
     def qemu_args(self) -> list[str]:
         from paracell._native import lib
@@ -450,6 +480,7 @@ class PagerChannel(Device):
             self._vm_end.close()
             self._vm_end = None
         if self.server:
+            self.server.launched()
             self.server.start()
 
     def started(self, pid: int) -> None:
@@ -462,6 +493,7 @@ class PagerChannel(Device):
         if self.server:
             self.server.close()
             self.server = None
+        self.ram.plugin_options = []
         for sock in (self._host_end, self._vm_end):
             if sock is not None:
                 sock.close()

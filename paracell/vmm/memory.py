@@ -22,6 +22,9 @@ from paracell import settings
 from paracell.linux import MNT_DETACH, libc
 
 TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
+# QEMU loads it for a VM whose RAM is a template's, mapped copy-on-write
+# (csrc/ramplugin.c; setup.py builds it).
+PLUGIN = Path(__file__).resolve().parent.parent / "_qemu_ram_plugin.so"
 
 
 def key_for(root: str, container_id: str) -> str:

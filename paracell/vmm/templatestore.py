@@ -179,7 +179,15 @@ class Template:
     def copy_ram(self, target_fd: int) -> None:
         """The template's RAM into a new VM's RAM file; a TemplateError, and
         nothing a guest may run on, if it is not the RAM that was saved."""
-        if ram_copy(self.ram_fd, target_fd, self.meta["ram_bytes"]) != self.meta["ram_digest"]:
+        self._check(ram_copy(self.ram_fd, target_fd, self.meta["ram_bytes"]))
+
+    def check_ram(self) -> None:
+        """The same check, for a VM that maps the template's RAM itself
+        (copy-on-write): the file QEMU maps is ram_fd's."""
+        self._check(ram_copy(self.ram_fd, -1, self.meta["ram_bytes"]))
+
+    def _check(self, digest: str) -> None:
+        if digest != self.meta["ram_digest"]:
             raise TemplateError(f"template {self.key}: ram does not match its digest (damaged, "
                                 "or not the RAM its device state was saved with)")
 

@@ -146,9 +146,11 @@ class Containerd:
 
         found = [f"state {p}" for p in [self.runc_root / "default" / container_id]
                  if p.exists()]
+        # A VM restored copy-on-write has no RAM file: its console log is in the state root.
+        ours = (str(self.memory_dir), str(self.runc_root))
         found += [f"qemu pid {proc.pid}" for proc in psutil.process_iter(["cmdline"])
                   if "qemu-system" in " ".join(proc.info["cmdline"] or [])
-                  and str(self.memory_dir) in " ".join(proc.info["cmdline"] or [])]
+                  and any(mark in " ".join(proc.info["cmdline"] or []) for mark in ours)]
         found += [f"RAM file {p}" for p in (self.memory_dir.glob("*") if
                                             self.memory_dir.exists() else [])]
         found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/default/{container_id}")]

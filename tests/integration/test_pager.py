@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from paracell.bench import programs
+from paracell.vmm import ramview
 from tests.conftest import PARACELL
 
 pytestmark = pytest.mark.integration
@@ -43,17 +44,17 @@ def _with(annotations: dict[str, str], writable_sys: bool = False) -> Callable[[
     return mutate
 
 
-def _ram_file(runtime) -> Path:
-    files = list(runtime.memory_dir.glob("*.mem"))
-    assert len(files) == 1, files
-    return files[0]
+def held_by(runtime, cid: str) -> int:
+    """What the host holds of the container's guest RAM for it alone: its RAM
+    file's blocks, or, restored copy-on-write, the pages its QEMU copied."""
+    vm = json.loads((runtime.root / cid / "state.json").read_text())["vm"]
+    ram = ramview.view(Path(vm["config"]["ram_file"]), vm["config"]["memory_mib"] * MIB,
+                       vm["qemu_pid"])
+    assert ram is not None, vm
+    return ram.resident
 
 
-def _resident(path: Path) -> int:
-    return path.stat().st_blocks * 512
-
-
-def _popen_run(runtime, bundle: Path, cid: str) -> subprocess.Popen[bytes]:
+def popen_run(runtime, bundle: Path, cid: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([PARACELL, "--root", str(runtime.root), "run", "--bundle",
                              str(bundle), cid], env=runtime.env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -62,7 +63,7 @@ def _popen_run(runtime, bundle: Path, cid: str) -> subprocess.Popen[bytes]:
 def _run_until(runtime, bundle: Path, cid: str, last: bytes) -> tuple[list[str], dict]:
     """Runs the container until it prints a line starting with `last`, then
     reads its Pager figures while it still runs, and kills it."""
-    proc = _popen_run(runtime, bundle, cid)
+    proc = popen_run(runtime, bundle, cid)
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:
@@ -79,19 +80,20 @@ def _run_until(runtime, bundle: Path, cid: str, last: bytes) -> tuple[list[str],
 BURST = [PAGERLOAD, "burst", "128", "200", "1500"]  # 128 MiB, held 200 ms, then 1.5 s idle
 
 
-def _returned_within_a_second(runtime, proc: subprocess.Popen[bytes], label: str) -> float:
+def returned_within_a_second(runtime, proc: subprocess.Popen[bytes], cid: str,
+                             label: str) -> float:
     """Of the burst's 128 MiB, what left the host within 1 s of its free;
     read up to that point of the container's output."""
     before = dropped = elapsed = 0.0
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith(b"allocated"):
-            before = _resident(_ram_file(runtime))
+            before = held_by(runtime, cid)
             assert before >= 128 * MIB
         elif line.startswith(b"freed"):
             t0 = time.monotonic()
             while time.monotonic() - t0 < 1.0:
-                dropped = before - _resident(_ram_file(runtime))
+                dropped = before - held_by(runtime, cid)
                 if dropped >= 0.9 * 128 * MIB:
                     break
                 time.sleep(0.005)
@@ -107,8 +109,8 @@ def test_freed_memory_leaves_the_host_only_with_the_pager(runtime, make_bundle, 
                                                           manager):
     bundle = make_bundle(BURST, rootfs=pager_rootfs,
                          mutate=_with({"io.paracell.memory-manager": manager}))
-    proc = _popen_run(runtime, bundle, "r")
-    dropped = _returned_within_a_second(runtime, proc, manager)
+    proc = popen_run(runtime, bundle, "r")
+    dropped = returned_within_a_second(runtime, proc, "r", manager)
     assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
     if manager == "pager":
         assert dropped >= 0.9 * 128 * MIB
@@ -130,9 +132,9 @@ def test_a_pager_vm_restored_from_a_template_reclaims_and_binds(runtime, make_bu
     seed = json.loads((runtime.root / "seed" / "state.json").read_text())["vm"]
     assert seed["template"].startswith("saved "), seed["template"]
     runtime("delete", "--force", "seed", check=True)
-    proc = _popen_run(runtime, bundle, "warm")
+    proc = popen_run(runtime, bundle, "warm")
     try:
-        dropped = _returned_within_a_second(runtime, proc, "restored")
+        dropped = returned_within_a_second(runtime, proc, "warm", "restored")
         assert proc.stdout is not None
         assert any(line.startswith(b"again") for line in proc.stdout)
         warm = json.loads((runtime.root / "warm" / "state.json").read_text())["vm"]

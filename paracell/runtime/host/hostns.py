@@ -185,6 +185,7 @@ class HostIsolation:
     readonly: list[str] = field(default_factory=list)
     # QEMU's own root (vmm/qemu/jail.py), planned once the shim is jailed.
     qemu_root: Any = None
+    _shim_jailed: bool = False
 
     # -- in the process that forks the shim ---------------------------------
 
@@ -237,11 +238,15 @@ class HostIsolation:
             _unshare(CLONE_NEWCGROUP, "cgroup namespace")
 
     def jail(self, qemu_paths: dict[str, bool], state_dir: str) -> None:
-        """The mount namespace, once the devices' host resources exist; and
-        the plan of QEMU's own root inside it, from the paths QEMU opens."""
+        """The mount namespace, the first time, once the devices' host
+        resources exist; and for each QEMU launched, the plan of its own root
+        inside it, from the paths it opens (a cold boot after a failed
+        copy-on-write restore opens a RAM file that one did not)."""
         from paracell.vmm.qemu import jail
 
-        self._jail_shim()
+        if not self._shim_jailed:
+            self._jail_shim()
+            self._shim_jailed = True
         if "mount" in self.namespaces.new:
             self.qemu_root = jail.plan_for(qemu_paths, state_dir)
 

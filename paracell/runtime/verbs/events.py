@@ -35,7 +35,7 @@ def _qemu_figures(state: ContainerState) -> dict[str, int]:
 
 def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     from paracell.pager import telemetry
-    from paracell.vmm import memory
+    from paracell.vmm import ramview
 
     state = ctx.store.load(container_id)
     if not status.stands_for_a_process(state.status):
@@ -43,14 +43,11 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     if not state.vm.config.ram_file:
         raise ParacellError(f"container {container_id} has no VM of its own: a pod member's "
                             "figures are its sandbox's")
-    ram_path = Path(state.vm.config.ram_file)
-    resident = memory.resident_bytes(ram_path)
-    try:
-        limit = ram_path.stat().st_size
-    except OSError:
-        limit = 0
     qemu = _qemu_figures(state)
-    pager = telemetry.read(ctx.store.dir(container_id), ram_path)
+    ram = ramview.view(Path(state.vm.config.ram_file), state.vm.config.memory_mib << 20,
+                       state.vm.qemu_pid if qemu else None)
+    resident, limit = (ram.resident, ram.size) if ram else (0, 0)
+    pager = telemetry.read(ctx.store.dir(container_id), ram.read if ram else None)
     guest = pager["guest"] if pager else {}
     # The guest's own figures: clamped, since a hostile guest may write anything.
     used = max(guest["total_pages"] - guest["free_pages"], 0) * PAGE if guest else None
@@ -64,6 +61,8 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
         "bound_bytes": resident,
         "unbound_bytes": max(limit - resident, 0),
         "qemu_rss_bytes": qemu.get("rss"),
+        # Copy-on-write from a template: resident counts the VM's own pages only.
+        "template_shared": bool(ram and ram.shared),
     }
     if pager:
         host = pager["host"]

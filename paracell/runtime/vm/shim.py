@@ -86,7 +86,6 @@ class Shim:
         self.untrusted = False
         # The creator's service that moves a host pid into the container's cgroup.
         self.place: Callable[[int], None] | None = None
-        self._jailed = False
         self.snapshots: SnapshotService | None = None  # in snapshot mode
 
     def _debug(self, msg: str) -> None:
@@ -223,13 +222,12 @@ class Shim:
     def _launch(self, incoming: bool, paused: bool = False) -> Vm:
         """QEMU, booting or (incoming) waiting for a saved state. The shim's
         jail is made once, by the first launch that gets that far; a
-        relaunch (a restore that failed) runs in it."""
+        relaunch (a restore that failed) runs in it, with a root of its own."""
         plan, iso = self.plan, self.plan.isolation
 
         def jail() -> None:
-            if iso is not None and not self._jailed:
+            if iso is not None:
                 iso.jail(plan.vm.builder.host_paths(), str(plan.state_dir))
-                self._jailed = True
 
         def settle(pid: int) -> None:
             # A QEMU that is libvirtd's child starts in libvirt's cgroup: it

@@ -2,9 +2,9 @@
 (paracell/vmm/templatestore.py, docs/templates.md).
 
 The shim asks here for its VM. If the store holds a template of the VM's
-shape, the new QEMU waits for it (`-incoming defer`) on a copy of its RAM
-, loads its device state and runs on from the
-agent's READY: the SANDBOX that follows makes it this sandbox's. Otherwise
+shape, the new QEMU waits for it (`-incoming defer`) on its RAM, mapped
+copy-on-write (or copied: settings.template_ram), loads its device state
+and runs on from the agent's READY: the SANDBOX that follows makes it this sandbox's. Otherwise
 the VM boots cold, and once its agent is READY, before anything of the
 sandbox reaches it, it is saved as the template for the next create.
 
@@ -85,9 +85,9 @@ class Templating:
             self._debug(f"no template {self.slot.key} yet: booting cold")
             return None
         began = time.monotonic()
-        self._arm(found)
         vm = None
         try:
+            self._arm(found)
             vm = self._launch(True)
             launched = time.monotonic()
             self.hypervisor.restore(found.state_fd)
@@ -99,8 +99,9 @@ class Templating:
             found.close()
         # The slot stays until the guest has answered the SANDBOX (attached).
         self.outcome = f"restored {found.key}"
+        how = "RAM shared" if self.vm.ram.copy_on_write else "RAM copied"
         self._debug(f"restored from template {found.key} in "
-                    f"{time.monotonic() - began:.3f} s (RAM copied and QEMU started in "
+                    f"{time.monotonic() - began:.3f} s ({how} and QEMU started in "
                     f"{launched - began:.3f} s)")
         return vm
 
@@ -135,12 +136,31 @@ class Templating:
 
     def _arm(self, found: templatestore.Template) -> None:
         """The devices start from the template: its RAM, its NICs' MACs."""
-        self.vm.ram.fill = found.copy_ram
+        if self._shares_ram():
+            found.check_ram()
+            self.vm.ram.shared_from = found.ram_fd
+        else:
+            self.vm.ram.fill = found.copy_ram
         if self.vm.nics is not None:
             self.vm.nics.device_macs = found.macs
 
+    def _shares_ram(self) -> bool:
+        """Copy-on-write RAM, unless told otherwise or unless something else
+        needs a RAM file of the VM's own: snapshot mode's checkpoints read and
+        rewrite it, and QEMU 7.2's balloon would punch a discarded page out of
+        the file a private mapping maps, the template's own."""
+        from paracell import settings
+
+        try:
+            shared = settings.template_ram() == "shared"
+        except ParacellError as err:
+            self._log(f"templates: {err}; copying the template's RAM")
+            shared = False
+        return shared and self.vm.rootdisk is None and self.vm.config.memory_manager != "balloon"
+
     def _disarm(self) -> None:
         self.vm.ram.fill = None
+        self.vm.ram.shared_from = -1
         if self.vm.nics is not None:
             self.vm.nics.device_macs = None
 
