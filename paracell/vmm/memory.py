@@ -27,6 +27,21 @@ TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
 PLUGIN = Path(__file__).resolve().parent.parent / "_qemu_ram_plugin.so"
 
 
+def plugin_loads(qemu: str) -> bool:
+    """Whether this QEMU loads the RAM plugin (Debian's is built with plugins;
+    a build without --enable-plugins is not): asked to load it with no
+    arguments, the plugin refuses in its own words, and QEMU exits at once."""
+    import subprocess
+
+    try:
+        out = subprocess.run([qemu, "-display", "none", "-nodefaults", "-M", "none",
+                              "-plugin", f"file={PLUGIN}"], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "paracell ram plugin:" in out.stderr
+
+
 def key_for(root: str, container_id: str) -> str:
     """One per (state root, id), since containerd namespaces may reuse an id;
     of fixed length, since an id may be 255 bytes long."""

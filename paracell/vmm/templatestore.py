@@ -3,7 +3,8 @@ one sandbox's, and restored in place of a cold boot (docs/templates.md).
 
 A template is a directory of the template store named by its key:
   meta.json     format, key, the shape it was keyed from, sizes, device MACs,
-                and the digests of the other two, written last
+                whether its RAM may be mapped copy-on-write, and the digests
+                of the other two, written last
   device.state  QEMU's device state (Hypervisor.save: RAM is not in it)
   ram           guest RAM, sparse: only what the guest had touched
 The key hashes everything a restore needs to match (VmBuilder.shape): the
@@ -176,6 +177,10 @@ class Template:
     def macs(self) -> list[str]:
         return list(self.meta["macs"])
 
+    @property
+    def shareable(self) -> bool:
+        return self.meta.get("shareable") is True
+
     def copy_ram(self, target_fd: int) -> None:
         """The template's RAM into a new VM's RAM file; a TemplateError, and
         nothing a guest may run on, if it is not the RAM that was saved."""
@@ -207,6 +212,8 @@ class Capture:
     ram: Path
     ram_bytes: int
     macs: list[str]
+    # Whether VMs may map its RAM copy-on-write: this QEMU loads the RAM plugin.
+    shareable: bool = False
 
 
 class TemplateStore:
@@ -344,7 +351,8 @@ class TemplateStore:
                 ram_digest = _copy_ram_new(capture.ram, tmp / RAM, capture.ram_bytes)
                 meta = {"format": FORMAT, "key": key, "shape": shape, "created": time.time(),
                         "ram_bytes": capture.ram_bytes, "macs": capture.macs,
-                        "state_sha256": state_sha256, "ram_digest": ram_digest}
+                        "state_sha256": state_sha256, "ram_digest": ram_digest,
+                        "shareable": capture.shareable}
                 # Last: a template is whole once its digests are written.
                 fd = os.open(tmp / META, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600)

@@ -21,7 +21,7 @@ from typing import Any
 
 from paracell.errors import ParacellError
 from paracell.runtime.vm.vmplan import PlannedVm
-from paracell.vmm import templatestore
+from paracell.vmm import memory, templatestore
 from paracell.vmm.builder import Vm
 from paracell.vmm.hypervisor import Hypervisor
 
@@ -136,7 +136,7 @@ class Templating:
 
     def _arm(self, found: templatestore.Template) -> None:
         """The devices start from the template: its RAM, its NICs' MACs."""
-        if self._shares_ram():
+        if found.shareable and self._shares_ram():
             found.check_ram()
             self.vm.ram.shared_from = found.ram_fd
         else:
@@ -148,7 +148,8 @@ class Templating:
         """Copy-on-write RAM, unless told otherwise or unless something else
         needs a RAM file of the VM's own: snapshot mode's checkpoints read and
         rewrite it, and QEMU 7.2's balloon would punch a discarded page out of
-        the file a private mapping maps, the template's own."""
+        the file a private mapping maps, the template's own. Under TCG only:
+        the plugin that serves the Pager is TCG's (docs/templates.md)."""
         from paracell import settings
 
         try:
@@ -156,7 +157,9 @@ class Templating:
         except ParacellError as err:
             self._log(f"templates: {err}; copying the template's RAM")
             shared = False
-        return shared and self.vm.rootdisk is None and self.vm.config.memory_manager != "balloon"
+        config = self.vm.config
+        return shared and self.vm.rootdisk is None and config.memory_manager != "balloon" \
+            and config.engine == "tcg"
 
     def _disarm(self) -> None:
         self.vm.ram.fill = None
@@ -173,7 +176,8 @@ class Templating:
         ram, nics = self.vm.ram, self.vm.nics
         capture = templatestore.Capture(
             save_state=self.hypervisor.save, ram=ram.path, ram_bytes=ram.size_mib << 20,
-            macs=nics.macs() if nics is not None else [])
+            macs=nics.macs() if nics is not None else [],
+            shareable=memory.plugin_loads(self.vm.builder.machine.qemu))
         began = time.monotonic()
         try:
             saved = slot.store.save(slot.key, slot.shape, capture)
