@@ -524,17 +524,20 @@ def bench_pod(rounds: int, output: str) -> None:
 @click.option("--rounds", default=None, type=int,
               help="rounds, runtimes alternating first [default: 2, or 1 with --quick]")
 @click.option("--quick", is_flag=True, help="5 sandboxes, a 10 s window, one round")
+@click.option("--curve", default=0, type=int,
+              help="then start up to N copy-on-write sandboxes, memory against count [0: off]")
 @click.option("--output", "-o", default="bench-results/density.json")
 def bench_density(count: int | None, window_s: float | None, rounds: int | None, quick: bool,
-                  output: str) -> None:
+                  curve: int, output: str) -> None:
     """N idle sandboxes: host CPU, memory and start time per sandbox, vs runc."""
     from paracell.bench import density as bench_density_mod
 
     count, window_s, rounds = bench_density_mod.plan(quick, count, window_s, rounds)
-    if not (1 <= count <= 200 and 0 < window_s <= 600 and 1 <= rounds <= 20):
+    if not (1 <= count <= 200 and 0 < window_s <= 600 and 1 <= rounds <= 20
+            and 0 <= curve <= 200):
         raise ParacellError("paracell bench density: --count 1..200, --window in (0, 600], "
-                            "--rounds 1..20")
-    click.echo(bench_density_mod.run(_ctx(), count, window_s, rounds, output))
+                            "--rounds 1..20, --curve 0..200")
+    click.echo(bench_density_mod.run(_ctx(), count, window_s, rounds, output, curve))
 
 
 @bench.command("start")

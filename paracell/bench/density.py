@@ -1,6 +1,12 @@
 """`paracell bench density`: N idle sandboxes (`sleep`) at once, and what
 each costs the host while it idles, against the same N under runc.
 
+ParaCell runs three ways: cold, from the shape's template with RAM mapped
+copy-on-write (the default), and from it with RAM copied (as before). The
+copy-on-write round also has each sandbox write 32 MiB of its own, and
+measures what that adds; `--curve N` starts up to N copy-on-write sandboxes
+and records host memory against the count.
+
 Per sandbox: host CPU over a fixed window once all N are up (utime + stime
 from /proc/PID/stat of every process the sandbox holds: the shim and QEMU
 for ParaCell, the container's process for runc), host memory as PSS (so
@@ -33,9 +39,18 @@ from paracell.bench.plot import save_figure
 from paracell.runtime.context import Context
 from paracell.vmm import probe
 
-# ParaCell runs twice: cold, and from the shape's template (docs/templates.md).
+# ParaCell runs three ways: cold, and from the shape's template with its RAM
+# shared copy-on-write or copied (docs/templates.md).
 TEMPLATED = "paracell_template"
+COPIED = "paracell_template_copied"
 GOAL_CPU_PCT = 0.5  # of one core, per idle sandbox
+GOAL_SHARED_MIB = 40.0  # per idle sandbox from a template, copy-on-write
+WRITE_MIB = 32  # what each copy-on-write sandbox writes of its own
+# Its growth may differ from what it wrote by this much: the guest's own
+# page cache and allocator move a little either way.
+WRITE_TOLERANCE = 0.10
+WRITE_ARGS = ["dd", "if=/dev/zero", "of=/dev/shm/own", "bs=1M", f"count={WRITE_MIB}"]
+CURVE_POINTS = (1, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200)
 # After the last start, before the window: the last guest's boot-time work
 # (its first page-reporting passes, the agent's start) is not idling yet.
 SETTLE_S = 5.0
@@ -62,6 +77,8 @@ class Round:
     pss_mib: list[float]
     wakeups_per_s: list[float]
     memory_manager: str  # ParaCell's, as its VMs ran; "unknown" for runc
+    # Copy-on-write only: each sandbox's PSS after it wrote WRITE_MIB of its own.
+    written_pss_mib: list[float] = field(default_factory=list)
 
 
 def plan(quick: bool, count: int | None, window_s: float | None,
@@ -124,11 +141,16 @@ class Runner:
     """Starts, finds and deletes one runtime's sandboxes."""
 
     def __init__(self, runtime: str, cmd: list[str], bundle: Path,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, writes: bool = False):
         self.runtime = runtime
         self.cmd = cmd  # the runtime's argv up to the verb, with its --root
         self.bundle = bundle
         self.env = env
+        self.writes = writes  # the round ends with each sandbox writing WRITE_MIB
+
+    def write(self, cid: str) -> None:
+        common.run_checked([*self.cmd, "exec", cid, *WRITE_ARGS], env=self.env,
+                           stdin=subprocess.DEVNULL)
 
     def start(self, cid: str) -> float:
         return common.time_call(lambda: common.run_detached(
@@ -175,8 +197,16 @@ def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
         wakeups = [_switches_between(b[1], a[1]) / elapsed
                    for a, b in zip(after, before, strict=True)]
         pss = [common.pss_of_tree([s.pids[0]]) / (1 << 20) for s in sandboxes]
-        return Round(runner.runtime, sandboxes, cpu, pss, wakeups,
+        done = Round(runner.runtime, sandboxes, cpu, pss, wakeups,
                      _memory_manager(sandboxes[0].pids))
+        if runner.writes:
+            _say(f"{runner.runtime}: each sandbox writes {WRITE_MIB} MiB of its own")
+            for s in sandboxes:
+                runner.write(s.cid)
+            time.sleep(SETTLE_S)
+            done.written_pss_mib = [common.pss_of_tree([s.pids[0]]) / (1 << 20)
+                                    for s in sandboxes]
+        return done
     finally:
         _say(f"{runner.runtime}: deleting {len(attempted)} sandbox(es)")
         for cid in attempted:
@@ -201,22 +231,64 @@ def _figures(rounds: list[Round]) -> dict[str, Any]:
             "pss_mib": r.pss_mib,
             "wakeups_per_s": r.wakeups_per_s,
             "pids": [s.pids for s in r.sandboxes],
+            **({"written_pss_mib": r.written_pss_mib} if r.written_pss_mib else {}),
         } for r in rounds],
+        **({"growth_mib_per_writer": common.summarize(
+            [statistics.median(w - i for w, i in zip(r.written_pss_mib, r.pss_mib, strict=True))
+             for r in rounds], "mib")} if rounds[0].written_pss_mib else {}),
     }
 
 
-def goals(results: dict[str, Any]) -> list[tuple[str, bool]]:
+def goals(results: dict[str, Any], template_mib: float, count: int) -> list[tuple[str, bool]]:
     cpu = results["paracell"]["cpu_pct_per_sandbox"]["median_pct"]
     met = [(f"host CPU per idle sandbox {cpu:.3f}% of a core (goal <= {GOAL_CPU_PCT}%)",
             cpu <= GOAL_CPU_PCT)]
     cold = results["paracell"]["pss_mib_per_sandbox"]["median_mib"]
-    warm = results[TEMPLATED]["pss_mib_per_sandbox"]["median_mib"]
-    met.append((f"host memory per sandbox from a template {warm:.1f} MiB, cold {cold:.1f} "
-                "MiB (goal: no more)", warm <= cold))
+    copied = results[COPIED]["pss_mib_per_sandbox"]["median_mib"]
+    shared = results[TEMPLATED]["pss_mib_per_sandbox"]["median_mib"]
+    # The template's RAM file is paid once, whoever maps it: its share counts.
+    with_template = shared + template_mib / count
+    met.append((f"host memory per idle sandbox from a template, copy-on-write: "
+                f"{with_template:.1f} MiB ({shared:.1f} PSS + {template_mib:.1f} MiB template "
+                f"/ {count}) (goal <= {GOAL_SHARED_MIB:.0f} MiB); copied {copied:.1f}, cold "
+                f"{cold:.1f}", with_template <= GOAL_SHARED_MIB))
+    growth = results[TEMPLATED]["growth_mib_per_writer"]["median_mib"]
+    met.append((f"a copy-on-write sandbox that writes {WRITE_MIB} MiB grows by {growth:.1f} MiB "
+                f"(goal: {WRITE_MIB} MiB and no more, within {WRITE_TOLERANCE:.0%})",
+                abs(growth - WRITE_MIB) <= WRITE_MIB * WRITE_TOLERANCE))
     return met
 
 
-def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> str:
+def _template_mib(store: Path) -> float:
+    """The RAM files of the run's template store: what the templates hold on the host."""
+    return sum(p.stat().st_blocks * 512 for p in store.glob("*/ram")) / (1 << 20)
+
+
+def _curve(runner: Runner, top: int, tag: str) -> list[dict[str, float]]:
+    """Starts copy-on-write sandboxes one by one up to `top`, and at each
+    point of CURVE_POINTS (and at top) the host memory of all of them."""
+    points, attempted = [], []
+    marks = {n for n in CURVE_POINTS if n <= top} | {top}
+    try:
+        for i in range(top):
+            cid = f"{tag}-{i}"
+            attempted.append(cid)
+            runner.start(cid)
+            if i + 1 in marks:
+                time.sleep(SETTLE_S)
+                pss = common.pss_of_tree([runner.pid(c) for c in attempted]) / (1 << 20)
+                points.append({"count": i + 1, "pss_mib": pss, "per_sandbox_mib": pss / (i + 1)})
+                _say(f"curve: {i + 1} up, {pss:.0f} MiB PSS in all, "
+                     f"{pss / (i + 1):.1f} MiB each")
+    finally:
+        _say(f"curve: deleting {len(attempted)} sandbox(es)")
+        for cid in attempted:
+            runner.delete(cid)
+    return points
+
+
+def run(ctx: Context, count: int, window_s: float, rounds: int, output: str,
+        curve: int = 0) -> str:
     runc = common.oci_runtime("runc")
     if runc is None:
         raise RuntimeError("bench density needs runc (Debian's `runc`) for its floor")
@@ -232,9 +304,13 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
     # A template store of the run's own, built before the first round.
     env = dict(os.environ, PARACELL_TEMPLATES=str(base / "templates"))
     common.run_checked([*paracell, "template", "build", "--for", str(bundle)], env=env)
-    runners[TEMPLATED] = Runner(TEMPLATED, paracell, bundle, env)
+    template_mib = _template_mib(base / "templates")
+    runners[TEMPLATED] = Runner(TEMPLATED, paracell, bundle,
+                                dict(env, PARACELL_TEMPLATE_RAM="shared"), writes=True)
+    runners[COPIED] = Runner(COPIED, paracell, bundle, dict(env, PARACELL_TEMPLATE_RAM="copied"))
     names = tuple(runners)
     done: dict[str, list[Round]] = {name: [] for name in names}
+    points: list[dict[str, float]] = []
     _say(f"{count} idle sandboxes per runtime, {rounds} round(s), state under {base}")
     try:
         with common.sigterm_as_interrupt():
@@ -244,6 +320,9 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
                     _say(f"round {r + 1}/{rounds}: {name}")
                     done[name].append(_one_round(runners[name], count, window_s,
                                                  f"density-{os.getpid()}-{r}"))
+            if curve:
+                _say(f"curve: up to {curve} copy-on-write sandboxes")
+                points = _curve(runners[TEMPLATED], curve, f"curve-{os.getpid()}")
     finally:
         left = {name: runner.leftovers() for name, runner in runners.items()}
         if any(left.values()):
@@ -251,17 +330,19 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
             raise RuntimeError(f"bench density: still listed after delete: {left} (in {base})")
         shutil.rmtree(base, ignore_errors=True)
     results = {name: _figures(done[name]) for name in names}
-    met = goals(results)
+    met = goals(results, template_mib, count)
     result = {
         "benchmark": "idle sandboxes: host CPU, memory and start time per sandbox",
         "engine": engine,
         "memory_manager": done["paracell"][0].memory_manager,
         "count": count, "window_s": window_s, "rounds": rounds, "args": SLEEP_ARGS,
+        "template_ram_mib": template_mib, "write_mib": WRITE_MIB,
         "results": results,
+        "curve": points,
         "goals": [{"goal": text, "met": ok} for text, ok in met],
     }
     path = common.write_result(output, result)
-    _plot(results, count, path.with_suffix(".png"))
+    _plot(results, count, points, path.with_suffix(".png"))
     lines = []
     for name in names:
         fig = results[name]
@@ -271,18 +352,24 @@ def run(ctx: Context, count: int, window_s: float, rounds: int, output: str) -> 
             f"{fig['wakeups_per_s_per_sandbox']['median_per_s']:.1f} wakeups/s per sandbox; "
             f"start {count} took {fig['nth_start_s']['median_s']:.2f} s "
             f"(the first {fig['first_start_s']['median_s']:.2f} s)")
+    if points:
+        last = points[-1]
+        lines.append(f"curve: {last['count']} copy-on-write sandboxes hold "
+                     f"{last['pss_mib']:.0f} MiB PSS, {last['per_sandbox_mib']:.1f} MiB each")
     lines += [f"{text}: {'met' if ok else 'NOT met'}" for text, ok in met]
     return "\n".join([*lines, f"-> {path}"])
 
 
-def _plot(results: dict[str, Any], count: int, output: Path) -> Path:
+def _plot(results: dict[str, Any], count: int, points: list[dict[str, float]],
+          output: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
-    colours = {"paracell": "#4c72b0", "runc": "#6c757d", TEMPLATED: "#2a9d8f"}
+    fig, axes = plt.subplots(1, 4 if points else 3, figsize=(16 if points else 12, 3.6))
+    colours = {"paracell": "#4c72b0", "runc": "#6c757d", TEMPLATED: "#2a9d8f",
+               COPIED: "#e9c46a"}
     names = list(results)
     for ax, key, unit, label in (
             (axes[0], "cpu_pct_per_sandbox", "pct", "% of a core per sandbox"),
@@ -302,5 +389,10 @@ def _plot(results: dict[str, Any], count: int, output: Path) -> Path:
     axes[2].set_xlabel("sandbox (the ones before it running)")
     axes[2].set_ylabel("start, s")
     axes[2].legend()
+    if points:
+        axes[3].plot([p["count"] for p in points], [p["pss_mib"] for p in points], marker="o",
+                     color=colours[TEMPLATED])
+        axes[3].set_xlabel("copy-on-write sandboxes running")
+        axes[3].set_ylabel("MiB PSS, all of them")
     fig.suptitle(f"{count} idle sandboxes")
     return save_figure(fig, output)

@@ -46,11 +46,16 @@ def _assert_nothing_left(runtime, state: Path, pids: list[int]) -> None:
 def test_two_sandboxes_per_runtime_give_both_runtimes_figures_and_leave_nothing(
         runtime, tmp_path):
     out = tmp_path / "density.json"
-    done = subprocess.run(_bench(out, "--count", "2", "--window", "1"), env=runtime.env,
+    done = subprocess.run(_bench(out, "--count", "2", "--window", "1", "--curve", "2"),
+                          env=runtime.env,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
-    assert set(result["results"]) == {"paracell", "paracell_template", "runc"}
+    assert set(result["results"]) == {"paracell", "paracell_template",
+                                      "paracell_template_copied", "runc"}
+    # The copy-on-write round also measured its sandboxes after each wrote its own.
+    assert len(result["results"]["paracell_template"]["rounds"][0]["written_pss_mib"]) == 2
+    assert [p["count"] for p in result["curve"]] == [1, 2]
     assert result["count"] == 2 and result["memory_manager"] in ("pager", "balloon", "none")
     pids = []
     for name, figures in result["results"].items():
@@ -62,10 +67,10 @@ def test_two_sandboxes_per_runtime_give_both_runtimes_figures_and_leave_nothing(
         # ParaCell's sandbox is its shim and QEMU at least; runc's is the container's process.
         assert all(len(tree) >= (1 if name == "runc" else 2) for tree in only_round["pids"])
         pids += [pid for tree in only_round["pids"] for pid in tree]
-    for goal in result["goals"]:  # idle CPU, and a restored sandbox's memory
+    for goal in result["goals"]:  # idle CPU, a restored sandbox's memory, and a writer's
         assert isinstance(goal["met"], bool)
         assert f"{goal['goal']}: {'met' if goal['met'] else 'NOT met'}" in done.stdout
-    assert len(result["goals"]) == 2
+    assert len(result["goals"]) == 3
     assert out.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     _assert_nothing_left(runtime, _state_dir(done.stderr), pids)
 
