@@ -91,7 +91,8 @@ CONFIG_FILE = "/etc/paracell/config.json"
 # Every key the file takes, with its type. docs/runtime.md lists them
 # (tests/unit/test_settings.py holds the two to each other).
 CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
-                                "pod_memory_mib": int, "templates": bool, "xgates": bool,
+                                "pod_memory_mib": int, "templates": bool, "template_ram": str,
+                                "xgates": bool,
                                 "vmm": str, "libvirt_uri": str}
 MAX_CONFIG_FILE = 65536
 # Parsed once per process, unless the file changes: every getter asks.

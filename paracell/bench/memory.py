@@ -1,10 +1,17 @@
 """`paracell bench memory`: the Pager, virtio-balloon free page reporting and
-no memory manager (RunV's behaviour), side by side in one run, interleaved.
+no memory manager (RunV's behaviour), side by side in one run, interleaved,
+and the Pager again on a VM restored copy-on-write from a template
+(`pager_template`), where it runs inside QEMU (docs/templates.md).
 
 Each run boots a real container whose workload (paracell/bench/programs/
 pagerload.c) prints one line per event, with the guest's own figure of what
-its allocator holds. The host samples the guest-RAM file's allocated blocks
-every few milliseconds: that is the memory the host really holds.
+its allocator holds. The host samples what it holds of guest RAM every few
+milliseconds: the guest-RAM file's allocated blocks, or, copy-on-write, the
+pages of the template's mapping QEMU has (its own and the template's it maps,
+as a cold VM's file holds both kinds; paracell/vmm/ramview.py), then QEMU's
+RssAnon moving from there, which is cheap enough to read that often. A
+copy-on-write VM's host faults per page count the Pager's own populating,
+which runs in QEMU there (in the shim for a cold VM).
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from paracell.procfs import cpu_ns, page_faults
 from paracell.runtime.bundle import defaultspec
 from paracell.runtime.context import Context
 
-MANAGERS = ("pager", "balloon", "none")
+MANAGERS = ("pager", "balloon", "none", "pager_template")
+# The Pager's figures on a VM restored copy-on-write may be this much worse
+# than on a cold one's and still count as no worse: runs here differ by more.
+TEMPLATE_SLACK = 1.25
 GUEST_MIB = 512
 MIB = 1 << 20
 PAGERLOAD = "/usr/local/bin/pagerload"
@@ -77,12 +87,52 @@ def _bundle(name: str, args: list[str], rootfs: Path) -> Path:
     return bundle
 
 
-def _sample(path_of: Path, out: list[tuple[float, int]], stop: threading.Event) -> None:
-    while not stop.is_set():
+class HeldMemory:
+    """What the host holds of one container's guest RAM, read every SAMPLE_S."""
+
+    def __init__(self, cid: str, ram_file: Path) -> None:
+        self.cid, self.ram_file = cid, ram_file
+        self.qemu = 0
+        self.base: tuple[int, int] | None = None  # (own pages, RssAnon) when first seen
+
+    def now(self) -> int | None:
         try:
-            out.append((time.monotonic(), os.stat(path_of).st_blocks * 512))
+            return os.stat(self.ram_file).st_blocks * 512
         except OSError:
             pass
+        if not self.qemu:
+            self.qemu = _pids(self.cid)[0]
+            if not self.qemu:
+                return None
+        if self.base is None:
+            from paracell.vmm import ramview
+
+            ram = ramview.view(self.ram_file, GUEST_MIB * MIB, self.qemu)
+            anon = _rss_anon(self.qemu)
+            if ram is None or anon is None:
+                return None
+            self.base = (ram.mapped, anon)
+            return ram.mapped
+        anon = _rss_anon(self.qemu)
+        return None if anon is None else self.base[0] + anon - self.base[1]
+
+
+def _rss_anon(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _sample(held: HeldMemory, out: list[tuple[float, int]], stop: threading.Event) -> None:
+    while not stop.is_set():
+        value = held.now()
+        if value is not None:
+            out.append((time.monotonic(), value))
         time.sleep(SAMPLE_S)
 
 
@@ -103,21 +153,32 @@ def _mark(name: str, cid: str) -> Mark:
                 (cpu_ns(shim) or 0) if shim else 0)
 
 
-def run_one(manager: str, bundle: Path, cid: str) -> Run:
+def _env(templates: Path | None = None) -> dict[str, str]:
+    env = dict(os.environ, PARACELL_GUEST_MEMORY_MIB=str(GUEST_MIB))
+    if templates is not None:
+        env |= {"PARACELL_TEMPLATES": str(templates), "PARACELL_TEMPLATE_RAM": "shared"}
+    return env
+
+
+def run_one(manager: str, bundle: Path, cid: str, templates: Path | None = None) -> Run:
+    """One container to its end; `pager_template` restores it from the
+    template in `templates` (copy-on-write), every other manager boots cold,
+    as in the suite."""
     from paracell.vmm import memory
 
     run = Run(manager)
-    env = dict(os.environ, PARACELL_GUEST_MEMORY_MIB=str(GUEST_MIB))
     root = common.state_root()
-    ram = memory.path_for(root, cid)
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(ram, run.samples, stop), daemon=True)
+    sampler = threading.Thread(target=_sample, args=(
+        HeldMemory(cid, memory.path_for(root, cid)), run.samples, stop), daemon=True)
     sampler.start()
     began = time.monotonic()
-    # Cold boots only: every manager's VM starts the same way, as in the suite.
-    cmd = [common.paracell_executable(), "--root", root, "--memory-manager", manager,
-           "--no-template", "run", "--bundle", str(bundle), cid]
-    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    restored = manager == "pager_template"
+    cmd = [common.paracell_executable(), "--root", root, "--memory-manager",
+           "pager" if restored else manager, *([] if restored else ["--no-template"]),
+           "run", "--bundle", str(bundle), cid]
+    proc = subprocess.Popen(cmd, env=_env(templates if restored else None),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     assert proc.stdout is not None
     for raw in proc.stdout:
@@ -239,7 +300,8 @@ def _plot(runs: dict[str, Run], output: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4))
-    colours = {"pager": "#2a9d8f", "balloon": "#e76f51", "none": "#6c757d"}
+    colours = {"pager": "#2a9d8f", "balloon": "#e76f51", "none": "#6c757d",
+               "pager_template": "#264653"}
     for manager, run in runs.items():
         t0 = run.samples[0][0] if run.samples else 0
         ax.plot([t - t0 for t, _ in run.samples], [r / MIB for _, r in run.samples],
@@ -262,11 +324,21 @@ def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
 
 def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
     p, b, n = results["pager"], results["balloon"], results["none"]
+    t = results["pager_template"]
 
     def ok(value: Any, test: Any) -> bool:
         return value is not None and bool(test(value))
 
+    slack = TEMPLATE_SLACK
     return [
+        (f"pager from a template (copy-on-write) no worse than cold, within {slack}x: "
+         f"waste {t['waste_pct']:.2f} vs {p['waste_pct']:.2f} %, reclaim "
+         f"{t['reclaim_ms']} vs {p['reclaim_ms']} ms, re-touch ratio "
+         f"{t['retouch_ratio']:.2f} vs {p['retouch_ratio']:.2f}",
+         ok(t["reclaim_ms"], lambda r: p["reclaim_ms"] is not None
+            and r <= slack * p["reclaim_ms"])
+         and t["waste_pct"] <= max(slack * p["waste_pct"], p["waste_pct"] + 0.5)
+         and t["retouch_ratio"] <= slack * p["retouch_ratio"]),
         ("pager waste_pct <= 1.0 and <= balloon's / 5",
          ok(p["waste_pct"], lambda w: w <= 1.0 and w <= b["waste_pct"] / 5)),
         ("pager reclaim_ms <= 100", ok(p["reclaim_ms"], lambda r: r <= 100)),
@@ -278,6 +350,17 @@ def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
 
 
 def run(ctx: Context, quick: bool, output: str) -> str:
+    import shutil
+    import tempfile
+
+    templates = Path(tempfile.mkdtemp(prefix="paracell-memory-templates-"))
+    try:
+        return _run(quick, output, templates)
+    finally:
+        shutil.rmtree(templates, ignore_errors=True)
+
+
+def _run(quick: bool, output: str, templates: Path) -> str:
     rounds, bursts = (1, 4) if quick else (3, 8)
     rootfs = _rootfs()
     trace = _bundle("memory-trace", [PAGERLOAD, "trace", str(bursts), str(GAP_MS)], rootfs)
@@ -289,24 +372,29 @@ def run(ctx: Context, quick: bool, output: str) -> str:
 
         agent = _bundle("memory-userland", userland.command(USERLAND_ROUNDS, USERLAND_ITEMS),
                         userland.rootfs())
+    # The three bundles' VMs have one shape, so one template serves them.
+    common.run_checked([common.paracell_executable(), "--root", common.state_root(),
+                        "--memory-manager", "pager", "template", "build", "--for", str(trace)],
+                       env=_env(templates))
     traces: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
     touches: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
     agents: dict[str, list[dict[str, Any]]] = {m: [] for m in MANAGERS}
     first: dict[str, Run] = {}
     for r in range(rounds):
         # Rotate the order each round so no manager always runs on a cold or hot host.
-        order = MANAGERS[r % 3:] + MANAGERS[:r % 3]
+        order = MANAGERS[r % len(MANAGERS):] + MANAGERS[:r % len(MANAGERS)]
         for manager in order:
             common.progress("memory", f"round {r + 1}/{rounds}: {manager}: the trace, the "
                             f"re-touch{', the agent script' if agent is not None else ''}")
-            t = run_one(manager, trace, f"bench-mem-{manager}")
+            t = run_one(manager, trace, f"bench-mem-{manager}", templates)
             first.setdefault(manager, t)
             traces[manager].append(trace_figures(t))
             touches[manager].append(retouch_figures(run_one(manager, retouch,
-                                                            f"bench-touch-{manager}")))
+                                                            f"bench-touch-{manager}", templates)))
             if agent is not None:
                 agents[manager].append(userland_figures(run_one(manager, agent,
-                                                                f"bench-agent-{manager}")))
+                                                                f"bench-agent-{manager}",
+                                                                templates)))
     results: dict[str, dict[str, Any]] = {}
     for manager in MANAGERS:
         tr, to = traces[manager], touches[manager]
@@ -346,13 +434,13 @@ def run(ctx: Context, quick: bool, output: str) -> str:
                       "reserved ranges never touched, so waste_pct reads slightly low",
         "results": results, "goals": {name: met for name, met in checked}, "plot": str(png),
     })
-    lines = [f"{'':8} {'waste%':>7} {'reclaim ms':>10} {'retouch us':>10} {'warm us':>8} "
+    lines = [f"{'':14} {'waste%':>7} {'reclaim ms':>10} {'retouch us':>10} {'warm us':>8} "
              f"{'ratio':>6} {'faults/pg':>9} {'work s':>7} {'peak MiB':>8} {'agent MiB':>9}"]
     def fmt(v: Any, spec: str) -> str:
         return format(v, spec) if v is not None else "never"
 
     for manager, x in results.items():
-        lines.append(f"{manager:8} {x['waste_pct']:7.2f} {fmt(x['reclaim_ms'], '10.1f')} "
+        lines.append(f"{manager:14} {x['waste_pct']:7.2f} {fmt(x['reclaim_ms'], '10.1f')} "
                      f"{x['retouch_us_per_page']:10.2f} {x['warm_us_per_page']:8.2f} "
                      f"{x['retouch_ratio']:6.2f} "
                      f"{fmt(x['host_faults_per_page'], '9.3f')} {x['workload_s']:7.2f} "

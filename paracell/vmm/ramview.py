@@ -21,6 +21,9 @@ class GuestRamView:
     size: int      # bytes of guest RAM
     resident: int  # bytes the host holds for this VM alone
     shared: bool   # copy-on-write from a template
+    # Bytes of guest RAM backed at all: its own, and the template's pages it
+    # maps (which its siblings share); a RAM file's VM has only its own.
+    mapped: int
     _file: Path | None = None
     _mem: tuple[int, int] | None = None  # (QEMU's pid, its mapping's address)
 
@@ -52,11 +55,15 @@ def view(ram_file: Path, size: int, qemu_pid: int | None) -> GuestRamView | None
     template's (guest RAM's size, writable, file-backed); None if neither."""
     try:
         st = os.stat(ram_file)
-        return GuestRamView(st.st_size, memory.resident_bytes(ram_file), False, _file=ram_file)
+        resident = memory.resident_bytes(ram_file)
+        return GuestRamView(st.st_size, resident, False, resident, _file=ram_file)
     except OSError:
         pass
-    if not qemu_pid:
-        return None
+    return copy_on_write_view(qemu_pid, size) if qemu_pid else None
+
+
+def copy_on_write_view(qemu_pid: int, size: int) -> GuestRamView | None:
+    """QEMU's private mapping of a template's RAM file, if it has one."""
     import psutil
 
     try:
@@ -66,5 +73,5 @@ def view(ram_file: Path, size: int, qemu_pid: int | None) -> GuestRamView | None
     for m in maps:
         if m.size == size and m.perms == "rw-p" and m.path.startswith("/"):
             start = int(m.addr.split("-")[0], 16)
-            return GuestRamView(size, m.anonymous, True, _mem=(qemu_pid, start))
+            return GuestRamView(size, m.anonymous, True, m.rss, _mem=(qemu_pid, start))
     return None
