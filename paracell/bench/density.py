@@ -69,6 +69,49 @@ class Sandbox:
     pids: list[int] = field(default_factory=list)
 
 
+def _breakdown(pids: list[int]) -> dict[str, float]:
+    """Where one ParaCell sandbox's PSS goes, MiB: the shim (Python), and in
+    QEMU its TCG translation buffer (its anonymous executable mapping), its
+    malloc heap and other anonymous memory, the binary and
+    libraries, and guest RAM: its own pages (a RAM file of its own, which the
+    shim's Pager maps too, or its private copies), and its share of the
+    template's pages it maps copy-on-write."""
+    import psutil
+
+    from paracell import settings
+
+    guest = settings.guest_memory_mib() << 20
+    parts: dict[str, float] = {}
+
+    def add(key: str, size: int) -> None:
+        parts[key] = parts.get(key, 0.0) + size / (1 << 20)
+
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            qemu = "qemu-system" in " ".join(proc.cmdline())
+            for m in proc.memory_maps(grouped=False):
+                lo, hi = (int(x, 16) for x in m.addr.split("-"))
+                ram = hi - lo == guest and m.path.startswith("/")
+                anonymous = m.path in ("", "[anon]")
+                if ram and m.perms.endswith("s"):  # a RAM file of its own (QEMU's, the Pager's)
+                    add("guest_ram_own", m.pss)
+                elif ram:  # the template's file, copy-on-write
+                    add("guest_ram_own", m.anonymous)
+                    add("guest_ram_template_share", m.pss - m.anonymous)
+                elif not qemu:
+                    add("shim", m.pss)
+                elif anonymous and "x" in m.perms:  # TCG's generated code
+                    add("qemu_tcg_buffer", m.pss)
+                elif m.path == "[heap]":
+                    add("qemu_heap", m.pss)
+                elif m.path.startswith("/"):
+                    add("qemu_binary_and_libraries", m.pss)
+                else:
+                    add("qemu_other_anonymous", m.pss)
+    return parts
+
+
 def _own_ram_mib(pids: list[int]) -> float:
     """The guest-RAM pages a copy-on-write sandbox's QEMU holds of its own."""
     import psutil
@@ -97,6 +140,8 @@ class Round:
     written_pss_mib: list[float] = field(default_factory=list)
     own_ram_mib: list[float] = field(default_factory=list)
     written_own_ram_mib: list[float] = field(default_factory=list)
+    # ParaCell only: each sandbox's PSS by part (_breakdown), while idle.
+    breakdown: list[dict[str, float]] = field(default_factory=list)
 
 
 def plan(quick: bool, count: int | None, window_s: float | None,
@@ -217,6 +262,8 @@ def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
         pss = [common.pss_of_tree([s.pids[0]]) / (1 << 20) for s in sandboxes]
         done = Round(runner.runtime, sandboxes, cpu, pss, wakeups,
                      _memory_manager(sandboxes[0].pids))
+        if runner.runtime != "runc":
+            done.breakdown = [_breakdown(s.pids) for s in sandboxes]
         if runner.writes:
             _say(f"{runner.runtime}: each sandbox writes {WRITE_MIB} MiB of its own")
             done.own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
@@ -254,6 +301,9 @@ def _figures(rounds: list[Round]) -> dict[str, Any]:
             **({"written_pss_mib": r.written_pss_mib, "own_ram_mib": r.own_ram_mib,
                 "written_own_ram_mib": r.written_own_ram_mib} if r.written_pss_mib else {}),
         } for r in rounds],
+        "pss_breakdown_mib": {part: statistics.median(
+            statistics.mean(b.get(part, 0.0) for b in r.breakdown) for r in rounds)
+            for part in sorted({k for r in rounds for b in r.breakdown for k in b})},
         **({"growth_mib_per_writer": _growth(rounds, "pss_mib", "written_pss_mib"),
             "own_ram_growth_mib_per_writer": _growth(rounds, "own_ram_mib",
                                                      "written_own_ram_mib")}
