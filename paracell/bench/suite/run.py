@@ -67,6 +67,9 @@ class Sample:
     guest_used: list[tuple[float, int]] = field(default_factory=list)
     window: tuple[float, float] | None = None  # begin..end, s since spawn
     error: str | None = None
+    # A server under the Pager: its host counters and QEMU's page faults over
+    # the client's load (the Pager's traffic while it served).
+    pager_during_load: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -84,7 +87,7 @@ class Plan:
 def make_plan(quick: bool, runtimes: list[str] | None, workloads: list[str] | None,
               rounds: int | None) -> Plan:
     """Validates the CLI's choices: known names, no repeats, a sane round count."""
-    chosen_rt = runtimes or list(RUNTIMES)
+    chosen_rt = runtimes or [name for name, rt in RUNTIMES.items() if rt.by_default]
     chosen_wl = workloads or list(WORKLOADS)
     for kind, chosen, known in (("runtime", chosen_rt, RUNTIMES), ("workload", chosen_wl,
                                                                     WORKLOADS)):
@@ -245,8 +248,8 @@ class Suite:
         """None when an XGates guest runs a dynamically linked Debian program
         from the image, else why not (what the runtime said)."""
         cid = self._cid()
-        bundle = self._bundle(cid, ["/usr/bin/env", "true"], None, xgates=True, files=None)
         rt = RUNTIMES["xgates"]
+        bundle = self._bundle(cid, ["/usr/bin/env", "true"], None, rt, files=None)
         self.live[cid] = rt
         try:
             res = subprocess.run([*self.invoker.argv(rt), "run", "--bundle", str(bundle), cid],
@@ -273,7 +276,7 @@ class Suite:
     def _env(self) -> dict[str, str]:
         return dict(os.environ, PARACELL_GUEST_MEMORY_MIB=str(GUEST_MIB))
 
-    def _bundle(self, cid: str, args: list[str], netns_path: str | None, xgates: bool,
+    def _bundle(self, cid: str, args: list[str], netns_path: str | None, rt: Runtime,
                 files: Path | None) -> Path:
         from paracell.runtime.bundle import defaultspec
 
@@ -290,7 +293,8 @@ class Suite:
                                      "source": str(files), "options": ["bind", "ro"]})
         config["linux"]["namespaces"].append(
             {"type": "network", "path": netns_path} if netns_path else {"type": "network"})
-        config["annotations"] = {XGATES_ANNOTATION: "on" if xgates else "off"}
+        config["annotations"] = {XGATES_ANNOTATION: "on" if rt.xgates else "off",
+                                 **dict(rt.pager_knobs)}
         (bundle / "config.json").write_text(json.dumps(config, indent=2))
         return bundle
 
@@ -309,7 +313,7 @@ class Suite:
         t0 = time.monotonic()
         try:
             bundle = self._bundle(cid, wl.args(self.plan.size),
-                                  attachment.path if attachment else None, rt.xgates,
+                                  attachment.path if attachment else None, rt,
                                   self.base / "files" / wl.name)
             if rt.vm and wl.agent:
                 ram = memory.path_for(str(self.base / "paracell"), cid)
@@ -339,7 +343,11 @@ class Suite:
                 listening = wait_listening(attachment.address, wl.port, READY_TIMEOUT_S,
                                            alive=lambda: proc is not None and proc.poll() is None)
                 sample.serving_s = listening - t0
+                before = self._pager_counters(cid, rt)
                 sample.metrics = wl.client(attachment.address, self.plan.size)
+                after = self._pager_counters(cid, rt)
+                sample.pager_during_load = {k: after[k] - before[k] for k in after
+                                            if k in before}
             else:
                 try:
                     rc = proc.wait(BATCH_TIMEOUT_S)
@@ -366,6 +374,26 @@ class Suite:
             err.close()
             sample.wall_s = time.monotonic() - t0
         return sample
+
+    def _pager_counters(self, cid: str, rt: Runtime) -> dict[str, float]:
+        """The Pager's host counters and QEMU's page faults now; {} without the Pager."""
+        from paracell.procfs import page_faults
+
+        if rt.memory_manager != "pager":
+            return {}
+        res = subprocess.run([*self.invoker.argv(rt), "events", "--stats", cid],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+        if res.returncode != 0:
+            return {}
+        figures = json.loads(res.stdout)["data"]["paracell"]
+        keys = ("unbound_total_bytes", "bound_total_bytes", "unbind_batches", "bind_batches",
+                "bind_ms")
+        out = {k: float(figures[k]) for k in keys if isinstance(figures.get(k), (int, float))}
+        state = json.loads((self.base / "paracell" / cid / "state.json").read_text())
+        faults = page_faults(state["vm"]["qemu_pid"])
+        if faults is not None:
+            out["qemu_page_faults"] = float(faults)
+        return out
 
     def _finish(self, cid: str, rt: Runtime, proc: subprocess.Popen[bytes] | None) -> None:
         """The container killed and deleted, its `run` process reaped."""

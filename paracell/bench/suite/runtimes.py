@@ -14,6 +14,9 @@ class Runtime:
     vm: bool
     memory_manager: str | None = None
     xgates: bool = False
+    # Pager knobs (runtime/vm/memorymanager.py), as a bundle's annotations.
+    pager_knobs: tuple[tuple[str, str], ...] = ()
+    by_default: bool = True  # run without --runtimes; else only when named
 
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
@@ -23,6 +26,12 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("balloon", "ParaCell + balloon, free page reporting", vm=True,
             memory_manager="balloon"),
     Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
+    # What a server's cost under the Pager is made of: freed pages reported
+    # after 1 s instead of 10 ms, so that memory a server frees and takes back
+    # within a second is never unbound and bound again (docs/pager.md).
+    Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
+            memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
+            by_default=False),
 )}
 XGATES_ANNOTATION = "io.paracell.xgates"
 
