@@ -21,9 +21,12 @@ pytestmark = pytest.mark.integration
 
 MIB = 1 << 20
 PAGERLOAD = "/usr/local/bin/pagerload"
-# The most aggressive settings: report at once, in the smallest blocks, keep no reserve.
+# The most aggressive settings: report at once, in the smallest blocks, keep no
+# reserve, and never back off however much comes straight back.
 AGGRESSIVE = {"io.paracell.pager.delay-ms": "0", "io.paracell.pager.order": "1",
-              "io.paracell.pager.reserve-kb": "0", "io.paracell.pager.bind-batch-kb": "256"}
+              "io.paracell.pager.reserve-kb": "0", "io.paracell.pager.bind-batch-kb": "256",
+              "io.paracell.pager.churn-max-delay-ms": "0"}
+DELAY = "/sys/kernel/paracell_pager/delay_ms"
 
 
 @pytest.fixture(scope="session")
@@ -188,6 +191,29 @@ def test_data_survives_churn_at_the_most_aggressive_settings(runtime, make_bundl
     # The churn did go through the Pager: pages left and came back many times.
     assert pager["unbind_batches"] > 100 and pager["bind_batches"] > 10
     runtime("delete", "--force", "churn")
+    runtime.assert_no_leaks()
+
+
+@pytest.mark.parametrize("back_off", [True, False], ids=["default", "churn-max-delay-ms=0"])
+def test_reporting_backs_off_while_freed_memory_comes_straight_back(runtime, make_bundle,
+                                                                     pager_rootfs, back_off):
+    """A server's churn: memory freed and taken back at once. The guest's
+    reporting delay grows while it lasts, and is the configured 10 ms again
+    once the guest is idle; with the back-off off it never moves."""
+    script = (f"{PAGERLOAD} churn 8 2 >/dev/null & sleep 6; echo during $(cat {DELAY}); "
+              f"wait; sleep 14; echo after $(cat {DELAY})")
+    knobs = {} if back_off else {"io.paracell.pager.churn-max-delay-ms": "0"}
+    bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs, mutate=_with(knobs))
+    result = runtime("run", "--bundle", str(bundle), "backoff", timeout=120)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split() for line in result.stdout.decode().splitlines())
+    print(seen)
+    if back_off:
+        assert int(seen["during"]) > 10
+    else:
+        assert int(seen["during"]) == 10
+    assert int(seen["after"]) == 10
+    runtime("delete", "--force", "backoff")
     runtime.assert_no_leaks()
 
 

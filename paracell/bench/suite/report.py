@@ -24,7 +24,8 @@ SERVER_METRICS: dict[str, list[tuple[str, str]]] = {
 # The latency each workload is judged by: a server's p50 request, a batch's run time.
 PRIMARY = {"http": "page.p50_ms", "redis": "get_plain.p50_ms", "memcached": "get.p50_ms"}
 COLOURS = {"runc": "#6c757d", "none": "#adb5bd", "pager": "#2a9d8f", "balloon": "#e76f51",
-           "xgates": "#264653", "pager_lazy": "#8ab17d"}
+           "xgates": "#264653", "pager_lazy": "#8ab17d",
+           "pager_no_backoff": "#e9c46a"}
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -26,9 +26,12 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("balloon", "ParaCell + balloon, free page reporting", vm=True,
             memory_manager="balloon"),
     Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
-    # What a server's cost under the Pager is made of: freed pages reported
-    # after 1 s instead of 10 ms, so that memory a server frees and takes back
-    # within a second is never unbound and bound again (docs/pager.md).
+    # What a server's cost under the Pager is made of (docs/pager.md,
+    # "Servers"): the Pager as it was before it backed off under churn, and
+    # freed pages always reported after 1 s instead of 10 ms.
+    Runtime("pager_no_backoff", "ParaCell + Pager, no back-off under churn", vm=True,
+            memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "0"),), by_default=False),
     Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
             memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
             by_default=False),

@@ -54,10 +54,13 @@ def _parent(pid: int) -> int:
         return 0
 
 
-def qemu_processes(ram_file: Path) -> list[int]:
-    """QEMU processes whose guest RAM is this container's file."""
-    needle = f"mem-path={ram_file}".encode()
-    return [pid for pid in _pids() if b"qemu-system" in _cmdline(pid) and needle in _cmdline(pid)]
+def qemu_processes(ram_file: Path, state_dir: Path) -> list[int]:
+    """QEMU processes whose guest RAM is this container's file, or, for a VM
+    restored copy-on-write (no RAM file: it maps its template's), whose
+    console log is in this container's state directory."""
+    needles = (f"mem-path={ram_file}".encode(), f"path={state_dir}/".encode())
+    return [pid for pid in _pids() if b"qemu-system" in _cmdline(pid)
+            and any(needle in _cmdline(pid) for needle in needles)]
 
 
 def _socket_inodes(path: Path) -> set[str]:
@@ -170,7 +173,7 @@ def reclaim(state_dir: Path, ram_file: Path, control_socket: Path, pid_file: Pat
     from paracell.vmm import memory
 
     own = os.getpid()
-    qemus = qemu_processes(ram_file)
+    qemus = qemu_processes(ram_file, state_dir)
     shims = {p for p in socket_holders(control_socket) if p != own}
     recorded = recorded_stand_in(pid_file)
     if recorded is not None and recorded != own:
