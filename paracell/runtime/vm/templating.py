@@ -4,9 +4,10 @@
 The shim asks here for its VM. If the store holds a template of the VM's
 shape, the new QEMU waits for it (`-incoming defer`) on its RAM, mapped
 copy-on-write (or copied: settings.template_ram), loads its device state
-and runs on from the agent's READY: the SANDBOX that follows makes it this sandbox's. Otherwise
-the VM boots cold, and once its agent is READY, before anything of the
-sandbox reaches it, it is saved as the template for the next create.
+and runs on from the agent's READY: the SANDBOX that follows makes it this
+sandbox's. Otherwise the VM boots cold, and once its agent is READY, before
+anything of the sandbox reaches it, it is saved as the template for the next
+create.
 
 Nothing here may fail a create: a template that cannot be used is logged
 in one line, removed, and the VM boots cold.
