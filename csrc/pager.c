@@ -227,8 +227,11 @@ static int64_t published(struct pc_pager *p, const char *ring, const uint32_t *p
 static int populate(struct pc_pager *p, int64_t off, uint64_t len)
 {
     if (madvise(p->ram_map + off, len, MADV_POPULATE_WRITE) == 0) return 0;
-    if (errno != EINVAL || p->in_vmm) return -1;
-    /* Hosts before Linux 5.14: allocate in the file; QEMU's fault then maps it. */
+    if (errno != EINVAL) return -1;
+    /* Hosts before Linux 5.14.  Inside QEMU a private page cannot be
+     * allocated ahead: binding only saves a fault, so QEMU takes the fault. */
+    if (p->in_vmm) return 0;
+    /* Otherwise allocate in the file; QEMU's fault then maps it. */
     return fallocate(p->ram_fd, 0, off, (off_t)len);
 }
 
@@ -238,29 +241,34 @@ void pc_pager_set_vmm(struct pc_pager *p, int pid)
     __atomic_store_n(&p->vmm_pid, pid, __ATOMIC_RELEASE);
 }
 
-/* QEMU's shared mapping of the whole RAM file, from /proc/PID/maps: the one
- * whose device and inode are the RAM file's, from offset 0, ram_size long. */
-static uint64_t find_vmm_mapping(const struct pc_pager *p, int pid)
+uint64_t pc_find_file_mapping(const char *maps_path, uint64_t dev, uint64_t ino, uint64_t size,
+                              char kind)
 {
-    struct stat st;
-    char path[64], line[512];
+    char line[512];
     uint64_t found = 0;
-    if (fstat(p->ram_fd, &st) < 0) return 0;
-    snprintf(path, sizeof path, "/proc/%d/maps", pid);
-    FILE *f = fopen(path, "re");
+    FILE *f = fopen(maps_path, "re");
     if (!f) return 0;
     while (!found && fgets(line, sizeof line, f)) {
         unsigned long long start, end, offset, inode;
         unsigned int maj, min;
         char perms[8];
         if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &offset, &maj,
-                   &min, &inode) == 7 && inode == (unsigned long long)st.st_ino &&
-            makedev(maj, min) == st.st_dev && offset == 0 && perms[3] == 's' &&
-            perms[1] == 'w' && end - start >= p->ram_size)
+                   &min, &inode) == 7 && inode == ino && makedev(maj, min) == dev &&
+            offset == 0 && perms[1] == 'w' && perms[3] == kind && end - start >= size)
             found = start;
     }
     fclose(f);
     return found;
+}
+
+/* QEMU's shared mapping of the whole RAM file, in /proc/PID/maps. */
+static uint64_t find_vmm_mapping(const struct pc_pager *p, int pid)
+{
+    struct stat st;
+    char path[64];
+    if (fstat(p->ram_fd, &st) < 0) return 0;
+    snprintf(path, sizeof path, "/proc/%d/maps", pid);
+    return pc_find_file_mapping(path, st.st_dev, st.st_ino, p->ram_size, 's');
 }
 
 /* Maps a populated range into QEMU's page tables by reading one byte of it

@@ -73,6 +73,11 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
  * are used as they are (not duplicated); stats_fd is mapped. */
 int pc_pager_adopt(struct pc_pager *p, uint8_t *ram_map, uint64_t ram_size, uint64_t ram_split,
                    int doorbell_fd, int irq_fd, int abort_fd, int stats_fd);
+/* The start of the mapping, in a /proc/PID/maps file, of the file dev:ino
+ * from offset 0, writable, at least size bytes long, shared (kind 's') or
+ * private ('p'); 0 if there is none. */
+uint64_t pc_find_file_mapping(const char *maps_path, uint64_t dev, uint64_t ino, uint64_t size,
+                              char kind);
 /* Queues the ivshmem server's greeting for QEMU on sock_fd, which QEMU gets
  * as `-chardev socket,fd=`: version, QEMU's peer id, the token page, its
  * own vectors, then the host's. */

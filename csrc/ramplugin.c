@@ -34,7 +34,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "pager_proto.h"
@@ -93,26 +92,6 @@ static int parse_arg(const char *arg)
     return -1;
 }
 
-/* QEMU's private, writable mapping of the whole template file, from offset 0. */
-static uint8_t *find_ram(const struct stat *file)
-{
-    char line[512];
-    uint8_t *found = NULL;
-    FILE *f = fopen("/proc/self/maps", "re");
-    if (!f) return NULL;
-    while (!found && fgets(line, sizeof line, f)) {
-        unsigned long long start, end, offset, inode;
-        unsigned int maj, min;
-        char perms[8];
-        if (sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &start, &end, perms, &offset, &maj,
-                   &min, &inode) == 7 && inode == (unsigned long long)file->st_ino &&
-            makedev(maj, min) == file->st_dev && offset == 0 && perms[1] == 'w' &&
-            perms[3] == 'p' && end - start >= args.size)
-            found = (uint8_t *)(uintptr_t)start;
-    }
-    fclose(f);
-    return found;
-}
 
 /* Every fd on the template's file becomes /dev/null, read-only: the numbers
  * stay taken, so QEMU's own record of its fd names nothing writable. */
@@ -153,7 +132,9 @@ static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
     if (__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL)) return;
     struct stat file;
     if (fstat(args.ram, &file) < 0) die("the template's RAM fd is not open");
-    uint8_t *ram = find_ram(&file);
+    /* QEMU's private, writable mapping of the whole template file. */
+    uint8_t *ram = (uint8_t *)(uintptr_t)pc_find_file_mapping("/proc/self/maps", file.st_dev,
+                                                              file.st_ino, args.size, 'p');
     if (!ram) die("QEMU's private mapping of guest RAM not found");
     if (drop_template_fds(&file) < 1) die("QEMU's fds on the template's RAM could not be closed");
     if (args.doorbell < 0) return;  /* no Pager */

@@ -81,10 +81,8 @@ class GuestRam(Device):
         size = f"{self.size_mib}M"
         if self.copy_on_write:
             # The file QEMU opens is the one that was checked: the fd it inherits.
-            # QEMU's option syntax: a comma in a value is written twice.
-            plugin = ",".join([f"file={str(memory.PLUGIN).replace(',', ',,')}",
-                               f"ram={self.shared_from}",
-                               f"size={self.size_mib << 20}", *self.plugin_options])
+            plugin = memory.plugin_option(f"ram={self.shared_from}",
+                                          f"size={self.size_mib << 20}", *self.plugin_options)
             return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
                     f"mem-path=/proc/self/fd/{self.shared_from},share=off,prealloc=off",
                     "-plugin", plugin]

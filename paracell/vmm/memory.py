@@ -27,6 +27,12 @@ TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
 PLUGIN = Path(__file__).resolve().parent.parent / "_qemu_ram_plugin.so"
 
 
+def plugin_option(*options: str) -> str:
+    """QEMU's `-plugin` value for the RAM plugin with these name=value
+    options (QEMU's option syntax: a comma in a value is written twice)."""
+    return ",".join([f"file={str(PLUGIN).replace(',', ',,')}", *options])
+
+
 def plugin_loads(qemu: str) -> bool:
     """Whether this QEMU loads the RAM plugin (Debian's is built with plugins;
     a build without --enable-plugins is not): asked to load it with no
@@ -35,7 +41,7 @@ def plugin_loads(qemu: str) -> bool:
 
     try:
         out = subprocess.run([qemu, "-display", "none", "-nodefaults", "-M", "none",
-                              "-plugin", f"file={PLUGIN}"], stdin=subprocess.DEVNULL,
+                              "-plugin", plugin_option()], stdin=subprocess.DEVNULL,
                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return False
