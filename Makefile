@@ -11,11 +11,13 @@ STAMP := $(VENV)/.installed
 deps:
 	./scripts/install-deps.sh
 
-$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h paracell/cri/api.proto)
+$(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*.h paracell/cri/api.proto) \
+		$(shell find paracell/shimv2/proto -name '*.proto')
 	$(MAKE) deps
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q -e '.[test,bench]' --config-settings editable_mode=compat
 	$(VENV)/bin/python -m paracell.cri.generate
+	$(VENV)/bin/python -m paracell.shimv2.generate
 	touch $(STAMP)
 
 venv: deps $(STAMP)

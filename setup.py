@@ -26,4 +26,4 @@ class BuildExtAndPlugin(build_ext):
 setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder",
                     "csrc/build_linux.py:ffibuilder"],
       cmdclass={"build_ext": BuildExtAndPlugin},
-      scripts=["bin/paracell"])
+      scripts=["bin/paracell", "bin/containerd-shim-paracell-v2"])

@@ -9,6 +9,7 @@ and arm64."""
 from __future__ import annotations
 
 import ctypes
+import os
 
 from paracell._linux import lib as _abi
 
@@ -70,6 +71,7 @@ PR_CAPBSET_DROP = int(_abi.PR_CAPBSET_DROP)
 PR_SET_NO_NEW_PRIVS = int(_abi.PR_SET_NO_NEW_PRIVS)
 PR_CAP_AMBIENT = int(_abi.PR_CAP_AMBIENT)
 PR_CAP_AMBIENT_CLEAR_ALL = int(_abi.PR_CAP_AMBIENT_CLEAR_ALL)
+PR_SET_CHILD_SUBREAPER = int(_abi.PR_SET_CHILD_SUBREAPER)
 
 # <sys/syscall.h>: syscalls glibc has no wrapper for
 SYS_mount_setattr = int(_abi.SYS_mount_setattr)
@@ -127,6 +129,14 @@ def make_readonly(path: bytes) -> int:
 def pivot_root(new_root: bytes, put_old: bytes) -> int:
     """pivot_root(2); 0, or -1 with errno set."""
     return int(libc().syscall(SYS_pivot_root, new_root, put_old))
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants are re-parented to us, so we can reap them and
+    read their exit status (containerd's shims wait on detached processes)."""
+    if libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def bpf(cmd: int, attr: ctypes.Array[ctypes.c_char]) -> int:

@@ -9,6 +9,15 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 DEFAULT_ROOT = "/run/paracell"
+# containerd's shim v2 (paracell/shimv2/): its containers' state, one root
+# per containerd namespace, and the shims' sockets.
+SHIM_ROOT = "/run/paracell/containerd"
+
+
+def shim_root() -> str:
+    """`paracell --root SHIM_ROOT/NAMESPACE list` shows what the shim v2 made;
+    `$PARACELL_SHIM_ROOT` moves it (a test's private containerd)."""
+    return os.environ.get("PARACELL_SHIM_ROOT") or SHIM_ROOT
 
 
 SYSTEM_CACHE = "/var/lib/paracell/guest"

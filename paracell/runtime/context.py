@@ -23,6 +23,10 @@ class Context:
     no_template: bool = False  # --no-template; see runtime/vm/templating.py
     vmm_flag: str | None = None  # --vmm; see paracell/vmm/backends.py
     libvirt_uri_flag: str | None = None  # --libvirt-uri: where a daemon backend is
+    # The container's stdio (fds) for the host processes a verb spawns, or
+    # None for the caller's own fds 0-2: the CLI is called with them, and
+    # containerd's shim v2 (paracell/shimv2/) opens its FIFOs instead.
+    stdio: tuple[int, int, int] | None = None
 
     @property
     def engine(self) -> str:

@@ -100,13 +100,13 @@ def e2e_env(memory_dir: Path) -> dict[str, str]:
 
 
 def backend_base(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                 name: str) -> tuple[Path, Path, dict[str, str]]:
+                 name: str, backend: str | None = None) -> tuple[Path, Path, dict[str, str]]:
     """A client fixture's base directory, RAM directory and environment for
-    the backend in request.param: with libvirt, all of it under the private
+    `backend` (else request.param): with libvirt, all of it under the private
     daemon's shared directory (tests/libvirtd.py), where the mounts the
     client and the runtime make reach the daemon's QEMUs."""
     base = tmp_path_factory.mktemp(name)
-    if request.param != "libvirt":
+    if (backend or request.param) != "libvirt":
         return base, Path("/dev/shm") / f"paracell-{name}-{os.getpid()}", {}
     daemon = request.getfixturevalue("libvirtd")
     base = daemon.workdir / base.name
@@ -130,18 +130,25 @@ def client_runtime(base: Path) -> str:
     return str(wrapper)
 
 
+# How containerd reaches paracell: its runc v2 shim running `paracell` as
+# BinaryName, or paracell's own shim v2 (paracell/shimv2/).
+SHIM_RUNC, SHIM_V2 = "runc-v2", "paracell-v2"
+SHIM_BINARY = str(Path(PARACELL).with_name("containerd-shim-paracell-v2"))
+
+
 @dataclass
 class Containerd:
     socket: Path
-    runc_root: Path
+    runc_root: Path  # the runtime's state root, per namespace below it
     env: dict[str, str]
     memory_dir: Path  # the guests' RAM files
     libvirtd: object | None = None  # the private daemon of a libvirt backend
+    shim: str = SHIM_RUNC
 
     def leftovers(self, container_id: str) -> list[str]:
         """Whatever of a deleted container is still on the host: its state,
         a QEMU, a RAM file, its host cgroup (containerd's /default/ID), a
-        libvirt domain."""
+        libvirt domain, a shim v2 process."""
         import psutil
 
         found = [f"state {p}" for p in [self.runc_root / "default" / container_id]
@@ -156,7 +163,30 @@ class Containerd:
         found += [f"cgroup {p}" for p in Path("/sys/fs/cgroup").glob(f"*/default/{container_id}")]
         if self.libvirtd is not None:
             found += [f"domain {d}" for d in self.libvirtd.domains()]  # type: ignore[attr-defined]
+        found += [f"shim pid {pid}" for pid in self.shim_pids()
+                  if container_id in self.shim_ids(pid)]
+        if not self.shim_pids() and (self.runc_root / "s").is_dir():
+            found += [f"shim socket {p}" for p in (self.runc_root / "s").iterdir()]
         return found
+
+    def shim_pids(self) -> list[int]:
+        """This containerd's shim v2 daemons."""
+        import psutil
+
+        found = {proc.pid: proc.info["ppid"] for proc in psutil.process_iter(["cmdline", "ppid"])
+                 if "paracell.shimv2.command" in " ".join(proc.info["cmdline"] or [])
+                 and str(self.socket) in " ".join(proc.info["cmdline"] or [])}
+        # The processes a shim forks for its tasks carry its command line too.
+        return sorted(pid for pid, parent in found.items() if parent not in found)
+
+    @staticmethod
+    def shim_ids(pid: int) -> str:
+        import psutil
+
+        try:
+            return " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            return ""
 
     def ctr(self, *args: str, timeout: float = 180, input: bytes | None = None,
             tty: bool = False) -> subprocess.CompletedProcess[bytes]:
@@ -167,16 +197,21 @@ class Containerd:
                               input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
     def run_args(self) -> list[str]:
+        if self.shim == SHIM_V2:
+            return ["--runtime", "io.containerd.paracell.v2"]
         return ["--runtime", "io.containerd.runc.v2", "--runc-binary", PARACELL,
                 "--runc-root", str(self.runc_root)]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=[(b, SHIM_RUNC) for b in BACKENDS] + [("qemu", SHIM_V2)],
+                ids=lambda p: p[0] if p[1] == SHIM_RUNC else p[1])
 def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
                busybox_rootfs_module: Path):
     if not shutil.which("containerd"):
         pytest.fail("containerd is not installed: run `make deps`")
-    base, memory_dir, backend_env = backend_base(request, tmp_path_factory, "containerd")
+    backend, shim = request.param
+    base, memory_dir, backend_env = backend_base(request, tmp_path_factory, "containerd",
+                                                 backend)
     sock = base / "containerd.sock"
     config = base / "config.toml"
     config.write_text(
@@ -185,15 +220,19 @@ def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
         f'[grpc]\n  address = "{sock}"\n[ttrpc]\n  address = "{sock}.ttrpc"\n'
         f'[debug]\n  address = "{base}/debug.sock"\n'
     )
-    # VM templates in a store of the fixture's own, never the system's.
-    env = e2e_env(memory_dir) | backend_env | {"PARACELL_TEMPLATES": str(base / "templates")}
+    # VM templates in a store of the fixture's own, never the system's; the
+    # shim v2 on containerd's PATH, its state in the fixture's directory.
+    runtime_root = base / ("runc" if shim == SHIM_RUNC else "shim")
+    env = e2e_env(memory_dir) | backend_env | {
+        "PARACELL_TEMPLATES": str(base / "templates"), "PARACELL_SHIM_ROOT": str(runtime_root),
+        "PATH": f"{Path(SHIM_BINARY).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
     try:
         wait_for(sock, proc, "containerd")
         lv = request.getfixturevalue("libvirtd") if backend_env else None
-        daemon = Containerd(sock, base / "runc", env, memory_dir, lv)
+        daemon = Containerd(sock, runtime_root, env, memory_dir, lv, shim)
         image = oci_image_tar(busybox_rootfs_module, base / "bb.tar")
         imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(image))
         assert imported.returncode == 0, imported.stderr

@@ -260,7 +260,7 @@ class PodSlot:
                             container.terminal, container.console_socket,
                             [d.path for d in self.cgroup], self.bundle.seccomp)
         return spawn.spawn(lambda handshake: standin.serve(handshake, proxy), detach,
-                           ctx.log.background_error)
+                           ctx.log.background_error, stdio=ctx.stdio)
 
     def spawned(self, state: ContainerState, spawned: spawn.Spawned) -> None:
         """A member has no QEMU of its own."""

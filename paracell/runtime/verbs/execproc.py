@@ -90,7 +90,14 @@ def process_from_args(
             merged = process.setdefault("capabilities", {})
             for kind in ("bounding", "effective", "permitted", "ambient"):
                 merged[kind] = sorted(set(merged.get(kind, [])) | set(caps))
-    source = f"--process {process_file}" if process_file else "exec arguments"
+    return checked_process(ctx, container_id, process,
+                           f"--process {process_file}" if process_file else "exec arguments")
+
+
+def checked_process(ctx: Context, container_id: str, process: dict[str, Any],
+                    source: str) -> dict[str, Any]:
+    """An exec's process object, validated as hostile input; `source` names
+    where it came from in the one-line error."""
     try:
         warnings = spec.check_process(process)
         spec.exec_launch_spec(container_id, process)
@@ -177,6 +184,19 @@ def exec_process(
     terminal = bool(process.get("terminal"))
     if terminal and not console_socket and detach:
         raise ParacellError(NEED_CONSOLE_SOCKET)
+    pid = spawn_exec(ctx, container_id, process, console_socket, detach)
+    if pid_file:
+        write_pid_file(pid_file, pid)
+    if detach:
+        return 0
+    return wait_child(pid)
+
+
+def spawn_exec(ctx: Context, container_id: str, process: dict[str, Any],
+               console_socket: str | None, detach: bool = True) -> int:
+    """The exec's host proxy, its process created and started in the guest;
+    returns the proxy's pid (detached: re-parented to the caller's subreaper)."""
+    terminal = bool(process.get("terminal"))
     launch = spec.exec_launch_spec(container_id, process)
     store = ctx.store
     with store.locked(container_id):
@@ -188,12 +208,8 @@ def exec_process(
     spawned = spawn.spawn(
         lambda handshake: standin.serve(handshake, ExecProxy(
             shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)),
-        detach, ctx.log.background_error)
+        detach, ctx.log.background_error, stdio=ctx.stdio)
     spawned.abandon()
     if spawned.ready.error:
         raise ParacellError(spawned.ready.error)
-    if pid_file:
-        write_pid_file(pid_file, spawned.pid)
-    if detach:
-        return 0
-    return wait_child(spawned.pid)
+    return spawned.pid

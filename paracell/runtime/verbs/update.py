@@ -234,12 +234,18 @@ def update(ctx: Context, container_id: str, source: str | None,
            flags: dict[str, str | None]) -> None:
     """runc's update: the host cgroup, and guest memory through the balloon;
     source is --resources (a file, or - for stdin)."""
+    raw = read_resources(source) if source else {}
+    for line in update_resources(ctx, container_id, merge_flags(raw, flags)):
+        print(f"paracell: {line}", file=sys.stderr)
+
+
+def update_resources(ctx: Context, container_id: str, asked: dict[str, Any]) -> list[str]:
+    """The one update, for the CLI and containerd's shim v2 alike: OCI
+    `linux.resources` applied under the container's lock; what could not be
+    applied as asked, as notices."""
     from paracell.runtime.state import status
 
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
         status.transition("update", state.status, container_id)
-        raw = read_resources(source) if source else {}
-        asked = merge_flags(raw, flags)
-        for line in apply(state, asked, backends.hypervisor_of(state.vm.config)):
-            print(f"paracell: {line}", file=sys.stderr)
+        return list(apply(state, asked, backends.hypervisor_of(state.vm.config)))

@@ -197,7 +197,8 @@ class OwnVm:
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,
-            pid_namespace=self.host.isolation.pid_namespace_for_child, place=self._place)
+            pid_namespace=self.host.isolation.pid_namespace_for_child, place=self._place,
+            stdio=ctx.stdio)
 
     def _place(self, pid: int) -> None:
         """A VMM that is not the shim's child (host pid), on its shim's

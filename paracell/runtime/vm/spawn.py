@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
@@ -164,15 +165,28 @@ def _read_report(pipe: Any, commit_w: int, place: Callable[[int], None] | None) 
     return Ready(error="the process asked too many times to be placed")
 
 
+def _default_signals() -> None:
+    """A creator with an event loop (the shim v2) has its own handlers and a
+    wakeup fd, which the child is about to close: the child starts from the
+    defaults, or a signal would make Python write its complaint into the
+    container's stderr."""
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM):
+        if callable(signal.getsignal(sig)):
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def spawn(body: Callable[[Handshake], int], detach: bool,
           on_crash: Callable[[str], None],
           pid_namespace: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
           place: Callable[[int], None] | None = None,
+          stdio: tuple[int, int, int] | None = None,
           ) -> Spawned:
     """`pid_namespace` wraps the fork that makes the body's process, which is
     born in that PID namespace (runtime/host/hostns.py): the second fork when
     detached, else the first, since the caller waits on that child itself.
-    `place` serves the child's Handshake.place."""
+    `place` serves the child's Handshake.place. `stdio` becomes the child's
+    fds 0-2 (else it keeps the caller's)."""
     ready_r, ready_w = os.pipe()
     commit_r, commit_w = os.pipe()
     with (contextlib.nullcontext() if detach else pid_namespace()):
@@ -183,6 +197,11 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
         try:
             os.close(ready_r)
             os.close(commit_w)
+            _default_signals()
+            if stdio is not None:
+                for target, fd in enumerate(stdio):
+                    if fd != target:
+                        os.dup2(fd, target)
             # Inherited descriptors include the container lock: holding it for
             # the process's life would block every later verb.
             keep = sorted((ready_w, commit_r))

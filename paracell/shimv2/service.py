@@ -1,0 +1,223 @@
+"""containerd's Task service (containerd.task.v2.Task) over the task table:
+each method decodes its request, asks `tasks.Tasks`, publishes the event
+containerd expects, and encodes the answer. Errors leave as ttrpc statuses
+whose codes containerd's errdefs map back (not found, already exists...)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import empty_pb2, timestamp_pb2
+
+from paracell.errors import ParacellError
+from paracell.shimv2 import messages, metrics, rootfs, stdio
+from paracell.shimv2.events import Publisher
+from paracell.shimv2.tasks import Process, TaskError, Tasks
+from paracell.shimv2.ttrpc import Code, TtrpcError
+
+MAX_SPEC_BYTES = 1 << 20
+SHIM_VERSION = "paracell-shimv2-1"
+
+api = messages.task_api
+types = messages.task_types
+events = messages.task_events
+
+STATUS = {"created": types.CREATED, "running": types.RUNNING, "stopped": types.STOPPED,
+          "paused": types.PAUSED}
+CODES = {"not_found": Code.NOT_FOUND, "already_exists": Code.ALREADY_EXISTS,
+         "failed_precondition": Code.FAILED_PRECONDITION,
+         "invalid_argument": Code.INVALID_ARGUMENT}
+
+
+def timestamp(at: float) -> timestamp_pb2.Timestamp:
+    stamp = timestamp_pb2.Timestamp()
+    if at:
+        stamp.FromNanoseconds(int(at * 1e9))
+    return stamp
+
+
+def _json_any(value: Any, what: str) -> dict[str, Any]:
+    """containerd sends OCI structs (a Process, LinuxResources) as Any holding JSON."""
+    if len(value.value) > MAX_SPEC_BYTES:
+        raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: longer than {MAX_SPEC_BYTES} bytes")
+    try:
+        data = json.loads(value.value)
+    except ValueError as err:
+        raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: not JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: not a JSON object")
+    return data
+
+
+class TaskService:
+    def __init__(self, tasks: Tasks, publisher: Publisher, namespace: str,
+                 shutdown: Callable[[], None]) -> None:
+        self.tasks = tasks
+        self.publisher = publisher
+        self.namespace = namespace
+        self._shutdown = shutdown
+
+    def methods(self) -> dict[str, tuple[type, Callable[[Any], Awaitable[Any]]]]:
+        """Method name -> (request class, handler), for ttrpc.Server."""
+        return {
+            "State": (api.StateRequest, self.state),
+            "Create": (api.CreateTaskRequest, self.create),
+            "Start": (api.StartRequest, self.start),
+            "Delete": (api.DeleteRequest, self.delete),
+            "Pids": (api.PidsRequest, self.pids),
+            "Pause": (api.PauseRequest, self.pause),
+            "Resume": (api.ResumeRequest, self.resume),
+            "Checkpoint": (api.CheckpointTaskRequest, self.checkpoint),
+            "Kill": (api.KillRequest, self.kill),
+            "Exec": (api.ExecProcessRequest, self.exec),
+            "ResizePty": (api.ResizePtyRequest, self.resize_pty),
+            "CloseIO": (api.CloseIORequest, self.close_io),
+            "Update": (api.UpdateTaskRequest, self.update),
+            "Wait": (api.WaitRequest, self.wait),
+            "Stats": (api.StatsRequest, self.stats),
+            "Connect": (api.ConnectRequest, self.connect),
+            "Shutdown": (api.ShutdownRequest, self.shutdown),
+        }
+
+    def wrap(self, handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
+        """The runtime's refusals as the statuses containerd expects."""
+        async def call(request: Any) -> Any:
+            try:
+                return await handler(request)
+            except TaskError as err:
+                raise TtrpcError(CODES.get(err.kind, Code.UNKNOWN), str(err)) from None
+            except ParacellError as err:
+                raise TtrpcError(Code.UNKNOWN, str(err)) from None
+            except OSError as err:
+                raise TtrpcError(Code.UNKNOWN, f"{err.filename or ''}: {err.strerror}") \
+                    from None
+        return call
+
+    def _publish(self, event: Any) -> None:
+        self.publisher.publish(event)
+
+    def exited(self, proc: Process) -> None:
+        """The reaper's news: containerd learns every exit from this event."""
+        self._publish(events.TaskExit(
+            container_id=proc.container_id, id=proc.exec_id or proc.container_id,
+            pid=proc.pid, exit_status=proc.exit_status or 0,
+            exited_at=timestamp(proc.exited_at)))
+
+    # ---- the methods
+
+    async def create(self, req: Any) -> Any:
+        if req.checkpoint or req.parent_checkpoint:
+            raise TtrpcError(Code.UNIMPLEMENTED,
+                             "restoring a task from a containerd checkpoint is not supported")
+        bundle = Path(req.bundle)
+        if not bundle.is_absolute():
+            raise TtrpcError(Code.INVALID_ARGUMENT, "bundle: must be an absolute path")
+        mounts = [rootfs.RootMount(m.type, m.source, tuple(m.options)) for m in req.rootfs]
+        paths = stdio.StdioPaths(req.stdin, req.stdout, req.stderr, req.terminal)
+        proc = await self.tasks.create(req.id, bundle, mounts, paths)
+        self._publish(events.TaskCreate(
+            container_id=req.id, bundle=req.bundle, rootfs=list(req.rootfs),
+            io=events.TaskIO(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
+                             terminal=req.terminal),
+            pid=proc.pid))
+        return api.CreateTaskResponse(pid=proc.pid)
+
+    async def start(self, req: Any) -> Any:
+        proc = await self.tasks.start(req.id, req.exec_id)
+        if req.exec_id:
+            self._publish(events.TaskExecStarted(
+                container_id=req.id, exec_id=req.exec_id, pid=proc.pid))
+        else:
+            self._publish(events.TaskStart(container_id=req.id, pid=proc.pid))
+        return api.StartResponse(pid=proc.pid)
+
+    async def delete(self, req: Any) -> Any:
+        proc = await self.tasks.delete(req.id, req.exec_id)
+        if not req.exec_id:
+            self._publish(events.TaskDelete(
+                container_id=req.id, pid=proc.pid, exit_status=proc.exit_status or 0,
+                exited_at=timestamp(proc.exited_at), id=req.id))
+        return api.DeleteResponse(pid=proc.pid, exit_status=proc.exit_status or 0,
+                                  exited_at=timestamp(proc.exited_at))
+
+    async def state(self, req: Any) -> Any:
+        proc = self.tasks.process(req.id, req.exec_id)
+        task = self.tasks.task(req.id)
+        return api.StateResponse(
+            id=req.exec_id or req.id, bundle=str(task.bundle), pid=proc.pid,
+            status=STATUS[self.tasks.status_of(proc)], stdin=proc.paths.stdin,
+            stdout=proc.paths.stdout, stderr=proc.paths.stderr, terminal=proc.paths.terminal,
+            exit_status=proc.exit_status or 0, exited_at=timestamp(proc.exited_at),
+            exec_id=req.exec_id)
+
+    async def pids(self, req: Any) -> Any:
+        pids = await self.tasks.pids(req.id)
+        return api.PidsResponse(processes=[types.ProcessInfo(pid=pid) for pid in pids])
+
+    async def pause(self, req: Any) -> Any:
+        await self.tasks.set_paused(req.id, True)
+        self._publish(events.TaskPaused(container_id=req.id))
+        return empty_pb2.Empty()
+
+    async def resume(self, req: Any) -> Any:
+        await self.tasks.set_paused(req.id, False)
+        self._publish(events.TaskResumed(container_id=req.id))
+        return empty_pb2.Empty()
+
+    async def checkpoint(self, req: Any) -> Any:
+        raise TtrpcError(Code.UNIMPLEMENTED, "containerd checkpoints are not supported by this "
+                         "shim yet: use `paracell checkpoint` in snapshot mode")
+
+    async def kill(self, req: Any) -> Any:
+        await self.tasks.kill(req.id, req.exec_id, req.signal, req.all)
+        return empty_pb2.Empty()
+
+    async def exec(self, req: Any) -> Any:
+        if not req.exec_id:
+            raise TtrpcError(Code.INVALID_ARGUMENT, "exec: an exec id is required")
+        process = _json_any(req.spec, "the exec's process")
+        paths = stdio.StdioPaths(req.stdin, req.stdout, req.stderr, req.terminal)
+        await self.tasks.add_exec(req.id, req.exec_id, process, paths)
+        self._publish(events.TaskExecAdded(container_id=req.id,
+                                                                exec_id=req.exec_id))
+        return empty_pb2.Empty()
+
+    async def resize_pty(self, req: Any) -> Any:
+        self.tasks.resize(req.id, req.exec_id, req.width, req.height)
+        return empty_pb2.Empty()
+
+    async def close_io(self, req: Any) -> Any:
+        self.tasks.close_stdin(req.id, req.exec_id)
+        return empty_pb2.Empty()
+
+    async def update(self, req: Any) -> Any:
+        resources = _json_any(req.resources, "resources")
+        for notice in await self.tasks.update(req.id, resources):
+            self.tasks.ctx.log.warning(f"update {req.id}: {notice}")
+        return empty_pb2.Empty()
+
+    async def wait(self, req: Any) -> Any:
+        proc = self.tasks.process(req.id, req.exec_id)
+        await proc.exited.wait()
+        return api.WaitResponse(exit_status=proc.exit_status or 0,
+                                exited_at=timestamp(proc.exited_at))
+
+    async def stats(self, req: Any) -> Any:
+        data = await self.tasks.stats(req.id)
+        return api.StatsResponse(stats=messages.pack_any(metrics.v1_metrics(data)))
+
+    async def connect(self, req: Any) -> Any:
+        task = self.tasks.task(req.id)
+        return api.ConnectResponse(shim_pid=os.getpid(), task_pid=task.init.pid,
+                                   version=SHIM_VERSION)
+
+    async def shutdown(self, req: Any) -> Any:
+        # containerd asks after each task it deletes; the pod's shim stays
+        # for as long as it serves any task.
+        if not self.tasks.tasks:
+            self._shutdown()
+        return empty_pb2.Empty()

@@ -1,0 +1,370 @@
+"""The processes one shim v2 serves, over the runtime's own verbs.
+
+A task is a container (its init process) and its execs. Each is a host
+process that stands for a process in the guest (runtime/vm/standin.py): the
+container's shim or pod proxy, or an exec proxy. They are detached by the
+verbs that make them and re-parented to this process, a subreaper, which
+reaps them and so learns each exit status, as containerd's runc shim does
+with runc's processes.
+
+Everything that changes a container goes through the same verbs as the CLI
+(runtime/verbs/): this module adds no create path and no state machine of
+its own, only which process is which and who waits for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from paracell.errors import NotExistError, ParacellError
+from paracell.runtime.agent.signals import exit_status_for_signal
+from paracell.runtime.context import Context
+from paracell.runtime.state import status
+from paracell.shimv2 import rootfs, stdio
+
+T = TypeVar("T")
+
+MAX_EXECS_PER_TASK = 1024
+MAX_TASKS = 256
+
+
+class TaskError(ParacellError):
+    """A refusal with the kind containerd's errdefs know it by."""
+
+    kind = "unknown"
+
+
+class NotFound(TaskError):
+    kind = "not_found"
+
+
+class AlreadyExists(TaskError):
+    kind = "already_exists"
+
+
+class FailedPrecondition(TaskError):
+    kind = "failed_precondition"
+
+
+class InvalidArgument(TaskError):
+    kind = "invalid_argument"
+
+
+# The runtime's statuses as containerd's Task API names them.
+CREATED, RUNNING, STOPPED, PAUSED = "created", "running", "stopped", "paused"
+
+
+@dataclass
+class Process:
+    container_id: str
+    exec_id: str  # "" for the container's init
+    paths: stdio.StdioPaths
+    process_spec: dict[str, Any] | None = None  # an exec's, until it starts
+    pid: int = 0
+    exit_status: int | None = None
+    exited_at: float = 0.0
+    console: stdio.Console | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def started(self) -> bool:
+        return self.pid > 0
+
+    def finish(self, exit_status: int) -> None:
+        self.exit_status, self.exited_at = exit_status, time.time()
+        self.exited.set()
+
+
+@dataclass
+class Task:
+    init: Process
+    bundle: Path
+    mounted_rootfs: Path | None
+    execs: dict[str, Process] = field(default_factory=dict)
+
+
+class Tasks:
+    """The table of tasks, and the verbs that change it. Verbs that fork
+    (create, exec) run one at a time on one thread: a fork from a process
+    whose other threads hold locks would hand the child those locks held."""
+
+    def __init__(self, ctx: Context, on_exit: Callable[[Process], None]) -> None:
+        self.ctx = ctx
+        self.on_exit = on_exit
+        self.tasks: dict[str, Task] = {}
+        self.by_pid: dict[int, Process] = {}
+        self.forking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fork")
+
+    async def _in_thread(self, fn: Callable[[], T], forks: bool = False) -> T:
+        if forks:
+            return await asyncio.get_running_loop().run_in_executor(self.forking, fn)
+        return await asyncio.to_thread(fn)
+
+    # ---- lookup
+
+    def task(self, container_id: str) -> Task:
+        try:
+            return self.tasks[container_id]
+        except KeyError:
+            raise NotFound(f"container {container_id}: not found") from None
+
+    def process(self, container_id: str, exec_id: str) -> Process:
+        task = self.task(container_id)
+        if not exec_id:
+            return task.init
+        try:
+            return task.execs[exec_id]
+        except KeyError:
+            raise NotFound(f"process {exec_id} of {container_id}: not found") from None
+
+    def status_of(self, proc: Process) -> str:
+        if proc.exit_status is not None:
+            return STOPPED
+        if not proc.started:
+            return CREATED
+        if proc.exec_id:
+            return RUNNING
+        try:
+            now = self.ctx.store.load(proc.container_id).status
+        except ParacellError:
+            return STOPPED
+        return {status.PAUSED: PAUSED, status.CREATED: CREATED}.get(now, RUNNING)
+
+    # ---- reaping
+
+    def reap(self) -> None:
+        """Reaps the processes this shim serves that have ended. Only those:
+        the verbs' own children (the hooks' subprocesses, a spawn's first
+        fork) are theirs to wait for."""
+        for pid in list(self.by_pid):
+            try:
+                done, raw = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                done, raw = pid, -1  # not ours after all: it is gone either way
+            if done != pid:
+                continue
+            proc = self.by_pid.pop(pid)
+            if raw == -1:
+                code = exit_status_for_signal(signal.SIGKILL)
+            elif os.WIFSIGNALED(raw):
+                code = exit_status_for_signal(os.WTERMSIG(raw))
+            else:
+                code = os.WEXITSTATUS(raw)
+            proc.finish(code)
+            self.on_exit(proc)
+
+    def _track(self, proc: Process, pid: int) -> None:
+        proc.pid = pid
+        self.by_pid[pid] = proc
+        # It may have ended before we knew its pid: its SIGCHLD came early.
+        self.reap()
+
+    # ---- verbs
+
+    async def create(self, container_id: str, bundle: Path, mounts: list[rootfs.RootMount],
+                     paths: stdio.StdioPaths) -> Process:
+        from paracell.runtime.verbs import lifecycle
+
+        if container_id in self.tasks:
+            raise AlreadyExists(f"container {container_id}: already exists")
+        if len(self.tasks) >= MAX_TASKS:
+            raise FailedPrecondition(f"this shim serves {MAX_TASKS} tasks at most")
+        paths.check()
+        proc = Process(container_id, "", paths)
+
+        def work() -> tuple[int, Path | None, stdio.Console | None]:
+            mounted = rootfs.mount(mounts, bundle)
+            try:
+                pid, console = self._spawn(
+                    paths, lambda ctx, sock: lifecycle.create(
+                        ctx, container_id, str(bundle), None, sock).shim_pid)
+            except BaseException:
+                if mounted is not None:
+                    rootfs.unmount(mounted)
+                raise
+            return pid, mounted, console
+
+        pid, mounted, proc.console = await self._in_thread(work, forks=True)
+        self.tasks[container_id] = Task(proc, bundle, mounted)
+        if proc.console is not None:
+            proc.console.start()
+        self._track(proc, pid)
+        return proc
+
+    def _spawn(self, paths: stdio.StdioPaths,
+               make: Callable[[Context, str | None], int]) -> tuple[int, stdio.Console | None]:
+        """Runs a verb that spawns a stand-in with the task's stdio: the
+        FIFOs as its fds 0-2, or a terminal whose master comes back here."""
+        if paths.terminal:
+            sock = stdio.ConsoleSocket()
+            try:
+                ctx = dataclasses.replace(self.ctx, stdio=None)
+                pid = make(ctx, sock.path)
+                return pid, stdio.Console(sock.receive(), paths)
+            finally:
+                sock.close()
+        pipes = stdio.open_pipes(paths)
+        try:
+            return make(dataclasses.replace(self.ctx, stdio=pipes.fds), None), None
+        finally:
+            pipes.close()
+
+    async def start(self, container_id: str, exec_id: str) -> Process:
+        from paracell.runtime.verbs import execproc, lifecycle
+
+        proc = self.process(container_id, exec_id)
+        if not exec_id:
+            await self._in_thread(lambda: lifecycle.start(self.ctx, container_id))
+            return proc
+        if proc.started:
+            raise FailedPrecondition(f"process {exec_id}: already started")
+        spec = proc.process_spec
+        assert spec is not None
+        pid, proc.console = await self._in_thread(lambda: self._spawn(
+            proc.paths, lambda ctx, sock: execproc.spawn_exec(ctx, container_id, spec, sock)),
+            forks=True)
+        if proc.console is not None:
+            proc.console.start()
+        self._track(proc, pid)
+        return proc
+
+    async def add_exec(self, container_id: str, exec_id: str, process: dict[str, Any],
+                       paths: stdio.StdioPaths) -> Process:
+        from paracell.runtime.state.ids import check_id
+        from paracell.runtime.verbs import execproc
+
+        task = self.task(container_id)
+        try:
+            check_id(exec_id)
+        except ParacellError as err:
+            raise InvalidArgument(f"exec id: {err}") from None
+        if exec_id in task.execs:
+            raise AlreadyExists(f"process {exec_id}: already exists")
+        if len(task.execs) >= MAX_EXECS_PER_TASK:
+            raise FailedPrecondition(f"container {container_id} has {MAX_EXECS_PER_TASK} "
+                                     "execs already")
+        if task.init.exit_status is not None:
+            raise FailedPrecondition(f"container {container_id} is not running")
+        paths.check()
+        if bool(process.get("terminal")) != paths.terminal:
+            process = dict(process, terminal=paths.terminal)
+        checked = execproc.checked_process(self.ctx, container_id, process,
+                                           "the exec's process")
+        proc = Process(container_id, exec_id, paths, process_spec=checked)
+        task.execs[exec_id] = proc
+        return proc
+
+    async def kill(self, container_id: str, exec_id: str, sig: int, all_processes: bool) -> None:
+        from paracell.runtime.verbs import kill
+
+        if not 0 < sig < 65:
+            raise InvalidArgument(f"signal {sig} is out of range")
+        proc = self.process(container_id, exec_id)
+        if proc.exit_status is not None:
+            raise NotFound("process already finished")
+        if exec_id:
+            if not proc.started:
+                raise FailedPrecondition(f"process {exec_id}: not started")
+            # As runc's shim signals an exec: its host process, which relays.
+            os.kill(proc.pid, sig)
+            return
+        try:
+            await self._in_thread(lambda: kill.kill(self.ctx, container_id, sig, all_processes))
+        except NotExistError:
+            raise NotFound("process already finished") from None
+
+    async def delete(self, container_id: str, exec_id: str) -> Process:
+        from paracell.runtime.verbs import lifecycle
+
+        task = self.task(container_id)
+        proc = self.process(container_id, exec_id)
+        if exec_id:
+            if proc.started and proc.exit_status is None:
+                raise FailedPrecondition(f"process {exec_id} is still running")
+            del task.execs[exec_id]
+            if proc.console is not None:
+                proc.console.close()
+            return proc
+        if proc.started and proc.exit_status is None and self.status_of(proc) != CREATED:
+            raise FailedPrecondition(f"cannot delete container {container_id}: it is running")
+
+        def work() -> None:
+            # force: a created container may go, as runc allows, and a record
+            # whose shim this process has reaped reads stopped either way.
+            with contextlib.suppress(NotExistError):
+                lifecycle.delete(self.ctx, container_id, force=True)
+            if task.mounted_rootfs is not None:
+                rootfs.unmount(task.mounted_rootfs)
+
+        await self._in_thread(work)
+        for other in [*task.execs.values(), proc]:
+            if other.console is not None:
+                other.console.close()
+            self.by_pid.pop(other.pid, None)
+        if proc.exit_status is None:
+            # Never started, or killed with the VM just now: it exited here.
+            proc.finish(exit_status_for_signal(signal.SIGKILL))
+        del self.tasks[container_id]
+        return proc
+
+    async def set_paused(self, container_id: str, paused: bool) -> None:
+        from paracell.runtime.verbs import pause
+
+        self.task(container_id)
+        verb = pause.pause if paused else pause.resume
+        await self._in_thread(lambda: verb(self.ctx, container_id))
+
+    async def update(self, container_id: str, resources: dict[str, Any]) -> list[str]:
+        from paracell.runtime.verbs import update
+
+        self.task(container_id)
+        return await self._in_thread(
+            lambda: update.update_resources(self.ctx, container_id, resources))
+
+    async def pids(self, container_id: str) -> list[int]:
+        from paracell.runtime.verbs import query
+
+        self.task(container_id)
+        state = await self._in_thread(lambda: self.ctx.store.load(container_id))
+        return query.host_pids(self.ctx, state)
+
+    async def stats(self, container_id: str) -> dict[str, Any]:
+        """runc's stats of the container, as `paracell events --stats` reads
+        them: a pod member's are its host cgroup's."""
+        from paracell.runtime.host import cgroups
+        from paracell.runtime.host.cgroups import stats as cgroup_stats
+        from paracell.runtime.verbs import events
+
+        self.task(container_id)
+
+        def work() -> dict[str, Any]:
+            state = self.ctx.store.load(container_id)
+            if state.vm.config.ram_file:
+                return events.stats(self.ctx, container_id)["data"]
+            return cgroup_stats.read(cgroups.from_facts(state.vm.host.cgroups))
+
+        return await self._in_thread(work)
+
+    def close_stdin(self, container_id: str, exec_id: str) -> None:
+        """The FIFO's writer closing is the container's EOF: the stand-in
+        reads the FIFO itself. A terminal's copy ends at the same EOF."""
+        self.process(container_id, exec_id)
+
+    def resize(self, container_id: str, exec_id: str, width: int, height: int) -> None:
+        proc = self.process(container_id, exec_id)
+        if proc.console is None:
+            raise FailedPrecondition("the process has no terminal")
+        proc.console.resize(width, height)
+
+    def shutdown(self) -> None:
+        self.forking.shutdown(wait=False)

@@ -1,0 +1,235 @@
+"""containerd 1.6 (Debian) drives paracell through paracell's own shim v2
+(paracell/shimv2/): what only the v2 path has, or must do differently.
+The ctr verbs common to both paths are in test_containerd.py, which runs
+through each."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from google.protobuf import any_pb2, empty_pb2
+
+from paracell.shimv2 import messages
+from tests.conftest import PARACELL
+from tests.e2e.conftest import IMAGE, SHIM_V2
+
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.parametrize("containerd", [("qemu", SHIM_V2)], indirect=True,
+                                      ids=["paracell-v2"])]
+
+
+def _run_detached(containerd, name: str, *cmd: str) -> None:
+    started = containerd.ctr("run", *containerd.run_args(), "-d", IMAGE, name, *cmd)
+    assert started.returncode == 0, started.stderr
+
+
+def _remove(containerd, name: str) -> None:
+    containerd.ctr("task", "kill", "-s", "SIGKILL", name)
+    containerd.ctr("task", "delete", "--force", name)
+    containerd.ctr("containers", "delete", name)
+
+
+def _task_status(containerd, name: str) -> str:
+    listed = containerd.ctr("task", "ls").stdout.decode()
+    for line in listed.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == name:
+            return fields[-1]
+    return ""
+
+
+def _wait_status(containerd, name: str, want: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _task_status(containerd, name) != want:
+        assert time.monotonic() < deadline, f"{name} never became {want}"
+        time.sleep(0.2)
+
+
+def _shim_socket(containerd) -> Path:
+    sockets = list((containerd.runc_root / "s").iterdir())
+    assert len(sockets) == 1, sockets
+    return sockets[0]
+
+
+def test_one_shim_serves_the_task_and_paracell_list_sees_it(containerd):
+    _run_detached(containerd, "v2-list", "sleep", "300")
+    try:
+        pids = containerd.shim_pids()
+        assert len(pids) == 1
+        listed = subprocess.run([PARACELL, "--root", str(containerd.runc_root / "default"),
+                                 "list", "--format", "json"], capture_output=True, check=True)
+        states = {s["id"]: s for s in json.loads(listed.stdout)}
+        assert states["v2-list"]["status"] == "running"
+        task_pid = int(containerd.ctr("task", "ls").stdout.split()[-2])
+        assert states["v2-list"]["pid"] == task_pid
+        # The task's process is the shim's child: it reaps it for its exit status.
+        assert psutil.Process(task_pid).ppid() == pids[0]
+    finally:
+        _remove(containerd, "v2-list")
+    assert containerd.leftovers("v2-list") == []
+
+
+def test_the_shims_socket_is_for_root_only(containerd):
+    _run_detached(containerd, "v2-perm", "sleep", "300")
+    try:
+        sock = _shim_socket(containerd)
+        assert stat.S_IMODE(sock.stat().st_mode) & 0o077 == 0
+        assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
+    finally:
+        _remove(containerd, "v2-perm")
+
+
+def test_pause_resume_update_stats(containerd):
+    _run_detached(containerd, "v2-pause", "sleep", "300")
+    try:
+        assert containerd.ctr("task", "pause", "v2-pause").returncode == 0
+        assert _task_status(containerd, "v2-pause") == "PAUSED"
+        assert containerd.ctr("task", "resume", "v2-pause").returncode == 0
+        assert _task_status(containerd, "v2-pause") == "RUNNING"
+        # ctr 1.6 has no `task update`: the call containerd's UpdateTask makes.
+        _call(containerd, "Update", messages.task_api.UpdateTaskRequest(
+            id="v2-pause", resources=any_pb2.Any(
+                type_url=messages.RUNTIME_SPEC_LINUX_RESOURCES_URL,
+                value=json.dumps({"pids": {"limit": 123}}).encode())),
+            empty_pb2.Empty)
+        metrics = containerd.ctr("task", "metrics", "--format", "json", "v2-pause")
+        assert metrics.returncode == 0, metrics.stderr
+        data = json.loads(metrics.stdout)
+        # The host cgroup's limit, as update set it, and the VM's memory in use.
+        assert data["pids"]["limit"] == 123
+        assert data["memory"]["usage"]["usage"] > 0
+    finally:
+        _remove(containerd, "v2-pause")
+
+
+def test_exec_with_a_terminal(containerd):
+    _run_detached(containerd, "v2-exec-t", "sleep", "300")
+    try:
+        result = containerd.ctr("task", "exec", "-t", "--exec-id", "t1", "v2-exec-t", "sh", "-c",
+                                "tty; exit 4", tty=True)
+        assert result.returncode == 4, result.stdout + result.stderr
+        assert b"/dev/pts/" in result.stdout
+    finally:
+        _remove(containerd, "v2-exec-t")
+
+
+def _call(containerd, method: str, request, response_type):
+    from paracell.shimv2.ttrpc import Client
+
+    async def call():
+        async with await Client.connect(str(_shim_socket(containerd))) as client:
+            return await client.call(messages.TASK_SERVICE, method, request, response_type,
+                                     timeout=60)
+
+    return asyncio.run(call())
+
+
+def _frame(payload: bytes, stream: int = 1, kind: int = 1) -> bytes:
+    return struct.pack(">IIBB", len(payload), stream, kind, 0) + payload
+
+
+def test_hostile_ttrpc_leaves_the_shim_serving(containerd):
+    _run_detached(containerd, "v2-hostile", "sleep", "300")
+    try:
+        path = str(_shim_socket(containerd))
+        # A peer that connects and never reads.
+        idle = socket.socket(socket.AF_UNIX)
+        idle.connect(path)
+        request = messages.ttrpc_wire.Request(
+            service=messages.TASK_SERVICE, method="State",
+            payload=messages.task_api.StateRequest(id="v2-hostile").SerializeToString())
+        for _ in range(50):
+            idle.send(_frame(request.SerializeToString()))
+        hostile = [
+            _frame(b"\0" * 64, stream=3) [:10] + struct.pack(">I", 0),  # truncated frame
+            struct.pack(">IIBB", 64 << 20, 5, 1, 0),  # longer than the limit
+            _frame(b"\xff\xff\xff garbage", stream=7),  # not a request
+            _frame(messages.ttrpc_wire.Request(service="no.Such", method="X")
+                   .SerializeToString(), stream=9),
+            _frame(messages.ttrpc_wire.Request(service=messages.TASK_SERVICE, method="Create",
+                                               payload=b"\x0a\xff\xff\xff\xff")
+                   .SerializeToString(), stream=11),
+        ]
+        for data in hostile:
+            with socket.socket(socket.AF_UNIX) as peer:
+                peer.settimeout(5)
+                peer.connect(path)
+                peer.sendall(data)
+                peer.shutdown(socket.SHUT_WR)
+                try:
+                    while peer.recv(65536):
+                        pass
+                except OSError:
+                    pass
+        # The shim still answers containerd.
+        assert _task_status(containerd, "v2-hostile") == "RUNNING"
+        ex = containerd.ctr("task", "exec", "--exec-id", "h1", "v2-hostile", "echo", "still")
+        assert ex.returncode == 0 and ex.stdout == b"still\n", ex.stderr
+        idle.close()
+    finally:
+        _remove(containerd, "v2-hostile")
+
+
+def _exits(containerd, act, name: str, timeout_s: float = 60) -> list[dict]:
+    """The /tasks/exit events containerd publishes for `name` while `act`
+    runs and until the task is gone from `ctr task ls`."""
+    watcher = subprocess.Popen(["ctr", "--address", str(containerd.socket), "events"],
+                               stdout=subprocess.PIPE, env=containerd.env)
+    try:
+        time.sleep(0.5)
+        act()
+        deadline = time.monotonic() + timeout_s
+        while _task_status(containerd, name) not in ("", "STOPPED"):
+            assert time.monotonic() < deadline, f"{name} never stopped"
+            time.sleep(0.2)
+        time.sleep(1)
+    finally:
+        watcher.terminate()
+        out, _ = watcher.communicate(timeout=10)
+    found = []
+    for line in out.decode().splitlines():
+        if " /tasks/exit " in line:
+            event = json.loads(line.split(" /tasks/exit ", 1)[1])
+            if event.get("container_id") == name:
+                found.append(event)
+    return found
+
+
+def test_shim_killed_the_task_reports_137_once_and_nothing_is_left(containerd):
+    _run_detached(containerd, "v2-shimkill", "sleep", "300")
+    try:
+        (shim,) = containerd.shim_pids()
+        exits = _exits(containerd, lambda: os.kill(shim, signal.SIGKILL), "v2-shimkill")
+        # containerd ran `containerd-shim-paracell-v2 delete` and published the exit.
+        assert [e["exit_status"] for e in exits] == [137]
+    finally:
+        _remove(containerd, "v2-shimkill")
+    assert containerd.leftovers("v2-shimkill") == []
+
+
+def test_qemu_killed_the_task_exits_and_nothing_is_left(containerd):
+    _run_detached(containerd, "v2-qemukill", "sleep", "300")
+    try:
+        qemus = [p for p in psutil.process_iter(["cmdline"])
+                 if "qemu-system" in " ".join(p.info["cmdline"] or [])
+                 and str(containerd.runc_root) in " ".join(p.info["cmdline"] or [])]
+        assert len(qemus) == 1
+        exits = _exits(containerd, qemus[0].kill, "v2-qemukill")
+        assert [e["exit_status"] for e in exits] == [137]
+        deleted = containerd.ctr("task", "delete", "v2-qemukill")
+        assert deleted.returncode == 0, deleted.stderr
+    finally:
+        _remove(containerd, "v2-qemukill")
+    assert containerd.leftovers("v2-qemukill") == []
+    assert containerd.shim_pids() == []
