@@ -20,10 +20,11 @@ from paracell import settings
 from paracell.cri.client import CriClient
 from paracell.vmm import memory
 from tests.conftest import PARACELL, REPO
-from tests.e2e.conftest import IMAGE, oci_image_tar, stop_containerd, wait_for
+from tests.e2e.conftest import IMAGE, SHIM_BINARY, oci_image_tar, stop_containerd, wait_for
 
 PAUSE_IMAGE = "localhost/pause:paracell"
-HANDLER = "paracell"
+HANDLER = "paracell"  # containerd's runc v2 shim, paracell as its BinaryName
+HANDLER_V2 = "paracell-v2"  # paracell's own shim v2 (paracell/shimv2/)
 BRIDGE = "pccri0"
 SUBNET = "10.217.0.0/24"
 CNI_BIN = "/usr/lib/cni"
@@ -34,8 +35,9 @@ class Cri:
     client: CriClient
     base: Path
     socket: Path
-    paracell_root: Path
+    paracell_root: Path  # the runtime's state root of the handler's containers
     logs: Path
+    handler: str = HANDLER
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[bytes]:
         return subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
@@ -137,6 +139,7 @@ class Cri:
 
 
 def _config(base: Path, socket: Path, paracell_root: Path, binary: str) -> str:
+    """Both handlers, as oci/containerd/config.toml offers them."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{base}/root"
@@ -165,6 +168,9 @@ state = "{base}/state"
 [{cri}.containerd.runtimes.{HANDLER}.options]
   BinaryName = "{binary}"
   Root = "{paracell_root}"
+[{cri}.containerd.runtimes.{HANDLER_V2}]
+  runtime_type = "io.containerd.paracell.v2"
+  pod_annotations = ["io.paracell.*"]
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{base}/cni"
@@ -206,9 +212,11 @@ def runtime_wrapper(base: Path, env: dict[str, str]) -> str:
     return str(wrapper)
 
 
-def running_cri(base: Path, busybox_rootfs: Path, binary: str = PARACELL) -> Iterator[Cri]:
+def running_cri(base: Path, busybox_rootfs: Path, binary: str = PARACELL,
+                handler: str = HANDLER) -> Iterator[Cri]:
     """Yields a started daemon; a module's `cri` fixture wraps it. binary:
-    the BinaryName containerd runs (a wrapper that sets an environment)."""
+    the BinaryName containerd runs (a wrapper that sets an environment);
+    handler: the one the tests run their pods with."""
     if not shutil.which("containerd"):
         pytest.fail("containerd is not installed: run `make deps`")
     if settings.cache_dir() != Path(settings.SYSTEM_CACHE):
@@ -217,19 +225,26 @@ def running_cri(base: Path, busybox_rootfs: Path, binary: str = PARACELL) -> Ite
                     "unset PARACELL_CACHE and XDG_CACHE_HOME and run as root")
     socket = base / "containerd.sock"
     paracell_root = base / "paracell"
+    shim_root = base / "shim"
     (base / "cni").mkdir()
     (base / "cni" / "10-paracell-test.conflist").write_text(_cni_config(base))
     config = base / "config.toml"
     config.write_text(_config(base, socket, paracell_root, binary))
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
-    # containerd strips the runtime's environment to PATH, HOME and LANG, so
-    # ParaCell below runs exactly as it would on a node: system paths only.
+    # The runc shim strips the runtime's environment to PATH, HOME and LANG,
+    # so ParaCell below runs exactly as it would on a node: system paths
+    # only. The shim v2 is found on containerd's PATH, as on a node where
+    # `make venv` installed it; its state root is the fixture's own.
+    env = dict(os.environ, PATH=f"{Path(SHIM_BINARY).parent}:{os.environ.get('PATH', '')}",
+               PARACELL_SHIM_ROOT=str(shim_root))
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     client = None
     try:
         wait_for(socket, proc, f"containerd (see {base}/containerd.log)")
-        daemon = Cri(CriClient(socket), base, socket, paracell_root, base / "logs")
+        daemon = Cri(CriClient(socket), base, socket,
+                     shim_root if handler == HANDLER_V2 else paracell_root, base / "logs",
+                     handler)
         client = daemon.client
         for tar in (_pause_image(base), oci_image_tar(busybox_rootfs, base / "bb.tar")):
             imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(tar))

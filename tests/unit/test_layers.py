@@ -39,8 +39,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("runtime.vm", ("paracell.runtime.vm",)),
     ("runtime.pod", ("paracell.runtime.pod",)),
     ("runtime.verbs", ("paracell.runtime.verbs",)),
-    ("clients", ("paracell.sandbox", "paracell.cri", "paracell.bench", "paracell.demo",
-                 "paracell.hostcheck")),
+    ("clients", ("paracell.sandbox", "paracell.cri", "paracell.shimv2", "paracell.bench",
+                 "paracell.demo", "paracell.hostcheck")),
     ("cli", ("paracell.cli",)),
     ("entry", ("paracell.fastpath", "paracell.entry")),
 ]
