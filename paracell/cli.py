@@ -516,6 +516,18 @@ def bench_pod(rounds: int, output: str) -> None:
     click.echo(bench_pod_mod.run(_ctx(), rounds, output))
 
 
+@bench.command("shim")
+@click.option("--rounds", default=5, show_default=True)
+@click.option("--output", "-o", default="bench-results/shim.json")
+def bench_shim(rounds: int, output: str) -> None:
+    """containerd to ParaCell: runc v2 + BinaryName against the shim v2, with runc beside."""
+    from paracell.bench import shim as bench_shim_mod
+
+    if not 1 <= rounds <= 50:
+        raise ParacellError(f"--rounds {rounds} is outside 1..50")
+    click.echo(bench_shim_mod.run(_ctx(), rounds, output))
+
+
 @bench.command("density")
 @click.option("--count", default=None, type=int,
               help="idle sandboxes per runtime [default: 20, or 5 with --quick]")
