@@ -89,6 +89,23 @@ class Containerd:
     memory_dir: Path  # the guests' RAM files
     libvirtd: object | None = None  # the private daemon of a libvirt backend
     shim: str = SHIM_RUNC
+    proc: subprocess.Popen[bytes] | None = None
+    config: Path | None = None
+
+    def restart(self) -> None:
+        """containerd stopped and started again, its tasks left running: it
+        finds their shims again by the address in each bundle."""
+        assert self.proc is not None and self.config is not None
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        log = open(self.config.with_name("containerd.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(["containerd", "--config", str(self.config)], stdout=log,
+                                     stderr=log, env=self.env, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + 30
+        while self.ctr("version").returncode != 0:
+            assert time.monotonic() < deadline, "containerd did not come back"
+            time.sleep(0.2)
 
     def leftovers(self, container_id: str) -> list[str]:
         """Whatever of a deleted container is still on the host: its state,
@@ -174,16 +191,17 @@ def containerd(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     log = open(base / "containerd.log", "wb")  # noqa: SIM115 - outlives this block
     proc = subprocess.Popen(["containerd", "--config", str(config)], stdout=log, stderr=log,
                             env=env, start_new_session=True)
+    daemon = None
     try:
         wait_for(sock, proc, "containerd")
         lv = request.getfixturevalue("libvirtd") if backend_env else None
-        daemon = Containerd(sock, runtime_root, env, memory_dir, lv, shim)
+        daemon = Containerd(sock, runtime_root, env, memory_dir, lv, shim, proc, config)
         image = oci_image_tar(busybox_rootfs_module, base / "bb.tar")
         imported = daemon.ctr("images", "import", "--platform", "linux/amd64", str(image))
         assert imported.returncode == 0, imported.stderr
         yield daemon
     finally:
-        stop_containerd(proc, log, base)
+        stop_containerd(daemon.proc if daemon is not None and daemon.proc else proc, log, base)
         shutil.rmtree(memory_dir, ignore_errors=True)
 
 

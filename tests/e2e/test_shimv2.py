@@ -80,6 +80,23 @@ def test_one_shim_serves_the_task_and_paracell_list_sees_it(containerd):
     assert containerd.leftovers("v2-list") == []
 
 
+def test_containerd_restarted_finds_the_running_task_again(containerd):
+    _run_detached(containerd, "v2-restart", "sleep", "300")
+    try:
+        (shim,) = containerd.shim_pids()
+        containerd.restart()
+        assert containerd.shim_pids() == [shim]
+        assert _task_status(containerd, "v2-restart") == "RUNNING"
+        ex = containerd.ctr("task", "exec", "--exec-id", "r1", "v2-restart", "echo", "again")
+        assert ex.returncode == 0 and ex.stdout == b"again\n", ex.stderr
+        exits = _exits(containerd, lambda: containerd.ctr("task", "kill", "-s", "SIGKILL",
+                                                          "v2-restart"), "v2-restart")
+        assert [e["exit_status"] for e in exits] == [137]
+    finally:
+        _remove(containerd, "v2-restart")
+    assert containerd.leftovers("v2-restart") == []
+
+
 def test_the_shims_socket_is_for_root_only(containerd):
     _run_detached(containerd, "v2-perm", "sleep", "300")
     try:
@@ -182,7 +199,7 @@ def test_hostile_ttrpc_leaves_the_shim_serving(containerd):
 
 
 def _exits(containerd, act, name: str, timeout_s: float = 60) -> list[dict]:
-    """The /tasks/exit events containerd publishes for `name` while `act`
+    """The /tasks/exit events containerd publishes for the init of `name` while `act`
     runs and until the task is gone from `ctr task ls`."""
     watcher = subprocess.Popen(["ctr", "--address", str(containerd.socket), "events"],
                                stdout=subprocess.PIPE, env=containerd.env)
@@ -201,7 +218,8 @@ def _exits(containerd, act, name: str, timeout_s: float = 60) -> list[dict]:
     for line in out.decode().splitlines():
         if " /tasks/exit " in line:
             event = json.loads(line.split(" /tasks/exit ", 1)[1])
-            if event.get("container_id") == name:
+            # The init's: an exec's exit names its exec id.
+            if event.get("container_id") == name and event.get("id") == name:
                 found.append(event)
     return found
 

@@ -17,7 +17,6 @@ VM ever runs that no state records.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import signal
@@ -198,10 +197,6 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
         try:
             os.close(ready_r)
             os.close(commit_w)
-            # The parent's objects stay shared copy-on-write for as long as
-            # no collection walks them: a long-lived creator (the shim v2)
-            # holds much that this child never uses.
-            gc.freeze()
             _default_signals()
             if stdio is not None:
                 for target, fd in enumerate(stdio):
