@@ -9,6 +9,12 @@ from setuptools.command.build_ext import build_ext
 # csrc/ramplugin.c: loaded by QEMU (-plugin) for copy-on-write guest RAM, never imported.
 PLUGIN = "paracell/_qemu_ram_plugin.so"
 PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c"]
+# csrc/relayexec.c: what exec and pod-member proxies exec into once their
+# process runs (paracell/runtime/agent/channel.py: exec_relay).
+RELAY = "paracell/paracell-relay"
+RELAY_SOURCES = ["csrc/relayexec.c", "csrc/relay.c", "csrc/sink.c", "csrc/streams.c",
+                 "csrc/portfwd.c"]
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 
 
 class BuildExtAndPlugin(build_ext):
@@ -17,10 +23,15 @@ class BuildExtAndPlugin(build_ext):
         target = Path(PLUGIN) if self.inplace else Path(self.build_lib) / PLUGIN
         objects = self.compiler.compile(
             PLUGIN_SOURCES, output_dir=self.build_temp, include_dirs=["proto", "csrc"],
-            extra_preargs=["-fPIC", "-fvisibility=hidden"],
-            extra_postargs=["-O2", "-Wall", "-Wextra", "-Werror"])
+            extra_preargs=["-fPIC", "-fvisibility=hidden"], extra_postargs=FLAGS)
         target.parent.mkdir(parents=True, exist_ok=True)
         self.compiler.link_shared_object(objects, str(target), libraries=["pthread"])
+        relay = Path(RELAY) if self.inplace else Path(self.build_lib) / RELAY
+        objects = self.compiler.compile(
+            RELAY_SOURCES, output_dir=str(Path(self.build_temp) / "relay"),
+            include_dirs=["proto", "csrc"], extra_preargs=["-fPIE"], extra_postargs=FLAGS)
+        self.compiler.link_executable(objects, relay.name, output_dir=str(relay.parent),
+                                      extra_preargs=["-pie"])
 
 
 setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder",

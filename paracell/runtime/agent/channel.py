@@ -20,7 +20,6 @@ from typing import Any
 
 from paracell import unixsock
 from paracell.errors import ParacellError
-from paracell.runtime.agent.signals import SIGKILL, exit_status_for_signal
 
 # Little-endian layouts of struct pc_signal_msg and pc_created_msg; a unit test
 # checks their sizes against the header's structs.
@@ -180,6 +179,26 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
     return RelayEnd(res.end, res.status, ffi.string(res.message).decode("utf-8", "replace"))
 
 
+# csrc/relayexec.c, built beside the package's C modules by setup.py.
+RELAY_EXEC = Path(__file__).resolve().parents[2] / "paracell-relay"
+
+
+def exec_relay(chan_fd: int, tty_fd: int, control_fd: int = -1, send_start: bool = False,
+               unlink: tuple[Path, ...] = ()) -> None:
+    """A proxy becomes paracell-relay for the rest of its process's life:
+    the same relay (csrc/relay.c) in a process of a few hundred KiB, its pid,
+    fds and blocked signals kept, instead of a Python process of tens of
+    MiB per container and per exec. Returns only if the exec failed (OSError)."""
+    from paracell.runtime.agent import signals
+
+    for fd in (chan_fd, tty_fd, control_fd):
+        if fd >= 0:
+            os.set_inheritable(fd, True)
+    os.execv(RELAY_EXEC, [str(RELAY_EXEC), str(chan_fd), str(tty_fd), str(control_fd),
+                          "1" if send_start else "0", str(signals.forward_mask()),
+                          *map(str, unlink)])
+
+
 def printable(data: bytes, limit: int = 300) -> str:
     text = data[:limit].decode("utf-8", "replace")
     return "".join(c if c.isprintable() else " " for c in text).strip() or "unknown error"
@@ -206,9 +225,6 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
 CREATE_TIMEOUT_S = 60.0
 # After an ERROR the shim sends at most an EXIT, then closes the connection.
 AFTER_ERROR_TIMEOUT_S = 5.0
-# The process's fate is unknown when its channel is lost: the container or
-# its VM went away under it, which for the process is death by SIGKILL.
-EXIT_CHANNEL_LOST = exit_status_for_signal(SIGKILL)
 
 
 class SessionEnded(ParacellError):
@@ -262,18 +278,6 @@ def open_process(shim_socket: Path, launch: bytes, terminal: bool, console_socke
         conn.close()
         raise
     return conn, tty_fd
-
-
-def relay_status(end: RelayEnd) -> int:
-    """A proxy's exit status from how its relay ended. When the process's
-    end is unknown, why goes to the proxy's stderr, which is the process's
-    (as the shim's ERROR texts do), so the status never comes alone."""
-    from paracell._native import lib
-
-    if end.kind == lib.PC_END_EXIT:
-        return end.status & 0xFF
-    say_on_stderr(end.message or "the session ended without an exit status")
-    return EXIT_CHANNEL_LOST
 
 
 def say_on_stderr(message: str) -> None:

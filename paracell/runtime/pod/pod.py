@@ -159,9 +159,17 @@ class MemberProxy:
         return spawn.Ready(pid=os.getpid())
 
     def run(self) -> int:
+        from paracell.runtime.vm import standin
 
-        return channel.relay_status(channel.run_relay(
-            self.conn.fileno(), -1, self.tty_fd, control_fd=self.listener.fileno()))
+        # The relay serves the member's start and kill on its control socket,
+        # which goes when it ends.
+        try:
+            channel.exec_relay(self.conn.fileno(), self.tty_fd,
+                               control_fd=self.listener.fileno(),
+                               unlink=(self.control_socket,))
+        except OSError as err:
+            channel.say_on_stderr(f"starting the member's relay: {standin.describe(err)}")
+        return standin.EXIT_RUNTIME_ERROR
 
     def close(self) -> None:
         """Closing the connection ends the member in the guest, if it still runs."""

@@ -161,17 +161,19 @@ class ExecProxy:
         return spawn.Ready(pid=os.getpid())
 
     def run(self) -> int:
-        from paracell._native import lib
 
         if self.ended is not None:
             channel.say_on_stderr(str(self.ended))
             return self.ended.status
         assert self.conn is not None
+        # The relay sends START first, then runs as long as the process; the
+        # marker goes when it ends.
         try:
-            channel.send(self.conn.fileno(), lib.PC_START)
-        except ParacellError:
-            pass  # the shim has ended the session already: the relay reads why and how
-        return channel.relay_status(channel.run_relay(self.conn.fileno(), -1, self.tty_fd))
+            channel.exec_relay(self.conn.fileno(), self.tty_fd, send_start=True,
+                               unlink=(self.marker,))
+        except OSError as err:
+            channel.say_on_stderr(f"starting the exec's relay: {standin.describe(err)}")
+        return standin.EXIT_RUNTIME_ERROR
 
     def close(self) -> None:
         self.marker.unlink(missing_ok=True)

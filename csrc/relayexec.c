@@ -1,0 +1,94 @@
+/* paracell-relay: what an exec proxy or a pod member's proxy becomes once
+ * its process is made in the guest. The Python stand-in does the protocol's
+ * opening (runtime/vm/standin.py), then execs this, keeping its pid, its
+ * fds and its blocked signals, so that for the rest of the process's life
+ * the host holds a relay of a few hundred KiB instead of a Python process
+ * of tens of MiB per container and per exec.
+ *
+ * argv: CHAN_FD TTY_FD CONTROL_FD SEND_START FORWARD_MASK [UNLINK_PATH...]
+ *   CHAN_FD       the shim's connection for this process
+ *   TTY_FD        the host pty slave to relay, or -1 for fds 0-2
+ *   CONTROL_FD    a member's listening start/kill socket, or -1
+ *   SEND_START    1: send START first (an exec), 0: the shim starts it
+ *   FORWARD_MASK  bit n: relay signal n to the process
+ *   UNLINK_PATH   removed at the end (the exec's marker, the control socket)
+ *
+ * Exits with the process's status; when its end is unknown (the channel was
+ * lost), says why on stderr and exits 137, as the Python relay does
+ * (runtime/agent/channel.py: relay_status). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agent_proto.h"
+#include "relay.h"
+
+#define EXIT_USAGE 255
+#define EXIT_CHANNEL_LOST (128 + 9)
+
+static int parse_long(const char *s, long long lo, long long hi, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_mask(const char *s, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    long long chan, tty, control, start;
+    unsigned long long mask;
+    if (argc < 6 || parse_long(argv[1], 0, INT_MAX, &chan) ||
+        parse_long(argv[2], -1, INT_MAX, &tty) || parse_long(argv[3], -1, INT_MAX, &control) ||
+        parse_long(argv[4], 0, 1, &start) || parse_mask(argv[5], &mask)) {
+        fprintf(stderr, "paracell-relay: usage: CHAN_FD TTY_FD CONTROL_FD SEND_START "
+                        "FORWARD_MASK [UNLINK_PATH...]\n");
+        return EXIT_USAGE;
+    }
+    /* A shim that ended the session already answers START with its reason,
+     * which the relay reads next: a failed send says nothing more. */
+    if (start) pc_send_frame((int)chan, PC_START, 0, NULL, 0);
+
+    struct pc_relay_cfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.chan_fd = (int)chan;
+    cfg.listen_fd = -1;
+    cfg.control_fd = (int)control;
+    cfg.abort_fd = -1;
+    cfg.forward_mask = mask;
+    if (tty >= 0) {
+        cfg.in_fd = cfg.out_fd = cfg.tty_fd = (int)tty;
+        cfg.err_fd = 2;
+    } else {
+        cfg.in_fd = 0;
+        cfg.out_fd = 1;
+        cfg.err_fd = 2;
+        cfg.tty_fd = -1;
+    }
+    struct pc_relay_result res;
+    memset(&res, 0, sizeof res);
+    pc_relay(&cfg, &res);
+
+    for (int i = 6; i < argc; i++) unlink(argv[i]);
+    if (res.end == PC_END_EXIT) return res.status & 0xFF;
+    res.message[sizeof res.message - 1] = '\0';
+    dprintf(2, "paracell: %s\n",
+            res.message[0] ? res.message : "the session ended without an exit status");
+    return EXIT_CHANNEL_LOST;
+}
