@@ -11,7 +11,7 @@ guest's own process creation; State and Kill round trips, timed over
 ttrpc on the task's shim socket as containerd makes them, and an exec
 of /bin/true the same way (Exec, Start, Wait, Delete); a 3-container
 pod through the CRI plugin, from RunPodSandbox to the last container
-running, and the PSS of that pod's shim processes (QEMU not counted).
+running, and the PSS of that pod's shim processes, and of its QEMU apart.
 """
 
 from __future__ import annotations
@@ -257,8 +257,8 @@ def _task_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, f
     return figures
 
 
-def _shim_tree(pod_id: str) -> list[int]:
-    """The pod's shim (runc's or ours) and its descendants but QEMU."""
+def _pod_processes(pod_id: str) -> tuple[list[int], list[int]]:
+    """The pod's shim (runc's or ours) and its descendants, apart from its QEMU."""
     import psutil
 
     marks = ("containerd-shim-runc-v2", "paracell.shimv2.command")
@@ -266,14 +266,23 @@ def _shim_tree(pod_id: str) -> list[int]:
             if any(m in " ".join(p.info["cmdline"] or []) for m in marks)
             and f"-id {pod_id}" in " ".join(p.info["cmdline"] or [])}
     roots = [pid for pid, parent in tops.items() if parent not in tops]
-    found = []
+    shims, vmms = [], []
     for pid in {p for root in roots for p in common.process_tree(root)}:
         try:
-            if "qemu-system" not in " ".join(psutil.Process(pid).cmdline()):
-                found.append(pid)
+            is_vmm = "qemu-system" in " ".join(psutil.Process(pid).cmdline())
         except psutil.Error:
-            pass
-    return found
+            continue
+        (vmms if is_vmm else shims).append(pid)
+    return shims, vmms
+
+
+def _pss(pid: int) -> int:
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_full_info().pss)
+    except psutil.Error:
+        return 0
 
 
 def _pod_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, float]:
@@ -302,10 +311,12 @@ def _pod_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, fl
                 time.sleep(0.05)
             ready = time.perf_counter() - began
             time.sleep(IDLE_S)
-            shims = _shim_tree(pod)
-            pss = common.pss_of_tree(shims) if shims else 0
-            return {"pod_ready_s": ready, "pod_shim_mib": pss / (1 << 20),
-                    "pod_shim_processes": float(len(shims))}
+            shims, vmms = _pod_processes(pod)
+            # Each set on its own: pss_of_tree would count a shim's QEMU child with it.
+            return {"pod_ready_s": ready,
+                    "pod_shim_mib": sum(_pss(p) for p in shims) / (1 << 20),
+                    "pod_shim_processes": float(len(shims)),
+                    "pod_vmm_mib": sum(_pss(p) for p in vmms) / (1 << 20)}
         finally:
             client.stop_pod(pod)
             client.remove_pod(pod)
@@ -371,7 +382,7 @@ def run(ctx: Context, rounds: int, output: str) -> str:
             f"(guest process {fig['guest_process_s'] * 1e3:.1f} ms), State "
             f"{fig['state_s'] * 1e3:.2f} ms, Kill {fig['kill_s'] * 1e3:.2f} ms, 3-container pod "
             f"{fig['pod_ready_s']:.2f} s, its shims {fig['pod_shim_mib']:.1f} MiB in "
-            f"{fig['pod_shim_processes']:.0f} processes")
+            f"{fig['pod_shim_processes']:.0f} processes, its QEMU {fig['pod_vmm_mib']:.1f} MiB")
     lines += [f"{g['goal']}: {'met' if g['met'] else 'NOT met'}" for g in met]
     return "\n".join([*lines, f"-> {path}"])
 
