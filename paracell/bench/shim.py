@@ -257,8 +257,9 @@ def _task_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, f
     return figures
 
 
-def _pod_processes(pod_id: str) -> tuple[list[int], list[int]]:
-    """The pod's shim (runc's or ours) and its descendants, apart from its QEMU."""
+def _pod_processes(pod_id: str) -> tuple[list[int], list[int], list[int]]:
+    """The pod's shim (runc's or ours), its descendants apart from its QEMU,
+    and its QEMU."""
     import psutil
 
     marks = ("containerd-shim-runc-v2", "paracell.shimv2.command")
@@ -273,7 +274,7 @@ def _pod_processes(pod_id: str) -> tuple[list[int], list[int]]:
         except psutil.Error:
             continue
         (vmms if is_vmm else shims).append(pid)
-    return shims, vmms
+    return roots, shims, vmms
 
 
 def _pss(pid: int) -> int:
@@ -311,11 +312,13 @@ def _pod_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, fl
                 time.sleep(0.05)
             ready = time.perf_counter() - began
             time.sleep(IDLE_S)
-            shims, vmms = _pod_processes(pod)
+            roots, shims, vmms = _pod_processes(pod)
             # Each set on its own: pss_of_tree would count a shim's QEMU child with it.
             return {"pod_ready_s": ready,
                     "pod_shim_mib": sum(_pss(p) for p in shims) / (1 << 20),
                     "pod_shim_processes": float(len(shims)),
+                    # The shim containerd talks to, alone: the daemon, or runc's shim.
+                    "pod_shim_root_mib": sum(_pss(p) for p in roots) / (1 << 20),
                     "pod_vmm_mib": sum(_pss(p) for p in vmms) / (1 << 20)}
         finally:
             client.stop_pod(pod)

@@ -1,0 +1,155 @@
+"""The shim v2's own pieces that take containerd's input: flags, bundles,
+rootfs mounts, stdio paths, JSON-in-Any, and the stats it sends back. The
+shim end to end, with real containerd, is tests/e2e/test_shimv2.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from google.protobuf import any_pb2
+
+from paracell.errors import ParacellError
+from paracell.shimv2 import command, messages, metrics, rootfs, stdio
+from paracell.shimv2.service import MAX_SPEC_BYTES, _json_any
+from paracell.shimv2.ttrpc import Code, TtrpcError
+
+
+def test_containerds_flags_parse_as_go_spells_them():
+    args = command.parse(["-namespace", "k8s.io", "-address", "/run/containerd/containerd.sock",
+                          "-publish-binary", "/usr/bin/containerd", "-id", "abc", "-debug",
+                          "start"])
+    assert (args.namespace, args.id, args.debug, args.action) == ("k8s.io", "abc", True, "start")
+    command._check(args)
+
+
+@pytest.mark.parametrize("namespace, task_id", [
+    ("", "abc"), ("../etc", "abc"), ("k8s.io", "../x"), ("k8s.io", ""), ("n" * 77, "abc"),
+    ("k8s.io", "a/b"),
+])
+def test_bad_namespaces_and_ids_are_refused(namespace, task_id):
+    args = command.parse(["-namespace", namespace, "-id", task_id, "delete"])
+    with pytest.raises(ParacellError):
+        command._check(args)
+
+
+def test_the_socket_fits_sun_path_and_differs_per_containerd_namespace_and_group(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("PARACELL_SHIM_ROOT", str(tmp_path))
+    one = command.socket_path("/run/containerd/containerd.sock", "k8s.io", "pod" * 40)
+    assert len(str(one)) < 108 and one.parent == tmp_path / "s"
+    assert one != command.socket_path("/other.sock", "k8s.io", "pod" * 40)
+    assert one != command.socket_path("/run/containerd/containerd.sock", "default", "pod" * 40)
+    assert one != command.socket_path("/run/containerd/containerd.sock", "k8s.io", "other")
+
+
+def _bundle(tmp_path: Path, annotations: object) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"annotations": annotations}))
+    return bundle
+
+
+def test_a_pods_containers_share_a_group_and_others_are_their_own(tmp_path):
+    bundle = _bundle(tmp_path, {command.SANDBOX_ID: "pod1"})
+    assert command._group_of(bundle, "member") == "pod1"
+    assert command._group_of(tmp_path / "nothing-here", "alone") == "alone"
+    (bundle / "config.json").write_text("not json")
+    assert command._group_of(bundle, "alone") == "alone"
+
+
+def test_a_hostile_sandbox_id_is_refused(tmp_path):
+    bundle = _bundle(tmp_path, {command.SANDBOX_ID: "../../etc"})
+    with pytest.raises(ParacellError):
+        command._group_of(bundle, "member")
+
+
+@pytest.mark.parametrize("mounts, why", [
+    ([rootfs.RootMount("overlay", "overlay", ())] * 2, "at most"),
+    ([rootfs.RootMount("nfs", "server:/x", ())], "not supported"),
+    ([rootfs.RootMount("overlay", "overlay", ("lowerdir=/a\0",))], "NUL"),
+    ([rootfs.RootMount("overlay", "overlay", ("x",) * 65)], "too many options"),
+])
+def test_rootfs_mounts_are_checked_before_anything_is_mounted(mounts, why, tmp_path):
+    with pytest.raises(ParacellError, match=why):
+        rootfs.mount(mounts, tmp_path)
+    assert not (tmp_path / "rootfs").exists()
+
+
+def test_no_mounts_leave_the_bundles_rootfs_as_it_is(tmp_path):
+    assert rootfs.mount([], tmp_path) is None
+
+
+@pytest.mark.parametrize("path", ["relative/fifo", "/a\0b", "/" + "x" * 5000])
+def test_stdio_paths_must_be_absolute_and_sane(path):
+    with pytest.raises(ParacellError, match="absolute"):
+        stdio.StdioPaths(path, "", "", False).check()
+
+
+def test_missing_stdio_is_dev_null_and_stderr_defaults_to_stdout(tmp_path):
+    import os
+
+    opened = stdio.open_pipes(stdio.StdioPaths("", "", "", False))
+    try:
+        assert all(os.readlink(f"/proc/self/fd/{fd}") == "/dev/null" for fd in opened.fds)
+    finally:
+        opened.close()
+    fifo = tmp_path / "out"
+    os.mkfifo(fifo)
+    opened = stdio.open_pipes(stdio.StdioPaths("", str(fifo), "", False))
+    try:
+        assert os.path.samestat(os.fstat(opened.fds[1]), os.fstat(opened.fds[2]))
+    finally:
+        opened.close()
+
+
+def test_a_fifo_path_that_is_a_link_is_refused(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ParacellError, match="stdio"):
+        stdio.open_pipes(stdio.StdioPaths("", str(tmp_path / "link"), "", False))
+
+
+@pytest.mark.parametrize("value, why", [
+    (b"x" * (MAX_SPEC_BYTES + 1), "longer than"), (b"{not json", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+])
+def test_json_in_any_is_bounded_and_checked(value, why):
+    with pytest.raises(TtrpcError, match=why) as raised:
+        _json_any(any_pb2.Any(type_url=messages.RUNTIME_SPEC_PROCESS_URL, value=value), "spec")
+    assert raised.value.code == Code.INVALID_ARGUMENT
+
+
+def test_stats_become_cgroups_v1_metrics_with_memory_stat_names():
+    data = {
+        "cpu": {"usage": {"total": 10, "kernel": 3, "user": 7, "percpu": [4, 6]},
+                "throttling": {"periods": 2, "throttledPeriods": 1, "throttledTime": 5}},
+        "memory": {"cache": 11, "usage": {"usage": 1 << 20, "limit": 1 << 30, "max": 2 << 20,
+                                          "failcnt": 0},
+                   "raw": {"rss": 12, "pgpgin": 13, "total_pgmajfault": 14,
+                           "total_inactive_file": 15}},
+        "pids": {"current": 3, "limit": 123},
+    }
+    out = metrics.v1_metrics(data)
+    assert (out.cpu.usage.total, list(out.cpu.usage.per_cpu)) == (10, [4, 6])
+    assert out.cpu.throttling.throttled_periods == 1
+    assert (out.memory.usage.usage, out.memory.usage.limit) == (1 << 20, 1 << 30)
+    assert (out.memory.rss, out.memory.pg_pg_in, out.memory.total_pg_maj_fault) == (12, 13, 14)
+    assert out.memory.total_inactive_file == 15 and out.memory.cache == 11
+    assert (out.pids.current, out.pids.limit) == (3, 123)
+    packed = messages.pack_any(out)
+    assert packed.type_url == "io.containerd.cgroups.v1.Metrics"
+
+
+def test_hostile_figures_are_clamped_not_trusted():
+    data = {"cpu": {"usage": {"total": -5, "user": "many", "percpu": list(range(5000))}},
+            "memory": {"usage": {"usage": 1 << 70, "limit": True}, "raw": "not a dict"},
+            "pids": ["not", "a", "dict"]}
+    out = metrics.v1_metrics(data)
+    assert out.cpu.usage.total == 0 and out.cpu.usage.user == 0
+    assert len(out.cpu.usage.per_cpu) == 1024
+    assert out.memory.usage.usage == metrics.U64_MAX and out.memory.usage.limit == 0
+    assert not out.HasField("pids")
