@@ -1,7 +1,8 @@
 """A real containerd with its CRI plugin, private state, a locally built pause
 image, Debian's CNI plugins on a bridge of the fixture's own, and ParaCell
-registered as the runtime handler `paracell` (as oci/containerd/config.toml
-does). The CRI client in paracell.cri plays kubelet."""
+registered as the runtime handlers `paracell` (the runc v2 shim with
+BinaryName) and `paracell-v2` (the shim v2), as oci/containerd/config.toml
+does. The CRI client in paracell.cri plays kubelet."""
 
 from __future__ import annotations
 
