@@ -6,6 +6,7 @@ through each."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import stat
 import struct
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -29,15 +31,24 @@ pytestmark = [pytest.mark.e2e,
                                       ids=["paracell-v2"])]
 
 
-def _run_detached(containerd, name: str, *cmd: str) -> None:
-    started = containerd.ctr("run", *containerd.run_args(), "-d", IMAGE, name, *cmd)
-    assert started.returncode == 0, started.stderr
 
 
 def _remove(containerd, name: str) -> None:
     containerd.ctr("task", "kill", "-s", "SIGKILL", name)
     containerd.ctr("task", "delete", "--force", name)
     containerd.ctr("containers", "delete", name)
+
+
+@contextlib.contextmanager
+def _task(containerd, name: str) -> Iterator[None]:
+    """A running task for the test's body; then removed, leaving nothing."""
+    started = containerd.ctr("run", *containerd.run_args(), "-d", IMAGE, name, "sleep", "300")
+    assert started.returncode == 0, started.stderr
+    try:
+        yield
+    finally:
+        _remove(containerd, name)
+    assert containerd.leftovers(name) == []
 
 
 def _task_status(containerd, name: str) -> str:
@@ -63,8 +74,7 @@ def _shim_socket(containerd) -> Path:
 
 
 def test_one_shim_serves_the_task_and_paracell_list_sees_it(containerd):
-    _run_detached(containerd, "v2-list", "sleep", "300")
-    try:
+    with _task(containerd, "v2-list"):
         pids = containerd.shim_pids()
         assert len(pids) == 1
         listed = subprocess.run([PARACELL, "--root", str(containerd.runc_root / "default"),
@@ -75,14 +85,10 @@ def test_one_shim_serves_the_task_and_paracell_list_sees_it(containerd):
         assert states["v2-list"]["pid"] == task_pid
         # The task's process is the shim's child: it reaps it for its exit status.
         assert psutil.Process(task_pid).ppid() == pids[0]
-    finally:
-        _remove(containerd, "v2-list")
-    assert containerd.leftovers("v2-list") == []
 
 
 def test_containerd_restarted_finds_the_running_task_again(containerd):
-    _run_detached(containerd, "v2-restart", "sleep", "300")
-    try:
+    with _task(containerd, "v2-restart"):
         (shim,) = containerd.shim_pids()
         containerd.restart()
         assert containerd.shim_pids() == [shim]
@@ -92,24 +98,17 @@ def test_containerd_restarted_finds_the_running_task_again(containerd):
         exits = _exits(containerd, lambda: containerd.ctr("task", "kill", "-s", "SIGKILL",
                                                           "v2-restart"), "v2-restart")
         assert [e["exit_status"] for e in exits] == [137]
-    finally:
-        _remove(containerd, "v2-restart")
-    assert containerd.leftovers("v2-restart") == []
 
 
 def test_the_shims_socket_is_for_root_only(containerd):
-    _run_detached(containerd, "v2-perm", "sleep", "300")
-    try:
+    with _task(containerd, "v2-perm"):
         sock = _shim_socket(containerd)
         assert stat.S_IMODE(sock.stat().st_mode) & 0o077 == 0
         assert stat.S_IMODE(sock.parent.stat().st_mode) == 0o700
-    finally:
-        _remove(containerd, "v2-perm")
 
 
 def test_pause_resume_update_stats(containerd):
-    _run_detached(containerd, "v2-pause", "sleep", "300")
-    try:
+    with _task(containerd, "v2-pause"):
         assert containerd.ctr("task", "pause", "v2-pause").returncode == 0
         assert _task_status(containerd, "v2-pause") == "PAUSED"
         assert containerd.ctr("task", "resume", "v2-pause").returncode == 0
@@ -126,19 +125,14 @@ def test_pause_resume_update_stats(containerd):
         # The host cgroup's limit, as update set it, and the VM's memory in use.
         assert data["pids"]["limit"] == 123
         assert data["memory"]["usage"]["usage"] > 0
-    finally:
-        _remove(containerd, "v2-pause")
 
 
 def test_exec_with_a_terminal(containerd):
-    _run_detached(containerd, "v2-exec-t", "sleep", "300")
-    try:
+    with _task(containerd, "v2-exec-t"):
         result = containerd.ctr("task", "exec", "-t", "--exec-id", "t1", "v2-exec-t", "sh", "-c",
                                 "tty; exit 4", tty=True)
         assert result.returncode == 4, result.stdout + result.stderr
         assert b"/dev/pts/" in result.stdout
-    finally:
-        _remove(containerd, "v2-exec-t")
 
 
 def _call(containerd, method: str, request, response_type):
@@ -157,8 +151,7 @@ def _frame(payload: bytes, stream: int = 1, kind: int = 1) -> bytes:
 
 
 def test_hostile_ttrpc_leaves_the_shim_serving(containerd):
-    _run_detached(containerd, "v2-hostile", "sleep", "300")
-    try:
+    with _task(containerd, "v2-hostile"):
         path = str(_shim_socket(containerd))
         # A peer that connects and never reads.
         idle = socket.socket(socket.AF_UNIX)
@@ -194,8 +187,6 @@ def test_hostile_ttrpc_leaves_the_shim_serving(containerd):
         ex = containerd.ctr("task", "exec", "--exec-id", "h1", "v2-hostile", "echo", "still")
         assert ex.returncode == 0 and ex.stdout == b"still\n", ex.stderr
         idle.close()
-    finally:
-        _remove(containerd, "v2-hostile")
 
 
 def _exits(containerd, act, name: str, timeout_s: float = 60) -> list[dict]:
@@ -225,20 +216,15 @@ def _exits(containerd, act, name: str, timeout_s: float = 60) -> list[dict]:
 
 
 def test_shim_killed_the_task_reports_137_once_and_nothing_is_left(containerd):
-    _run_detached(containerd, "v2-shimkill", "sleep", "300")
-    try:
+    with _task(containerd, "v2-shimkill"):
         (shim,) = containerd.shim_pids()
         exits = _exits(containerd, lambda: os.kill(shim, signal.SIGKILL), "v2-shimkill")
         # containerd ran `containerd-shim-paracell-v2 delete` and published the exit.
         assert [e["exit_status"] for e in exits] == [137]
-    finally:
-        _remove(containerd, "v2-shimkill")
-    assert containerd.leftovers("v2-shimkill") == []
 
 
 def test_qemu_killed_the_task_exits_and_nothing_is_left(containerd):
-    _run_detached(containerd, "v2-qemukill", "sleep", "300")
-    try:
+    with _task(containerd, "v2-qemukill"):
         qemus = [p for p in psutil.process_iter(["cmdline"])
                  if "qemu-system" in " ".join(p.info["cmdline"] or [])
                  and str(containerd.runc_root) in " ".join(p.info["cmdline"] or [])]
@@ -247,7 +233,4 @@ def test_qemu_killed_the_task_exits_and_nothing_is_left(containerd):
         assert [e["exit_status"] for e in exits] == [137]
         deleted = containerd.ctr("task", "delete", "v2-qemukill")
         assert deleted.returncode == 0, deleted.stderr
-    finally:
-        _remove(containerd, "v2-qemukill")
-    assert containerd.leftovers("v2-qemukill") == []
     assert containerd.shim_pids() == []
