@@ -39,6 +39,9 @@ try:
     )
     from paracell.shimv2._gen.containerd.containerd.api.types import mount_pb2 as mount_types
     from paracell.shimv2._gen.containerd.containerd.api.types.task import task_pb2 as task_types
+    from paracell.shimv2._gen.containerd.containerd.runtime.v2.runc.options import (
+        oci_pb2 as runc_options,
+    )
     from paracell.shimv2._gen.containerd.containerd.runtime.v2.task import shim_pb2 as task_api
     from paracell.shimv2._gen.containerd.ttrpc import request_pb2 as ttrpc_wire
     from paracell.shimv2._gen.google.rpc import status_pb2 as rpc_status
@@ -52,8 +55,8 @@ __all__ = [
     "EVENTS_SERVICE", "EVENT_TOPICS", "NAMESPACE_METADATA_KEY", "RUNTIME_SPEC_LINUX_RESOURCES_URL",
     "RUNTIME_SPEC_PROCESS_URL", "RUNTIME_SPEC_SPEC_URL", "TASK_SERVICE", "cgroups_v1",
     "cgroups_v2", "event_topic", "events_api", "forward_request", "mount_types", "pack_any",
-    "rpc_status", "task_api", "task_events", "task_types", "ttrpc_wire", "type_url", "unpack_any",
-    "unpack_json_any",
+    "rpc_status", "runc_options", "task_api", "task_events", "task_types", "ttrpc_wire",
+    "type_url", "unpack_any", "unpack_json_any",
 ]
 
 M = TypeVar("M", bound=Message)

@@ -110,20 +110,21 @@ class TaskService:
     # ---- the methods
 
     async def create(self, req: Any) -> Any:
-        if req.checkpoint or req.parent_checkpoint:
-            raise TtrpcError(Code.UNIMPLEMENTED,
-                             "restoring a task from a containerd checkpoint is not supported")
+        if req.parent_checkpoint:
+            raise TtrpcError(Code.UNIMPLEMENTED, "a checkpoint's parent is not supported: "
+                             "ParaCell's checkpoint images are whole")
         bundle = Path(req.bundle)
-        if not bundle.is_absolute():
-            raise TtrpcError(Code.INVALID_ARGUMENT, "bundle: must be an absolute path")
+        for what, path in (("bundle", req.bundle), ("checkpoint", req.checkpoint)):
+            if path and not os.path.isabs(path):
+                raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: must be an absolute path")
         mounts = [rootfs.RootMount(m.type, m.source, tuple(m.options)) for m in req.rootfs]
         paths = stdio.StdioPaths(req.stdin, req.stdout, req.stderr, req.terminal)
-        proc = await self.tasks.create(req.id, bundle, mounts, paths)
+        proc = await self.tasks.create(req.id, bundle, mounts, paths, req.checkpoint)
         self._publish(events.TaskCreate(
             container_id=req.id, bundle=req.bundle, rootfs=list(req.rootfs),
             io=events.TaskIO(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
                              terminal=req.terminal),
-            pid=proc.pid))
+            checkpoint=req.checkpoint, pid=proc.pid))
         return api.CreateTaskResponse(pid=proc.pid)
 
     async def start(self, req: Any) -> Any:
@@ -169,8 +170,21 @@ class TaskService:
         return empty_pb2.Empty()
 
     async def checkpoint(self, req: Any) -> Any:
-        raise TtrpcError(Code.UNIMPLEMENTED, "containerd checkpoints are not supported by this "
-                         "shim yet: use `paracell checkpoint` in snapshot mode")
+        """A snapshot-mode container's whole VM, as `paracell checkpoint
+        --image-path` saves it, into the directory containerd archives (or
+        the options' image path). containerd passes runc's options."""
+        options = messages.runc_options.CheckpointOptions()
+        if req.options.type_url:
+            try:
+                options = messages.unpack_any(req.options, messages.runc_options.CheckpointOptions)
+            except ValueError as err:
+                raise TtrpcError(Code.INVALID_ARGUMENT, f"checkpoint options: {err}") from None
+        path = options.image_path or req.path
+        for what, value in (("checkpoint path", path), ("work path", options.work_path)):
+            if (value or what == "checkpoint path") and not os.path.isabs(value):
+                raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: must be an absolute path")
+        await self.tasks.checkpoint(req.id, path, options.work_path, not options.exit)
+        return empty_pb2.Empty()
 
     async def kill(self, req: Any) -> Any:
         await self.tasks.kill(req.id, req.exec_id, req.signal, req.all)

@@ -91,6 +91,9 @@ class Task:
     bundle: Path
     mounted_rootfs: Path | None
     execs: dict[str, Process] = field(default_factory=dict)
+    # Made from a checkpoint image: its init runs in the guest already, and
+    # Start only records it as running (runtime/verbs/snapshot.py).
+    restored: bool = False
 
 
 class Tasks:
@@ -172,8 +175,10 @@ class Tasks:
     # ---- verbs
 
     async def create(self, container_id: str, bundle: Path, mounts: list[rootfs.RootMount],
-                     paths: stdio.StdioPaths) -> Process:
-        from paracell.runtime.verbs import lifecycle
+                     paths: stdio.StdioPaths, checkpoint: str = "") -> Process:
+        """A new container; from `checkpoint`, a checkpoint image of a
+        snapshot-mode container, when given (containerd's restore)."""
+        from paracell.runtime.verbs import lifecycle, snapshot
 
         if container_id in self.tasks:
             raise AlreadyExists(f"container {container_id}: already exists")
@@ -184,10 +189,15 @@ class Tasks:
 
         def work() -> tuple[int, Path | None, stdio.Console | None]:
             mounted = rootfs.mount(mounts, bundle)
+
+            def make(ctx: Context, sock: str | None) -> int:
+                if checkpoint:
+                    return snapshot.restore_created(ctx, container_id, checkpoint, str(bundle),
+                                                    None).shim_pid
+                return lifecycle.create(ctx, container_id, str(bundle), None, sock).shim_pid
+
             try:
-                pid, console = self._spawn(
-                    paths, lambda ctx, sock: lifecycle.create(
-                        ctx, container_id, str(bundle), None, sock).shim_pid)
+                pid, console = self._spawn(paths, make)
             except BaseException:
                 if mounted is not None:
                     rootfs.unmount(mounted)
@@ -195,7 +205,7 @@ class Tasks:
             return pid, mounted, console
 
         pid, mounted, proc.console = await self._in_thread(work, forks=True)
-        self.tasks[container_id] = Task(proc, bundle, mounted)
+        self.tasks[container_id] = Task(proc, bundle, mounted, restored=bool(checkpoint))
         if proc.console is not None:
             proc.console.start()
         self._track(proc, pid)
@@ -220,11 +230,14 @@ class Tasks:
             pipes.close()
 
     async def start(self, container_id: str, exec_id: str) -> Process:
-        from paracell.runtime.verbs import execproc, lifecycle
+        from paracell.runtime.verbs import execproc, lifecycle, snapshot
 
         proc = self.process(container_id, exec_id)
         if not exec_id:
-            await self._in_thread(lambda: lifecycle.start(self.ctx, container_id))
+            if self.task(container_id).restored:
+                await self._in_thread(lambda: snapshot.mark_running(self.ctx, container_id))
+            else:
+                await self._in_thread(lambda: lifecycle.start(self.ctx, container_id))
             return proc
         if proc.started:
             raise FailedPrecondition(f"process {exec_id}: already started")
@@ -316,6 +329,30 @@ class Tasks:
             proc.finish(exit_status_for_signal(signal.SIGKILL))
         del self.tasks[container_id]
         return proc
+
+    async def checkpoint(self, container_id: str, image_path: str, work_path: str,
+                         leave_running: bool) -> None:
+        """runc's checkpoint of a snapshot-mode container: its whole VM, into
+        an image containerd archives (runtime/verbs/snapshot.py)."""
+        from paracell.runtime.verbs import pause, snapshot
+
+        task = self.task(container_id)
+        # containerd pauses a task before it checkpoints it. ParaCell's
+        # checkpoint quiesces the guest through its agent, which a stopped
+        # VM cannot answer: the VM runs for the checkpoint and is paused again.
+        paused = self.status_of(task.init) == PAUSED
+
+        def work() -> None:
+            if paused:
+                pause.resume(self.ctx, container_id)
+            try:
+                snapshot.runc_checkpoint(self.ctx, container_id, image_path, work_path or None,
+                                         leave_running)
+            finally:
+                if paused and leave_running:
+                    pause.pause(self.ctx, container_id)
+
+        await self._in_thread(work)
 
     async def set_paused(self, container_id: str, paused: bool) -> None:
         from paracell.runtime.verbs import pause

@@ -146,6 +146,38 @@ def _call(containerd, method: str, request, response_type):
     return asyncio.run(call())
 
 
+def test_checkpoint_and_restore_of_a_snapshot_mode_task_through_containerd(containerd):
+    """`ctr containers checkpoint --task` and `restore --live`: containerd
+    pauses the task, the shim checkpoints its whole VM into the image
+    containerd archives, and a new task goes on from it."""
+    name, ref = "v2-ckpt", "localhost/v2-ckpt:1"
+    started = containerd.ctr("run", *containerd.run_args(), "-d", "--annotation",
+                             "io.paracell.snapshot=on", IMAGE, name, "sh", "-c",
+                             "head -c 16 /dev/urandom | od -An -tx1 > /tmp/mark; sleep 300")
+    assert started.returncode == 0, started.stderr
+    try:
+        for attempt in range(50):  # the shell writes it once it runs
+            mark = containerd.ctr("task", "exec", "--exec-id", f"m{attempt}", name, "cat",
+                                  "/tmp/mark")
+            if len(mark.stdout.split()) == 16:
+                break
+            time.sleep(0.1)
+        assert mark.returncode == 0 and len(mark.stdout.split()) == 16, mark.stderr
+        saved = containerd.ctr("containers", "checkpoint", "--task", "--image", name, ref)
+        assert saved.returncode == 0, saved.stderr
+        assert _task_status(containerd, name) == "RUNNING"
+        _remove(containerd, name)
+        restored = containerd.ctr("containers", "restore", "--live", name, ref)
+        assert restored.returncode == 0, restored.stderr
+        assert _task_status(containerd, name) == "RUNNING"
+        again = containerd.ctr("task", "exec", "--exec-id", "again", name, "cat", "/tmp/mark")
+        assert again.stdout == mark.stdout, again.stderr
+    finally:
+        _remove(containerd, name)
+        containerd.ctr("images", "rm", ref)
+    assert containerd.leftovers(name) == []
+
+
 def _frame(payload: bytes, stream: int = 1, kind: int = 1) -> bytes:
     return struct.pack(">IIBB", len(payload), stream, kind, 0) + payload
 

@@ -14,6 +14,7 @@ from paracell.runtime.context import Context
 from paracell.runtime.snapshots import client
 from paracell.runtime.snapshots.checkpoints import CheckpointStore, check_name
 from paracell.runtime.state import status
+from paracell.runtime.state.store import ContainerState
 
 
 def _running(ctx: Context, container_id: str, verb: str) -> Any:
@@ -103,7 +104,7 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
             for fid, src in zip(ids, sources, strict=True):
                 lifecycle.create(detached, fid, parent.bundle, None, None, fork=src)
                 made.append(fid)
-                _mark_running(ctx, fid)
+                mark_running(ctx, fid)
         except BaseException:
             # All of them or none: the forks made so far go too.
             for fid in made:
@@ -112,7 +113,7 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     return made
 
 
-def _mark_running(ctx: Context, container_id: str) -> None:
+def mark_running(ctx: Context, container_id: str) -> None:
     """A fork or a restore: its init runs already, with no `start`."""
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
@@ -148,10 +149,26 @@ def runc_checkpoint(ctx: Context, container_id: str, image_path: str, work_path:
 
 def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: str | None,
                  bundle: str, detach: bool, pid_file: str | None) -> None:
-    """runc's `restore --image-path`: a new container, from its bundle, that
-    goes on from the image's checkpoint. The image is read into a private
-    directory of the root first (paracell/runtime/snapshots/images.py), and the fork
-    goes on from that copy."""
+    """runc's `restore --image-path`: `restore_created`, running at once."""
+    from paracell.runtime.snapshots import images
+
+    if not detach:
+        raise ParacellError("restore needs --detach: a restored container's stdio is /dev/null")
+    with _StdioToDevnull():
+        restore_created(ctx, container_id, image_path, bundle, pid_file)
+    mark_running(ctx, container_id)
+    if work_path:
+        images.write_log(work_path, "restore.log", f"paracell: {container_id} restored from "
+                         f"{image_path}\n")
+
+
+def restore_created(ctx: Context, container_id: str, image_path: str, bundle: str,
+                    pid_file: str | None) -> ContainerState:
+    """A new container, from its bundle, that goes on from the image's
+    checkpoint: created, its init already running in the guest, for
+    `mark_running` once its client starts it. The image is read into a
+    private directory of the root first (paracell/runtime/snapshots/images.py),
+    and the fork goes on from that copy."""
     import dataclasses
 
     from paracell.runtime.bundle import spec
@@ -159,8 +176,6 @@ def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: st
     from paracell.runtime.state.ids import check_id
     from paracell.runtime.verbs import lifecycle
 
-    if not detach:
-        raise ParacellError("restore needs --detach: a restored container's stdio is /dev/null")
     check_id(container_id)
     hostname = spec.load_bundle(bundle).config.get("hostname") or ""
     staging = ctx.store.scratch()
@@ -168,15 +183,10 @@ def runc_restore(ctx: Context, container_id: str, image_path: str, work_path: st
         store, disk = images.restore_source(image_path, staging / "image")
         source = forking.ForkSource(str(store.dir.parent), images.IMAGE_NAME, container_id,
                                     str(disk), wanted_hostname=hostname)
-        with _StdioToDevnull():
-            lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id, bundle,
-                             pid_file, None, fork=source)
+        return lifecycle.create(dataclasses.replace(ctx, no_template=True), container_id,
+                                bundle, pid_file, None, fork=source)
     finally:
         images.discard(staging)
-    _mark_running(ctx, container_id)
-    if work_path:
-        images.write_log(work_path, "restore.log", f"paracell: {container_id} restored from "
-                         f"{image_path}\n")
 
 
 class _StdioToDevnull:
