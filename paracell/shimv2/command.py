@@ -22,9 +22,14 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from paracell.errors import ParacellError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.shimv2.tasks import Tasks
 
 SANDBOX_ID = "io.kubernetes.cri.sandbox-id"
 NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,75}")
@@ -33,6 +38,7 @@ LOG_FIFO = "log"
 SOCKET_DIR_MODE = 0o700
 MAX_CONFIG_BYTES = 4 << 20
 DRAIN_S = 2.0
+IDLE_CHECK_S = 30.0
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -179,6 +185,22 @@ def delete(args: argparse.Namespace) -> int:
     return 0
 
 
+class _IdleWatch:
+    """A daemon that serves no task for two checks in a row ends: its
+    containerd died between `start` and Create, or before its Shutdown."""
+
+    def __init__(self, tasks: Tasks, shutdown: Callable[[], None]) -> None:
+        self.tasks, self.shutdown, self.idle_before = tasks, shutdown, False
+
+    def check(self) -> None:
+        idle = not self.tasks.tasks
+        if idle and self.idle_before:
+            self.shutdown()
+            return
+        self.idle_before = idle
+        asyncio.get_running_loop().call_later(IDLE_CHECK_S, self.check)
+
+
 async def _serve(args: argparse.Namespace) -> int:
     from paracell import linux
     from paracell.log import RuntimeLog
@@ -202,15 +224,12 @@ async def _serve(args: argparse.Namespace) -> int:
             done.set_result(None)
 
     publisher = Publisher(os.environ.get("TTRPC_ADDRESS", ""), args.namespace, log)
-    service: TaskService | None = None
-
-    def exited(proc: object) -> None:
-        assert service is not None
-        service.exited(proc)  # type: ignore[arg-type]
-
-    tasks = Tasks(ctx, exited)
+    tasks = Tasks(ctx)
     service = TaskService(tasks, publisher, args.namespace, shutdown)
+    tasks.on_exit = service.exited
     loop.add_signal_handler(signal.SIGCHLD, tasks.reap)
+    idle = _IdleWatch(tasks, shutdown)
+    loop.call_later(IDLE_CHECK_S, idle.check)
     # containerd kills its shims with SIGKILL; a TERM is an operator's stop.
     loop.add_signal_handler(signal.SIGTERM, shutdown)
     publisher.start()

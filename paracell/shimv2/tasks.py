@@ -101,9 +101,10 @@ class Tasks:
     (create, exec) run one at a time on one thread: a fork from a process
     whose other threads hold locks would hand the child those locks held."""
 
-    def __init__(self, ctx: Context, on_exit: Callable[[Process], None]) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.on_exit = on_exit
+        # Told of every reaped process: the service publishes its TaskExit.
+        self.on_exit: Callable[[Process], None] = lambda proc: None
         self.tasks: dict[str, Task] = {}
         self.by_pid: dict[int, Process] = {}
         self.forking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fork")

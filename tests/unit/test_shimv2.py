@@ -153,3 +153,31 @@ def test_hostile_figures_are_clamped_not_trusted():
     assert len(out.cpu.usage.per_cpu) == 1024
     assert out.memory.usage.usage == metrics.U64_MAX and out.memory.usage.limit == 0
     assert not out.HasField("pids")
+
+
+def test_a_daemon_that_serves_no_task_ends(monkeypatch, tmp_path):
+    """containerd died between `start` and Create: the daemon goes after
+    two idle checks in a row, and not while it serves a task."""
+    import asyncio
+
+    from paracell.log import RuntimeLog
+    from paracell.runtime.context import Context
+    from paracell.shimv2.tasks import Tasks
+
+    monkeypatch.setattr(command, "IDLE_CHECK_S", 0.02)
+
+    async def watch(busy: bool) -> bool:
+        tasks = Tasks(Context(str(tmp_path), RuntimeLog()))
+        if busy:
+            tasks.tasks["serving"] = object()  # type: ignore[assignment]
+        ended = asyncio.Event()
+        asyncio.get_running_loop().call_later(command.IDLE_CHECK_S,
+                                              command._IdleWatch(tasks, ended.set).check)
+        try:
+            await asyncio.wait_for(ended.wait(), 0.5)
+        except TimeoutError:
+            return False
+        return True
+
+    assert asyncio.run(watch(busy=False)) is True
+    assert asyncio.run(watch(busy=True)) is False
