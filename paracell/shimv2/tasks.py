@@ -107,6 +107,9 @@ class Tasks:
         self.on_exit: Callable[[Process], None] = lambda proc: None
         self.tasks: dict[str, Task] = {}
         self.by_pid: dict[int, Process] = {}
+        # Processes of deleted tasks still ending (an exec whose VM just
+        # went): reaped with no event, so that none is left a zombie.
+        self.orphans: set[int] = set()
         self.forking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fork")
 
     async def _in_thread(self, fn: Callable[[], T], forks: bool = False) -> T:
@@ -150,6 +153,11 @@ class Tasks:
         """Reaps the processes this shim serves that have ended. Only those:
         the verbs' own children (the hooks' subprocesses, a spawn's first
         fork) are theirs to wait for."""
+        for pid in list(self.orphans):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.orphans.discard(pid)
         for pid in list(self.by_pid):
             try:
                 done, raw = os.waitpid(pid, os.WNOHANG)
@@ -324,7 +332,9 @@ class Tasks:
         for other in [*task.execs.values(), proc]:
             if other.console is not None:
                 other.console.close()
-            self.by_pid.pop(other.pid, None)
+            if self.by_pid.pop(other.pid, None) is not None:
+                self.orphans.add(other.pid)
+        self.reap()
         if proc.exit_status is None:
             # Never started, or killed with the VM just now: it exited here.
             proc.finish(exit_status_for_signal(signal.SIGKILL))

@@ -109,6 +109,36 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
     cri.remove_pod_and_wait(pod)
 
 
+def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
+    """A pod of three containers and two running execs: one VM; on the host,
+    the VM's shim and, under the shim v2, its daemon are the only Python
+    processes; each member and exec is a paracell-relay process."""
+    client = cri.client
+    pod_config = cri.pod_config("relays")
+    pod = client.run_pod(pod_config, cri.handler)
+    members = cri.running(pod, pod_config, *(cri.container_config(
+        f"m{i}", ["sleep", "1000"]) for i in range(3)))
+    for i, member in enumerate(members[:2]):
+        started = cri.ctr("task", "exec", "--detach", "--exec-id", f"x{i}", member,
+                          "sleep", "1000")
+        assert started.returncode == 0, started.stderr
+    [qemu] = cri.qemu_pids()
+    vm_shim = psutil.Process(qemu).parent()
+    # Under the shim v2: the daemon and all it runs; under runc's shim, its VM shim.
+    daemon = vm_shim.parent()
+    everything = [daemon, *daemon.children(recursive=True)] \
+        if cri.handler == HANDLER_V2 else [vm_shim]
+    relays = [p for p in psutil.process_iter(["exe", "cmdline"])
+              if (p.info["exe"] or "").endswith("paracell-relay")
+              and str(cri.paracell_root) in " ".join(p.info["cmdline"] or [])]
+    assert len(relays) == 5, [p.info["cmdline"] for p in relays]
+    pythons = {p.pid for p in everything if "python" in Path(p.exe()).name}
+    assert pythons == ({vm_shim.pid, daemon.pid} if cri.handler == HANDLER_V2
+                       else {vm_shim.pid})
+    cri.remove_pod_and_wait(pod)
+    assert [p for p in relays if p.is_running()] == []
+
+
 def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
     """What the README shows: `paracell cri run`, `exec` and `rmp`."""
     pod_file, ctr_file = tmp_path / "pod.json", tmp_path / "ctr.json"
