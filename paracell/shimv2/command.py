@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -117,18 +118,27 @@ def start(args: argparse.Namespace) -> int:
     address = f"unix://{path}"
     path.parent.mkdir(mode=SOCKET_DIR_MODE, parents=True, exist_ok=True)
     os.chmod(path.parent, SOCKET_DIR_MODE)
-    if not _serving(path):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            listener.bind(str(path))
-        finally:
-            os.umask(old)
-        listener.listen(128)
-        _spawn_daemon(args, bundle, listener)
-        listener.close()
+    # Two starts of one pod at once must not both make a daemon: the second
+    # would take the socket's name from the first. The sockets' directory is
+    # the lock (a start holds it for the daemon's spawn only); a lock file
+    # per group could never be removed safely.
+    lock = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _serving(path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)
+            try:
+                listener.bind(str(path))
+            finally:
+                os.umask(old)
+            listener.listen(128)
+            _spawn_daemon(args, bundle, listener)
+            listener.close()
+    finally:
+        os.close(lock)
     _write_address(bundle, address)
     print(address, end="", flush=True)
     return 0

@@ -181,3 +181,57 @@ def test_a_daemon_that_serves_no_task_ends(monkeypatch, tmp_path):
 
     assert asyncio.run(watch(busy=False)) is True
     assert asyncio.run(watch(busy=True)) is False
+
+
+def test_two_starts_of_one_pod_at_once_make_one_daemon_which_a_term_ends(tmp_path):
+    """`start` as containerd runs it, twice at once for two containers of one
+    pod: one daemon, one address; SIGTERM ends it and takes its socket."""
+    import asyncio
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    env = dict(os.environ, PARACELL_SHIM_ROOT=str(tmp_path / "shim"))
+    starts = []
+    for name in ("sandbox", "member"):
+        bundle = tmp_path / name
+        bundle.mkdir()
+        (bundle / "config.json").write_text(
+            json.dumps({"annotations": {command.SANDBOX_ID: "pod1"}}))
+        starts.append(subprocess.Popen(
+            [sys.executable, "-m", "paracell.shimv2.command", "-namespace", "t", "-address",
+             str(tmp_path / "containerd.sock"), "-id", name, "start"], cwd=bundle, env=env,
+            stdout=subprocess.PIPE))
+    addresses = {proc.communicate(timeout=60)[0].decode() for proc in starts}
+    assert len(addresses) == 1
+    path = Path(addresses.pop().removeprefix("unix://"))
+    assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600
+    for name in ("sandbox", "member"):
+        assert (tmp_path / name / "address").read_text() == f"unix://{path}"
+    daemons = [p for p in psutil.process_iter(["cmdline"])
+               if "serve" in (p.info["cmdline"] or [])
+               and str(tmp_path / "containerd.sock") in (p.info["cmdline"] or [])]
+    assert len(daemons) == 1
+    # Serving: a call for a task it does not have is answered NOT_FOUND.
+    with pytest.raises(TtrpcError) as answered:
+        asyncio.run(_call_connect(path))
+    assert answered.value.code == Code.NOT_FOUND
+    daemons[0].send_signal(signal.SIGTERM)
+    daemons[0].wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not path.exists()
+
+
+async def _call_connect(path: Path) -> None:
+    from paracell.shimv2.ttrpc import Client
+
+    async with await Client.connect(str(path)) as client:
+        await client.call(messages.TASK_SERVICE, "Connect",
+                          messages.task_api.ConnectRequest(id="none"),
+                          messages.task_api.ConnectResponse, timeout=30)
