@@ -5,6 +5,7 @@ whose codes containerd's errdefs map back (not found, already exists...)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -17,7 +18,7 @@ from paracell.errors import ParacellError
 from paracell.shimv2 import messages, metrics, rootfs, stdio
 from paracell.shimv2.events import Publisher
 from paracell.shimv2.tasks import Process, TaskError, Tasks
-from paracell.shimv2.ttrpc import Code, TtrpcError
+from paracell.shimv2.ttrpc import Code, TtrpcError, current_call
 
 MAX_SPEC_BYTES = 1 << 20
 SHIM_VERSION = "paracell-shimv2-1"
@@ -216,7 +217,17 @@ class TaskService:
 
     async def wait(self, req: Any) -> Any:
         proc = self.tasks.process(req.id, req.exec_id)
-        await proc.exited.wait()
+        # A caller that went away (containerd restarted) stops the wait: it
+        # would hold a call slot until the process ended.
+        gone = asyncio.ensure_future(current_call().peer_closed.wait())
+        exited = asyncio.ensure_future(proc.exited.wait())
+        try:
+            await asyncio.wait({gone, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            exited.cancel()
+        if not proc.exited.is_set():
+            raise TtrpcError(Code.CANCELLED, "the caller went away")
         return api.WaitResponse(exit_status=proc.exit_status or 0,
                                 exited_at=timestamp(proc.exited_at))
 

@@ -235,3 +235,53 @@ async def _call_connect(path: Path) -> None:
         await client.call(messages.TASK_SERVICE, "Connect",
                           messages.task_api.ConnectRequest(id="none"),
                           messages.task_api.ConnectResponse, timeout=30)
+
+
+def test_a_wait_ends_when_its_caller_goes_and_answers_when_the_process_exits(tmp_path):
+    import asyncio
+    import socket
+
+    from paracell.log import RuntimeLog
+    from paracell.runtime.context import Context
+    from paracell.shimv2.events import Publisher
+    from paracell.shimv2.service import TaskService
+    from paracell.shimv2.tasks import Process, Task, Tasks
+    from paracell.shimv2.ttrpc import Client, Server
+
+    api = messages.task_api
+
+    async def scenario() -> tuple[int, int, int]:
+        tasks = Tasks(Context(str(tmp_path), RuntimeLog()))
+        proc = Process("c1", "", stdio.StdioPaths("", "", "", False), pid=1234)
+        tasks.tasks["c1"] = Task(proc, tmp_path, None)
+        service = TaskService(tasks, Publisher("", "t", RuntimeLog()), "t", lambda: None)
+        server = Server()
+        server.register(messages.TASK_SERVICE, {
+            name: (request, service.wrap(handler))
+            for name, (request, handler) in service.methods().items()})
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(tmp_path / "s"))
+        serving = asyncio.create_task(server.serve(listener))
+        # A caller that goes away: its wait no longer holds a call.
+        gone = await Client.connect(str(tmp_path / "s"))
+        waiting = asyncio.create_task(gone.call(messages.TASK_SERVICE, "Wait",
+                                                api.WaitRequest(id="c1"), api.WaitResponse))
+        await asyncio.sleep(0.1)
+        held = sum(len(c.calls) for c in server._connections())
+        await gone.close()
+        waiting.cancel()
+        await asyncio.sleep(0.1)
+        left = sum(len(c.calls) for c in server._connections())
+        # A caller that stays hears the exit.
+        async with await Client.connect(str(tmp_path / "s")) as client:
+            answer = asyncio.create_task(client.call(messages.TASK_SERVICE, "Wait",
+                                                     api.WaitRequest(id="c1"),
+                                                     api.WaitResponse, timeout=10))
+            await asyncio.sleep(0.1)
+            proc.finish(7)
+            status = (await answer).exit_status
+        await server.shutdown(grace=1)
+        await serving
+        return held, left, status
+
+    assert asyncio.run(scenario()) == (1, 0, 7)
