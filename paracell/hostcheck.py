@@ -36,6 +36,7 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
         report["engine"] = {"requested": engine, "engine": None, "reason": str(err)}
     xgates = support(chosen, facts)
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
+    report["shim_v2"] = shim_v2()
     for backend in daemons or []:
         try:
             report[backend.name] = backend.report(facts.qemu_path, chosen)
@@ -43,6 +44,30 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
             report[backend.name] = {"uri": backend.location, "reachable": False,
                                     "detail": str(err)}
     return report
+
+
+SHIM_V2 = "containerd-shim-paracell-v2"
+
+
+def shim_v2() -> dict[str, object]:
+    """containerd's shim v2 (docs/shim-v2.md): installed beside this
+    `paracell`, and whether it is on PATH, where containerd looks for it."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).with_name(SHIM_V2)
+    found = shutil.which(SHIM_V2)
+    return {"path": str(beside), "installed": beside.is_file(), "on_path": found}
+
+
+def _shim_v2_line(found: dict[str, object]) -> str:
+    if not found.get("installed"):
+        return f"shim v2: not installed ({found['path']}: run `make venv`)"
+    if found.get("on_path"):
+        return f"shim v2: {found['on_path']} (containerd's runtime io.containerd.paracell.v2)"
+    return (f"shim v2: {found['path']}, not on PATH: link it into a directory on containerd's "
+            "PATH, such as /usr/local/bin")
 
 
 def _daemon_lines(name: str, found: dict[str, object]) -> list[str]:
@@ -91,6 +116,9 @@ def render(report: dict[str, object], as_json: bool, daemons: list[Backend]) -> 
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
         f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
+    shim = report.get("shim_v2")
+    if isinstance(shim, dict):
+        lines.append(_shim_v2_line(shim))
     for backend in daemons:
         found = report.get(backend.name)
         if isinstance(found, dict):

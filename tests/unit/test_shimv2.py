@@ -285,3 +285,20 @@ def test_a_wait_ends_when_its_caller_goes_and_answers_when_the_process_exits(tmp
         return held, left, status
 
     assert asyncio.run(scenario()) == (1, 0, 7)
+
+
+def test_paracell_check_says_where_the_shim_v2_is_and_whether_containerd_can_find_it(
+        monkeypatch):
+    import sys
+
+    from paracell import hostcheck
+
+    beside = str(Path(sys.executable).with_name(hostcheck.SHIM_V2))
+    monkeypatch.setenv("PATH", str(Path(sys.executable).parent))
+    found = hostcheck.shim_v2()
+    assert found == {"path": beside, "installed": True, "on_path": beside}
+    assert hostcheck._shim_v2_line(found).startswith(f"shim v2: {beside} (")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = hostcheck.shim_v2()
+    assert found["installed"] and found["on_path"] is None
+    assert "not on PATH" in hostcheck._shim_v2_line(found)
