@@ -114,10 +114,12 @@ class TaskService:
         if req.parent_checkpoint:
             raise TtrpcError(Code.UNIMPLEMENTED, "a checkpoint's parent is not supported: "
                              "ParaCell's checkpoint images are whole")
+        # Before anything is mounted: an empty bundle would be the daemon's own directory.
+        if not os.path.isabs(req.bundle):
+            raise TtrpcError(Code.INVALID_ARGUMENT, "bundle: must be an absolute path")
+        if req.checkpoint and not os.path.isabs(req.checkpoint):
+            raise TtrpcError(Code.INVALID_ARGUMENT, "checkpoint: must be an absolute path")
         bundle = Path(req.bundle)
-        for what, path in (("bundle", req.bundle), ("checkpoint", req.checkpoint)):
-            if path and not os.path.isabs(path):
-                raise TtrpcError(Code.INVALID_ARGUMENT, f"{what}: must be an absolute path")
         mounts = [rootfs.RootMount(m.type, m.source, tuple(m.options)) for m in req.rootfs]
         paths = stdio.StdioPaths(req.stdin, req.stdout, req.stderr, req.terminal)
         proc = await self.tasks.create(req.id, bundle, mounts, paths, req.checkpoint)

@@ -187,8 +187,13 @@ class Tasks:
                      paths: stdio.StdioPaths, checkpoint: str = "") -> Process:
         """A new container; from `checkpoint`, a checkpoint image of a
         snapshot-mode container, when given (containerd's restore)."""
+        from paracell.runtime.state.ids import check_id
         from paracell.runtime.verbs import lifecycle, snapshot
 
+        try:
+            check_id(container_id)
+        except ParacellError as err:
+            raise InvalidArgument(str(err)) from None
         if container_id in self.tasks:
             raise AlreadyExists(f"container {container_id}: already exists")
         if len(self.tasks) >= MAX_TASKS:

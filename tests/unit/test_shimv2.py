@@ -302,3 +302,32 @@ def test_paracell_check_says_where_the_shim_v2_is_and_whether_containerd_can_fin
     found = hostcheck.shim_v2()
     assert found["installed"] and found["on_path"] is None
     assert "not on PATH" in hostcheck._shim_v2_line(found)
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"id": "c1", "bundle": ""}, "bundle: must be an absolute path"),
+    ({"id": "c1", "bundle": "relative"}, "bundle: must be an absolute path"),
+    ({"id": "../c1", "bundle": "/nonexistent-bundle"}, "invalid container id"),
+    ({"id": "c1", "bundle": "/nonexistent-bundle", "checkpoint": "rel"},
+     "checkpoint: must be an absolute path"),
+])
+def test_a_create_with_a_bad_bundle_id_or_checkpoint_is_refused_before_anything_is_mounted(
+        tmp_path, fields, why):
+    import asyncio
+    import os
+
+    from paracell.log import RuntimeLog
+    from paracell.runtime.context import Context
+    from paracell.shimv2.events import Publisher
+    from paracell.shimv2.service import TaskService
+    from paracell.shimv2.tasks import Tasks
+
+    tasks = Tasks(Context(str(tmp_path), RuntimeLog()))
+    service = TaskService(tasks, Publisher("", "t", RuntimeLog()), "t", lambda: None)
+    request = messages.task_api.CreateTaskRequest(
+        rootfs=[messages.mount_types.Mount(type="overlay", source="overlay")], **fields)
+    before = os.listdir(".")
+    with pytest.raises(TtrpcError, match=why) as raised:
+        asyncio.run(service.wrap(service.create)(request))
+    assert raised.value.code == Code.INVALID_ARGUMENT
+    assert os.listdir(".") == before and tasks.tasks == {}
