@@ -204,15 +204,25 @@ class Tasks:
         def work() -> tuple[int, Path | None, stdio.Console | None]:
             mounted = rootfs.mount(mounts, bundle)
 
+            made = []
+
             def make(ctx: Context, sock: str | None) -> int:
                 if checkpoint:
-                    return snapshot.restore_created(ctx, container_id, checkpoint, str(bundle),
-                                                    None).shim_pid
-                return lifecycle.create(ctx, container_id, str(bundle), None, sock).shim_pid
+                    pid = snapshot.restore_created(ctx, container_id, checkpoint, str(bundle),
+                                                   None).shim_pid
+                else:
+                    pid = lifecycle.create(ctx, container_id, str(bundle), None, sock).shim_pid
+                made.append(pid)
+                return pid
 
             try:
                 pid, console = self._spawn(paths, make)
             except BaseException:
+                # A container made before its terminal failed goes too; never
+                # one this create did not make (an ID that exists already).
+                if made:
+                    with contextlib.suppress(ParacellError):
+                        lifecycle.delete(self.ctx, container_id, force=True)
                 if mounted is not None:
                     rootfs.unmount(mounted)
                 raise
@@ -234,7 +244,12 @@ class Tasks:
             try:
                 ctx = dataclasses.replace(self.ctx, stdio=None)
                 pid = make(ctx, sock.path)
-                return pid, stdio.Console(sock.receive(), paths)
+                try:
+                    return pid, stdio.Console(sock.receive(), paths)
+                except ParacellError:
+                    # Made but unreachable: it must not run on untracked.
+                    os.kill(pid, signal.SIGKILL)
+                    raise
             finally:
                 sock.close()
         pipes = stdio.open_pipes(paths)
