@@ -59,6 +59,7 @@ struct client {
     int fd;
     int chan;  /* 0 until the client binds a process with SECCOMP or SPEC */
     int spec_sent; /* a pod member's init sends SECCOMP, then its SPEC, on one channel */
+    int query;     /* its channel carries one STATS and its answer, no process */
     int closing;
     /* Its next frame waits (FRAME_WAIT): it is tried again every round, and
      * nothing more is read from the client meanwhile. */
@@ -191,8 +192,9 @@ static void client_drop(struct relay *r, int idx)
     /* A proxy that vanished while its process runs was killed by its owner:
      * the process goes with it, as an exec'd process dies with runc's. */
     if (c->chan > 0 && r->chan_owner[c->chan] == idx) {
-        sink_signal(&r->to_chan, (unsigned)c->chan, SIGKILL);
-        r->chan_owner[c->chan] = -2;
+        if (!c->query)
+            sink_signal(&r->to_chan, (unsigned)c->chan, SIGKILL);
+        r->chan_owner[c->chan] = -2;  /* free again when the guest answers */
     }
     /* Whoever asked went away without RESUME: the guest goes on. */
     if (r->quiesce_client == idx) resume_guest(r, &(struct pc_resume_msg){0});
@@ -270,6 +272,16 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             p = made;
             n = (uint32_t)len;
         }
+        if (type == PC_STATS && r->shim) {
+            /* The guest answers on the channel given here; the id in the
+             * payload is the agent's to check. */
+            int ch = free_chan(r);
+            if (ch < 0) return refuse(c, "too many requests in this VM");
+            c->chan = ch;
+            c->query = 1;
+            r->chan_owner[ch] = idx;
+            return sink_frame(&r->to_chan, type, (unsigned)ch, p, n);
+        }
         if (type == PC_QUIESCE && r->shim) {
             if (r->init_exited) return refuse(c, "container not running");
             /* The relay numbers each QUIESCE; the client's payload is not used. */
@@ -289,6 +301,10 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             return 0;
         }
         c->closing = 1; /* not a request we serve: hang up on that client */
+        return 0;
+    }
+    if (c->query) {  /* one request per connection */
+        c->closing = 1;
         return 0;
     }
     if (type == PC_SPEC && !c->spec_sent) {  /* the one SPEC after a SECCOMP */
@@ -387,7 +403,7 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
         switch (type) {
         case PC_STDOUT: case PC_STDERR: case PC_CREATED:
             return to_client(r, chan, type, p, n, 0);
-        case PC_EXIT: case PC_ERROR:
+        case PC_EXIT: case PC_ERROR: case PC_STATS_REPLY:
             return to_client(r, chan, type, p, n, 1);
         case PC_READY:
             return 0;

@@ -20,6 +20,12 @@ static inline void pc_put_le32(unsigned char *p, uint32_t v)
         p[i] = (unsigned char)(v >> (8 * i));
 }
 
+static inline void pc_put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
 static inline uint16_t pc_get_le16(const unsigned char *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
@@ -168,6 +174,14 @@ static inline int pc_fwd_credit_decode(const unsigned char *p, uint32_t n,
                                        struct pc_fwd_credit_msg *m)
 {
     return pc_u32_msg_decode(p, n, &m->bytes);
+}
+
+/* STATS_REPLY: the figures, by enum pc_stat. */
+#define PC_STATS_REPLY_LEN (8 * PC_STAT_COUNT)
+static inline void pc_stats_reply_encode(unsigned char *p, const uint64_t v[PC_STAT_COUNT])
+{
+    for (int i = 0; i < PC_STAT_COUNT; i++)
+        pc_put_le64(p + 8 * i, v[i]);
 }
 
 #endif

@@ -36,6 +36,7 @@ enum pc_type {
     PC_RESIZE = 5,    /* struct pc_resize_msg */
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
     PC_SANDBOX = 7,   /* sandbox records, once, before any SPEC; guest answers ATTACHED or ERROR */
+    PC_STATS = 8,     /* a container's id: its cgroup's figures, answered STATS_REPLY or ERROR */
     PC_SECCOMP = 12,  /* struct pc_seccomp_hdr + BPF program, just before the init's SPEC */
     /* Around a checkpoint or rollback (docs/snapshots.md): QUIESCE asks the
      * agent to send what it has queued, then QUIESCED, then nothing until
@@ -67,6 +68,7 @@ enum pc_type {
 
     /* guest -> host */
     PC_STDIN_CREDIT = 29, /* struct pc_stdin_credit_msg: STDIN bytes the agent passed on */
+    PC_STATS_REPLY = 30,  /* PC_STAT_COUNT u64 figures, by enum pc_stat, on the STATS's channel */
 
     /* host only: the shim's answer to a control client (start, kill) */
     PC_HOST_ACK = 40,
@@ -92,7 +94,8 @@ struct pc_ready_msg {
 /* What the agent can do, besides the base protocol. */
 #define PC_AGENT_CAP_PORTFWD 1  /* PC_FWD_* streams */
 #define PC_AGENT_CAP_SECCOMP 2  /* PC_SECCOMP programs */
-#define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP)
+#define PC_AGENT_CAP_STATS 4    /* PC_STATS: each container in a cgroup of its own */
+#define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP | PC_AGENT_CAP_STATS)
 
 /* QUIESCE's number, which its QUIESCED repeats: a QUIESCED that answers an
  * earlier QUIESCE (one whose asker gave up and got a RESUME sent for it)
@@ -132,6 +135,45 @@ struct pc_created_msg {
 
 struct pc_exit_msg {
     int32_t status;   /* exit code, or 128+signal */
+};
+
+/* A container's figures (docs/agent-protocol.md, "Stats"): every container
+ * of the VM runs in a cgroup v2 group of its own, with its execs.  A control
+ * client asks with STATS on channel 0, the container's id as the payload; the
+ * shim's relay gives the request a free channel, and the agent answers on it
+ * with STATS_REPLY, or ERROR for a container that is not running.  The reply
+ * is PC_STAT_COUNT little-endian u64s, each at its index below; the names
+ * after PC_STAT_ are the guest's own file keys (cpu.stat, memory.stat,
+ * memory.events, pids.*), lowercased.  A figure the guest kernel does not
+ * keep is 0; so is a limit of "max".  Figures come from the guest: the host
+ * clamps nothing it does not need to, and trusts none of them. */
+enum pc_stat {
+    PC_STAT_USAGE_USEC = 0,     /* cpu.stat */
+    PC_STAT_USER_USEC = 1,
+    PC_STAT_SYSTEM_USEC = 2,
+    PC_STAT_MEMORY_CURRENT = 3, /* memory.current */
+    PC_STAT_MEMORY_MAX = 4,     /* memory.max, 0 for max */
+    PC_STAT_ANON = 5,           /* memory.stat, from here to PC_STAT_PGMAJFAULT */
+    PC_STAT_FILE = 6,
+    PC_STAT_KERNEL_STACK = 7,
+    PC_STAT_SLAB = 8,
+    PC_STAT_SOCK = 9,
+    PC_STAT_SHMEM = 10,
+    PC_STAT_FILE_MAPPED = 11,
+    PC_STAT_FILE_DIRTY = 12,
+    PC_STAT_FILE_WRITEBACK = 13,
+    PC_STAT_INACTIVE_ANON = 14,
+    PC_STAT_ACTIVE_ANON = 15,
+    PC_STAT_INACTIVE_FILE = 16,
+    PC_STAT_ACTIVE_FILE = 17,
+    PC_STAT_UNEVICTABLE = 18,
+    PC_STAT_PGFAULT = 19,
+    PC_STAT_PGMAJFAULT = 20,
+    PC_STAT_OOM = 21,           /* memory.events */
+    PC_STAT_OOM_KILL = 22,
+    PC_STAT_PIDS_CURRENT = 23,  /* pids.current */
+    PC_STAT_PIDS_MAX = 24,      /* pids.max, 0 for max */
+    PC_STAT_COUNT = 25,
 };
 
 /* Port forwarding: a connection to 127.0.0.1:PORT or [::1]:PORT in the VM's

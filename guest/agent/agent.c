@@ -113,6 +113,22 @@ static void handle_spec(const struct host_msg *m)
     chan_send_text(PC_ERROR, m->chan, err);
 }
 
+/* STATS: a container's figures, on the channel the host's relay gave the request. */
+static void handle_stats(const struct host_msg *m)
+{
+    char id[PC_SPEC_MAX_CONTAINER_ID + 1], err[ERRTEXT_MAX] = "";
+    uint64_t v[PC_STAT_COUNT];
+    memcpy(id, m->data, m->len); /* frame_decode bounded it, with no NUL inside */
+    id[m->len] = 0;
+    if (ctr_stats(id, v, err, sizeof err) == 0) {
+        unsigned char b[PC_STATS_REPLY_LEN];
+        pc_stats_reply_encode(b, v);
+        chan_send(PC_STATS_REPLY, m->chan, b, sizeof b);
+        return;
+    }
+    chan_send_text(PC_ERROR, m->chan, err);
+}
+
 /* A START may carry network records: interfaces that appeared after create
  * (docs/networking.md).  The process must not run without them: on failure
  * it gets ERROR and is killed before it ever execs. */
@@ -144,6 +160,9 @@ static int dispatch(const struct frame *f)
         break;
     case PC_SPEC:
         handle_spec(&m);
+        break;
+    case PC_STATS:
+        handle_stats(&m);
         break;
     case PC_SECCOMP: {
         char err[ERRTEXT_MAX];

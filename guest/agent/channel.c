@@ -279,6 +279,12 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
     case PC_POWEROFF:
     case PC_FORKED: /* records, checked by sandbox_fork */
         return 0;
+    case PC_STATS:
+        if (h->chan >= 1 && h->len >= 1 && h->len <= PC_SPEC_MAX_CONTAINER_ID &&
+            !memchr(f->payload, 0, h->len))
+            return 0;
+        snprintf(why, whylen, "STATS with %u bytes on chan %u", h->len, h->chan);
+        return -1;
     case PC_QUIESCE:
         if (h->chan == 0 && pc_quiesce_decode(f->payload, h->len, &m->quiesce) == 0)
             return 0;

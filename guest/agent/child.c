@@ -722,6 +722,12 @@ void child_main(const struct child_ctx *c)
     int stdio[3] = {c->stdio[0], c->stdio[1], c->stdio[2]};
 
     ctx = c;
+    /* First, so that all the process holds is its container's; in a cgroup
+     * namespace of its own, where that group is the root, as runc's
+     * containers on cgroup v2 are. */
+    if (c->cgroup_procs >= 0 &&
+        (write(c->cgroup_procs, "0", 1) != 1 || unshare(CLONE_NEWCGROUP) < 0))
+        die("join the container's cgroup: %s", strerror(errno));
     /* Until execve, nobody in the container may ptrace this copy of the
      * agent or open its /proc files (runc does the same). */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);

@@ -19,6 +19,7 @@ struct child_ctx {
     int ns_user;      /* exec only: the container's user namespace, or -1 */
     const struct seccomp_prog *seccomp; /* the container's filter, or NULL */
     int xgates;       /* switch XGates on (guest/xgate/) before execve */
+    int cgroup_procs; /* the container's cgroup.procs (cgroup.h), or -1 */
 };
 
 void child_main(const struct child_ctx *c) __attribute__((noreturn));

@@ -56,11 +56,14 @@ int ctr_claim(const char *id, enum spec_role role, struct ctr **out, char *err, 
                      CTR_MAX);
             return -1;
         }
+        cg_remove(&c->cg); /* an ended container's, if its first try failed */
         memset(c, 0, sizeof *c);
         c->state = CTR_NEW;
         memcpy(c->id, id, strlen(id) + 1);
         for (int i = 0; i < CTR_NS_COUNT; i++)
             c->ns[i] = -1;
+        /* Without one the container runs, and only has no figures. */
+        cg_create(&c->cg);
         *out = c;
         return 0;
     }
@@ -112,6 +115,7 @@ const struct ctr *ctr_find_live(const char *id)
 void ctr_abandon(struct ctr *c)
 {
     close_ns(c);
+    cg_remove(&c->cg);
     free(c->seccomp);
     memset(c, 0, sizeof *c);
 }
@@ -140,6 +144,17 @@ void ctr_init_reported(struct ctr *c)
 {
     c->state = CTR_ENDED;
     c->ended_seq = ++ended_count;
+    cg_remove(&c->cg);
+}
+
+int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen)
+{
+    const struct ctr *c = ctr_find_live(id);
+    if (!c) {
+        snprintf(err, errlen, "container %s is not running in this VM", id);
+        return -1;
+    }
+    return cg_read(&c->cg, v, err, errlen);
 }
 
 int ctr_all_ended(void)

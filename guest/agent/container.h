@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include "agent_proto.h"
+#include "cgroup.h"
 #include "seccomp.h"
 #include "spec.h"
 
@@ -33,6 +34,7 @@ struct ctr {
     int userns;             /* the init has its own user namespace, which execs join */
     struct seccomp_prog *seccomp; /* the init's filter, which every exec gets too; owned */
     unsigned long long ended_seq;
+    struct cgroup cg;       /* the init's and its execs' (cgroup.h) */
 };
 
 /* The container a SPEC for id with this role runs in: 0 and *out set, to a
@@ -53,6 +55,9 @@ void ctr_init_exited(struct ctr *c);
 void ctr_init_reported(struct ctr *c);
 /* 1 once some container existed and every one has ended: the VM's work is done. */
 int ctr_all_ended(void);
+/* The figures of the CTR_LIVE container named id (enum pc_stat): 0, or -1
+ * with err set. */
+int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen);
 /* A fork: the one CTR_LIVE container takes a new id, and its UTS namespace
  * the new hostname.  0, or -1 with err set. */
 int ctr_reidentify(const char *id, const char *hostname, char *err, size_t errlen);

@@ -231,6 +231,7 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
             .xgates = is_init ? s->xgates : c->xgates,
             .ns_user = !is_init && c->userns ? c->ns[CTR_NS_USER] : -1,
             .seccomp = c->seccomp,
+            .cgroup_procs = c->cg.procs_fd,
         };
         child_main(&cc);
     }

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "caps.h"
+#include "cgroup.h"
 #include "log.h"
 #include "vm_proto.h"
 
@@ -97,6 +98,7 @@ void vm_boot(void)
     mkdir(PC_HOSTSHARE_DIR, 0755);
     mkdir(PC_PODSHARE_DIR, 0755);
     caps_init();
+    cg_init();
     /* PID 1 gets no default signal actions anyway; EPIPE is what we want. */
     signal(SIGPIPE, SIG_IGN);
 }

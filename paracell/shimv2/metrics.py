@@ -1,12 +1,13 @@
 """A container's stats, as runc's JSON names them (runtime/verbs/events.py),
-in the cgroups v1 Metrics message containerd's CRI plugin decodes for
-`crictl stats` and `kubectl top`."""
+in the cgroups v1 or v2 Metrics message containerd's CRI plugin decodes for
+`crictl stats` and `kubectl top`: the one that matches the cgroup the
+figures were read from, as containerd's own runc shim sends."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from paracell.shimv2.messages import cgroups_v1
+from paracell.shimv2.messages import cgroups_v1, cgroups_v2
 
 U64_MAX = (1 << 64) - 1
 
@@ -65,5 +66,44 @@ def v1_metrics(data: dict[str, Any]) -> Any:
     pids = data.get("pids")
     if isinstance(pids, dict):
         metrics.pids.CopyFrom(cgroups_v1.PidsStat(current=_u64(pids.get("current")),
+                                                  limit=_u64(pids.get("limit"))))
+    return metrics
+
+
+def v2_metrics(data: dict[str, Any]) -> Any:
+    """runc's stats of a cgroup v2 group (memory.stat's own names in `raw`)
+    as containerd's cgroups v2 Metrics, which CRI reads on a v2 host: its
+    working set is usage less inactive_file."""
+    metrics = cgroups_v2.Metrics()
+    cpu = data.get("cpu") if isinstance(data.get("cpu"), dict) else {}
+    usage = cpu.get("usage") if isinstance(cpu.get("usage"), dict) else {}
+    throttle = cpu.get("throttling") if isinstance(cpu.get("throttling"), dict) else {}
+    metrics.cpu.CopyFrom(cgroups_v2.CPUStat(
+        usage_usec=_u64(usage.get("total")) // 1000, user_usec=_u64(usage.get("user")) // 1000,
+        system_usec=_u64(usage.get("kernel")) // 1000, nr_periods=_u64(throttle.get("periods")),
+        nr_throttled=_u64(throttle.get("throttledPeriods")),
+        throttled_usec=_u64(throttle.get("throttledTime")) // 1000))
+    memory = data.get("memory")
+    if isinstance(memory, dict):
+        raw = memory.get("raw") if isinstance(memory.get("raw"), dict) else {}
+        entry = memory.get("usage") if isinstance(memory.get("usage"), dict) else {}
+        swap = memory.get("swap") if isinstance(memory.get("swap"), dict) else {}
+        stat = cgroups_v2.MemoryStat(usage=_u64(entry.get("usage")),
+                                     usage_limit=_u64(entry.get("limit")),
+                                     swap_usage=_u64(swap.get("usage")),
+                                     swap_limit=_u64(swap.get("limit")))
+        for field in stat.DESCRIPTOR.fields:
+            if field.name in raw:
+                setattr(stat, field.name, _u64(raw[field.name]))
+        metrics.memory.CopyFrom(stat)
+    section = data.get("paracell") if isinstance(data.get("paracell"), dict) else {}
+    events = section.get("memory_events")
+    if isinstance(events, dict):
+        metrics.memory_events.CopyFrom(cgroups_v2.MemoryEvents(
+            **{name: _u64(events.get(name)) for name in ("low", "high", "max", "oom",
+                                                          "oom_kill")}))
+    pids = data.get("pids")
+    if isinstance(pids, dict):
+        metrics.pids.CopyFrom(cgroups_v2.PidsStat(current=_u64(pids.get("current")),
                                                   limit=_u64(pids.get("limit"))))
     return metrics

@@ -234,8 +234,9 @@ class TaskService:
                                 exited_at=timestamp(proc.exited_at))
 
     async def stats(self, req: Any) -> Any:
-        data = await self.tasks.stats(req.id)
-        return api.StatsResponse(stats=messages.pack_any(metrics.v1_metrics(data)))
+        data, version = await self.tasks.stats(req.id)
+        convert = metrics.v2_metrics if version == 2 else metrics.v1_metrics
+        return api.StatsResponse(stats=messages.pack_any(convert(data)))
 
     async def connect(self, req: Any) -> Any:
         task = self.tasks.task(req.id)

@@ -406,20 +406,18 @@ class Tasks:
         state = await self._in_thread(lambda: self.ctx.store.load(container_id))
         return query.host_pids(self.ctx, state)
 
-    async def stats(self, container_id: str) -> dict[str, Any]:
+    async def stats(self, container_id: str) -> tuple[dict[str, Any], int]:
         """runc's stats of the container, as `paracell events --stats` reads
-        them: a pod member's are its host cgroup's."""
-        from paracell.runtime.host import cgroups
-        from paracell.runtime.host.cgroups import stats as cgroup_stats
+        them (a pod member's are its own cgroup's in the pod's VM), and the
+        cgroup version they are in."""
         from paracell.runtime.verbs import events
 
         self.task(container_id)
 
-        def work() -> dict[str, Any]:
+        def work() -> tuple[dict[str, Any], int]:
             state = self.ctx.store.load(container_id)
-            if state.vm.config.ram_file:
-                return events.stats(self.ctx, container_id)["data"]
-            return cgroup_stats.read(cgroups.from_facts(state.vm.host.cgroups))
+            return (events.stats(self.ctx, container_id)["data"],
+                    events.figures_cgroup_version(state))
 
         return await self._in_thread(work)
 

@@ -141,6 +141,38 @@ def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
     assert [p for p in relays if p.is_running()] == []
 
 
+def test_each_member_of_a_pod_has_its_own_memory_figure(cri: Cri):
+    """`crictl stats` of a pod's members: each has its own cgroup in the
+    pod's VM, so the member whose exec holds 64 MiB grows by that much and its
+    idle neighbours do not."""
+    if cri.handler != HANDLER_V2:
+        pytest.skip("runc's shim reads a member's host cgroup, which holds only its relay: "
+                    "a member's own figures come through the shim v2")
+    client = cri.client
+    pod_config = cri.pod_config("figures")
+    pod = client.run_pod(pod_config, cri.handler)
+    members = cri.running(pod, pod_config, *(cri.container_config(
+        f"f{i}", ["sleep", "1000"]) for i in range(3)))
+
+    def working_sets() -> list[int]:
+        return [client.container_stats(m).memory.working_set_bytes.value for m in members]
+
+    before = working_sets()
+    # dd holds its 64 MiB buffer, filled, while it waits on a reader that never reads.
+    started = cri.ctr("task", "exec", "--detach", "--exec-id", "fill", members[0],
+                      "sh", "-c", "dd if=/dev/zero bs=64M count=1 2>/dev/null | sleep 1000")
+    assert started.returncode == 0, started.stderr
+    deadline = time.monotonic() + 60
+    while (now := working_sets())[0] - before[0] < 64 << 20:
+        assert time.monotonic() < deadline, (before, now)
+        time.sleep(0.5)
+    assert all(after - was < 8 << 20 for was, after in zip(before[1:], now[1:], strict=True)), \
+        (before, now)
+    stats = client.container_stats(members[0])
+    assert stats.cpu.usage_core_nano_seconds.value > 0
+    cri.remove_pod_and_wait(pod)
+
+
 def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
     """What the README shows: `paracell cri run`, `exec` and `rmp`."""
     pod_file, ctr_file = tmp_path / "pod.json", tmp_path / "ctr.json"

@@ -248,6 +248,50 @@ def test_pod_sandbox_and_app_container(runtime, make_bundle, tmp_path):
     runtime.assert_no_leaks()
 
 
+def _member_memory(runtime, cid: str) -> int:
+    event = json.loads(runtime("events", "--stats", cid, check=True).stdout)
+    return event["data"]["memory"]["usage"]["usage"]
+
+
+def test_each_pod_member_has_its_own_figures(runtime, make_bundle, tmp_path):
+    """A pod member's stats are its own cgroup's in the pod's VM (STATS,
+    docs/agent-protocol.md): 64 MiB that an exec of one member holds show in
+    its figures and not in its neighbour's."""
+    import time
+
+    pause = make_bundle(["sleep", "120"], mutate=cri_pod("sandbox", "fpod"))
+    create_detached(runtime, pause, "fpod", tmp_path)
+    runtime("start", "fpod", check=True)
+    for cid in ("fidle", "fbusy"):
+        create_detached(runtime, make_bundle(["sleep", "120"], mutate=cri_pod("container", "fpod")),
+                        cid, tmp_path)
+        runtime("start", cid, check=True)
+    before = {cid: _member_memory(runtime, cid) for cid in ("fidle", "fbusy")}
+    # dd holds its 64 MiB buffer, filled, while it waits to write to a reader
+    # that never reads.
+    runtime("exec", "--detach", "fbusy", "sh", "-c",
+            "dd if=/dev/zero bs=64M count=1 2>/dev/null | sleep 120", check=True)
+    deadline = time.monotonic() + 60
+    while _member_memory(runtime, "fbusy") - before["fbusy"] < 64 << 20:
+        assert time.monotonic() < deadline, "the member's figures never grew by 64 MiB"
+        time.sleep(0.5)
+    assert _member_memory(runtime, "fidle") - before["fidle"] < 8 << 20
+    event = json.loads(runtime("events", "--stats", "fbusy", check=True).stdout)
+    data = event["data"]
+    assert data["memory"]["raw"]["anon"] >= 64 << 20
+    assert data["pids"]["current"] >= 3  # the init, sh's pipeline: its execs count too
+    assert data["cpu"]["usage"]["total"] > 0
+    # The sandbox's figures are still the VM's, from the host.
+    assert "host_resident_bytes" in json.loads(
+        runtime("events", "--stats", "fpod", check=True).stdout)["data"]["paracell"]
+    runtime("delete", "--force", "fbusy", check=True)
+    result = runtime("events", "--stats", "fbusy")
+    assert result.returncode != 0 and b"does not exist" in result.stderr
+    for cid in ("fidle", "fpod"):
+        runtime("delete", "--force", cid, check=True)
+    runtime.assert_no_leaks()
+
+
 def test_guest_side_hooks_are_refused_and_host_hooks_run(runtime, make_bundle, tmp_path):
     marker = tmp_path / "hook-ran"
     hook = {"path": "/bin/sh", "args": ["sh", "-c", f"cat > {marker}"]}

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 AGENT = REPO / "guest" / "agent"
 HARNESS_SRC = Path(__file__).with_name("agent_harness.c")
 AGENT_MODULES = ("spec.c", "netspec.c", "textfields.c", "channel.c", "container.c", "log.c",
-                 "seccomp.c")
+                 "seccomp.c", "cgroup.c")
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 
@@ -359,6 +359,11 @@ def test_length_over_the_limit_discards_the_stream(harness, length):
     (frame(4, 0, b"\x09" + b"\0" * 8), "SIGNAL with 9 bytes"),
     (frame(5, 0, b"\x18\0\x50"), "RESIZE with 3 bytes"),
     (frame(5, 0, b"\x18\0\x50\0\0"), "RESIZE with 5 bytes"),
+    # STATS: on a channel the relay gave it, naming a container id.
+    (frame(8, 0, b"c1"), "STATS with 2 bytes on chan 0"),
+    (frame(8, 3), "STATS with 0 bytes on chan 3"),
+    (frame(8, 3, b"c\0d"), "STATS with 3 bytes on chan 3"),
+    (frame(8, 3, b"c" * 256), "STATS with 256 bytes on chan 3"),
 ])
 def test_frames_that_break_the_protocol_are_dropped(harness, stream, why):
     lines, _ = frames(harness, stream + frame(2, 0))
@@ -367,6 +372,12 @@ def test_frames_that_break_the_protocol_are_dropped(harness, stream, why):
             f" len={int.from_bytes(h[:4], 'little')}")
     assert lines == [f"{head} dropped {why}",
                      "frame type=2 chan=0 len=0 data_sum=0", "buffered 0"]
+
+
+def test_a_stats_request_names_a_container(harness):
+    lines, _ = frames(harness, frame(8, 3, b"c" * 255) + frame(8, 1024, b"member-1"))
+    assert lines == [f"frame type=8 chan=3 len=255 data_sum={ord('c') * 255}",
+                     f"frame type=8 chan=1024 len=8 data_sum={sum(b'member-1')}", "buffered 0"]
 
 
 def test_signal_numbers_pass_through_for_the_process_layer_to_judge(harness):

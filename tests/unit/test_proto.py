@@ -7,8 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from paracell._native import ffi, lib
 
+from paracell.errors import ParacellError
 from paracell.runtime.agent import channel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,11 +120,42 @@ def test_port_forward_bounds_fit_the_frame():
     assert 1 <= lib.PC_FWD_MAX_STREAMS <= lib.PC_MAX_CHAN
     # A full DATA frame must fit in one window, or a sender could stall forever.
     assert lib.PC_FWD_WINDOW >= lib.PC_MAX_PAYLOAD
-    # No two frame types share a number (enum pc_type is the header's one enum).
-    types = re.findall(r"^\s+(PC_[A-Z_]+)\s*=", (PROTO / "agent_proto.h").read_text(), re.M)
+    # No two frame types share a number.
+    header = (PROTO / "agent_proto.h").read_text()
+    body = header[header.index("enum pc_type {"):]
+    body = body[:body.index("};")]
+    types = re.findall(r"^\s+(PC_[A-Z_]+)\s*=", body, re.M)
     assert {"PC_FWD_OPEN", "PC_FWD_CLOSE", "PC_SPEC"} <= set(types)
     values = [getattr(lib, name) for name in types]
     assert len(values) == len(set(values)), sorted(values)
+
+
+def test_stats_reply_is_decoded_as_the_agent_encodes_it(tmp_path):
+    """STATS_REPLY: C puts each figure at its enum pc_stat index, Python
+    reads it back under that enum's name; a reply of another size is a
+    protocol violation."""
+    src = tmp_path / "stats.c"
+    src.write_text(
+        '#include <stdio.h>\n#include "agent_codec.h"\n'
+        "int main(void) {\n"
+        "    uint64_t v[PC_STAT_COUNT]; unsigned char b[PC_STATS_REPLY_LEN];\n"
+        "    for (int i = 0; i < PC_STAT_COUNT; i++) v[i] = (uint64_t)i << 40 | 7;\n"
+        "    v[PC_STAT_MEMORY_CURRENT] = 64ull << 20;\n"
+        "    pc_stats_reply_encode(b, v);\n"
+        '    for (int i = 0; i < PC_STATS_REPLY_LEN; i++) printf("%02x", b[i]);\n'
+        "    return 0;\n}\n")
+    exe = tmp_path / "stats"
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{PROTO}", "-o", str(exe), str(src)],
+                   check=True)
+    payload = bytes.fromhex(subprocess.run([str(exe)], capture_output=True, text=True,
+                                           check=True).stdout)
+    figures = channel.decode_stats_reply(payload)
+    assert list(figures) == channel.stat_names() and len(figures) == lib.PC_STAT_COUNT
+    assert figures["memory_current"] == 64 << 20
+    assert figures["usage_usec"] == 7 and figures["pids_max"] == lib.PC_STAT_PIDS_MAX << 40 | 7
+    for bad in (payload[:-1], payload + b"\0", b""):
+        with pytest.raises(ParacellError, match="STATS_REPLY with"):
+            channel.decode_stats_reply(bad)
 
 
 SPEC_KEY = re.compile(r'#define (PC_KEY_\w+) "([^"]*)"')

@@ -155,6 +155,30 @@ def test_hostile_figures_are_clamped_not_trusted():
     assert not out.HasField("pids")
 
 
+def test_a_members_guest_figures_become_cgroups_v2_metrics():
+    """A pod member's figures are its guest cgroup's (cgroup v2), so they go
+    out as v2 Metrics, whose working set CRI takes as usage - inactive_file."""
+    data = {"cpu": {"usage": {"total": 5_000_123, "user": 2_000_000, "kernel": 3_000_000}},
+            "memory": {"cache": 11, "usage": {"usage": 70 << 20, "limit": 1 << 30},
+                       "raw": {"anon": 64 << 20, "inactive_file": 3 << 20, "pgfault": 9,
+                               "not_a_field": 1}},
+            "pids": {"current": 4, "limit": 100},
+            "paracell": {"memory_events": {"oom": 1, "oom_kill": 2}}}
+    out = metrics.v2_metrics(data)
+    assert (out.cpu.usage_usec, out.cpu.user_usec, out.cpu.system_usec) == (5000, 2000, 3000)
+    assert (out.memory.usage, out.memory.usage_limit) == (70 << 20, 1 << 30)
+    assert (out.memory.anon, out.memory.inactive_file, out.memory.pgfault) == (64 << 20,
+                                                                               3 << 20, 9)
+    assert (out.memory_events.oom, out.memory_events.oom_kill) == (1, 2)
+    assert (out.pids.current, out.pids.limit) == (4, 100)
+    assert messages.pack_any(out).type_url == "io.containerd.cgroups.v2.Metrics"
+    hostile = metrics.v2_metrics({"cpu": "x", "memory": {"raw": {"anon": -1, "file": 1 << 80},
+                                                         "usage": []},
+                                  "paracell": {"memory_events": {"oom": "many"}}})
+    assert (hostile.memory.anon, hostile.memory.file) == (0, metrics.U64_MAX)
+    assert hostile.memory_events.oom == 0 and not hostile.HasField("pids")
+
+
 def test_a_daemon_that_serves_no_task_ends(monkeypatch, tmp_path):
     """containerd died between `start` and Create: the daemon goes after
     two idle checks in a row, and not while it serves a task."""

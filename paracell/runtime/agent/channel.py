@@ -221,6 +221,47 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
             raise ParacellError(f"container shim answered with unexpected type {frame.type}")
 
 
+STATS_TIMEOUT_S = 10.0
+
+
+def stat_names() -> list[str]:
+    """STATS_REPLY's figures in their order: enum pc_stat's names without
+    PC_STAT_, lowercased (the guest's own cgroup file keys)."""
+    from paracell._native import ffi, lib
+
+    names = ffi.typeof("enum pc_stat").elements
+    return [names[i].removeprefix("PC_STAT_").lower() for i in range(lib.PC_STAT_COUNT)]
+
+
+def decode_stats_reply(payload: bytes) -> dict[str, int]:
+    from paracell._native import lib
+
+    if len(payload) != 8 * lib.PC_STAT_COUNT:
+        raise ParacellError(f"agent protocol violation: STATS_REPLY with {len(payload)} bytes")
+    return dict(zip(stat_names(), struct.unpack(f"<{lib.PC_STAT_COUNT}Q", payload),
+                    strict=True))
+
+
+def container_stats(shim_socket: Path, container_id: str) -> dict[str, int]:
+    """The figures of a container's own cgroup in its VM (STATS), by the
+    names of decode_stats_reply, through the VM's shim."""
+    from paracell._native import lib
+
+    try:
+        sock = unixsock.connect(shim_socket)
+    except OSError as err:
+        raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
+    with sock:
+        send(sock.fileno(), lib.PC_STATS, 0, container_id.encode())
+        frame = recv(sock.fileno(), STATS_TIMEOUT_S, "reading the container's figures")
+    if frame.type == lib.PC_ERROR:
+        raise ParacellError(printable(frame.payload))
+    if frame.type != lib.PC_STATS_REPLY:
+        raise ParacellError("agent protocol violation: expected STATS_REPLY, "
+                            f"got type {frame.type}")
+    return decode_stats_reply(frame.payload)
+
+
 # A process a proxy opens in a running VM: an exec, or a pod member's init.
 CREATE_TIMEOUT_S = 60.0
 # After an ERROR the shim sends at most an EXIT, then closes the connection.

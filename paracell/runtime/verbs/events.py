@@ -33,16 +33,53 @@ def _qemu_figures(state: ContainerState) -> dict[str, int]:
     return {"user_ns": int(cpu.user * 1e9), "kernel_ns": int(cpu.system * 1e9), "rss": mem.rss}
 
 
+def _member_figures(state: ContainerState, sandbox_socket: Path) -> dict[str, Any]:
+    """A pod member's own figures: its cgroup in the pod's VM, which holds its
+    init and its execs (STATS, docs/agent-protocol.md), in runc's format on
+    cgroup v2. The pod's VM, QEMU and the shims are the sandbox's figures."""
+    from paracell._native import lib
+    from paracell.runtime.agent import channel
+    from paracell.runtime.host.cgroups.stats import UNLIMITED
+
+    fig = channel.container_stats(sandbox_socket, state.id)
+    memory_stat = channel.stat_names()[lib.PC_STAT_ANON:lib.PC_STAT_PGMAJFAULT + 1]
+    return {
+        "cpu": {"usage": {"total": fig["usage_usec"] * 1000, "user": fig["user_usec"] * 1000,
+                          "kernel": fig["system_usec"] * 1000}},
+        "memory": {"cache": fig["file"],
+                   "usage": {"usage": fig["memory_current"],
+                             "limit": fig["memory_max"] or UNLIMITED},
+                   "raw": {name: fig[name] for name in memory_stat}},
+        "pids": {"current": fig["pids_current"], "limit": fig["pids_max"] or UNLIMITED},
+        "paracell": {"figures": "the container's own cgroup in its pod's VM",
+                     "memory_events": {"oom": fig["oom"], "oom_kill": fig["oom_kill"]}},
+    }
+
+
+def figures_cgroup_version(state: ContainerState) -> int:
+    """The cgroup version of stats()'s memory figures: a pod member's come
+    from the guest's cgroup v2, a VM's from its host cgroup."""
+    from paracell.runtime.bundle.podrole import CONTAINER_TYPE
+    from paracell.runtime.host import cgroups
+
+    if state.annotations.get(CONTAINER_TYPE) == "container":
+        return 2
+    dirs = cgroups.from_facts(state.vm.host.cgroups) if state.vm else []
+    return next((d.version for d in dirs if "memory" in d.controllers), 2)
+
+
 def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     from paracell.pager import telemetry
+    from paracell.runtime.pod import pod
     from paracell.vmm import ramview
 
     state = ctx.store.load(container_id)
     if not status.stands_for_a_process(state.status):
         raise ParacellError(f"container {container_id} is not running")
-    if not state.vm.config.ram_file:
-        raise ParacellError(f"container {container_id} has no VM of its own: a pod member's "
-                            "figures are its sandbox's")
+    sandbox_socket = pod.sandbox_socket(ctx.store, state)
+    if sandbox_socket is not None:
+        return {"type": "stats", "id": container_id,
+                "data": _member_figures(state, sandbox_socket)}
     qemu = _qemu_figures(state)
     ram = ramview.view(Path(state.vm.config.ram_file), state.vm.config.memory_mib << 20,
                        state.vm.qemu_pid if qemu else None)
