@@ -54,6 +54,10 @@
 #define PC_KEY_NS_IPC "ns.ipc"
 #define PC_KEY_NS_UTS "ns.uts"
 #define PC_KEY_NS_PID "ns.pid"
+/* A pod member's linux.resources, on its group in the guest (cgroup v2
+ * files of these names): decimal, 1..INT64_MAX; absent is no limit. */
+#define PC_KEY_MEMORY_MAX "memory.max"
+#define PC_KEY_PIDS_MAX "pids.max"
 
 /* The SANDBOX (net.* also in a START). */
 #define PC_KEY_SHARE "share"

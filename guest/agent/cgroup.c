@@ -79,6 +79,35 @@ void cg_remove(struct cgroup *g)
     g->name[0] = 0;
 }
 
+static int write_limit(const struct cgroup *g, const char *file, uint64_t value, char *err,
+                       size_t errlen)
+{
+    char text[24];
+    int len = snprintf(text, sizeof text, "%llu", (unsigned long long)value);
+    int fd = g->dir_fd < 0 ? -1 : openat(g->dir_fd, file, O_WRONLY | O_CLOEXEC);
+    int ok = fd >= 0 && write(fd, text, (size_t)len) == len;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    if (ok)
+        return 0;
+    if (g->dir_fd < 0)
+        snprintf(err, errlen, "%s: this VM keeps no cgroup for the container", file);
+    else
+        snprintf(err, errlen, "%s: %s", file, strerror(e));
+    return -1;
+}
+
+int cg_limit(const struct cgroup *g, uint64_t memory_max, uint64_t pids_max, char *err,
+             size_t errlen)
+{
+    if (memory_max && write_limit(g, "memory.max", memory_max, err, errlen) < 0)
+        return -1;
+    if (pids_max && write_limit(g, "pids.max", pids_max, err, errlen) < 0)
+        return -1;
+    return 0;
+}
+
 /* The file's text, NUL-terminated; -1 when it cannot be read. */
 static int read_text(int dir, const char *file, char *buf, size_t cap)
 {

@@ -23,6 +23,9 @@ int cg_create(struct cgroup *g);
 /* Closes g and removes it; a group that still holds a process keeps its
  * name, for the next call to try again (logged). */
 void cg_remove(struct cgroup *g);
+/* Writes memory.max and pids.max (0: leave it at max): 0, or -1 with err set. */
+int cg_limit(const struct cgroup *g, uint64_t memory_max, uint64_t pids_max, char *err,
+             size_t errlen);
 /* g's figures by enum pc_stat: 0, or -1 with err set. */
 int cg_read(const struct cgroup *g, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen);
 

@@ -176,6 +176,9 @@ int proc_spawn(unsigned chan, const struct spec *s, struct ctr *c, char *err, si
     if (is_init) {
         c->xgates = s->xgates;
         c->userns = s->userns;
+        /* Before the init exists: a limit asked for is never missing. */
+        if (cg_limit(&c->cg, s->memory_max, s->pids_max, err, errlen) < 0)
+            return -1;
     }
     int ours[3] = {-1, -1, -1}, theirs[3] = {-1, -1, -1};
     int st[2] = {-1, -1}, go[2] = {-1, -1};

@@ -250,6 +250,7 @@ enum {
     ONCE_CWD, ONCE_UID, ONCE_GID, ONCE_UMASK, ONCE_NNP, ONCE_TERMINAL, ONCE_ROWS, ONCE_COLS,
     ONCE_HOSTNAME, ONCE_READONLY, ONCE_CONTAINER, ONCE_ROLE, ONCE_XGATES, ONCE_OOM,
     ONCE_USERNS, ONCE_ROOTPROP, ONCE_PERSONALITY, ONCE_IOPRIO, ONCE_SECCOMP, ONCE_ROOTFS,
+    ONCE_MEMORY_MAX, ONCE_PIDS_MAX,
     ONCE_JOIN0, ONCE_CAP0 = ONCE_JOIN0 + SPEC_JOIN_COUNT,
 };
 
@@ -475,6 +476,13 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
             ONCE(ONCE_IOPRIO);
             if (parse_ioprio(val, s))
                 BAD();
+        } else if (!strcmp(key, PC_KEY_MEMORY_MAX) || !strcmp(key, PC_KEY_PIDS_MAX)) {
+            int memory = key[0] == 'm';
+            ONCE(memory ? ONCE_MEMORY_MAX : ONCE_PIDS_MAX);
+            if (parse_uint(val, 10, INT64_MAX, &n) || !n)
+                BAD();
+            *(memory ? &s->memory_max : &s->pids_max) = n;
+            init_key = init_key ? init_key : key;
         } else if (!strcmp(key, PC_KEY_SECCOMP)) {
             ONCE(ONCE_SECCOMP);
             if (parse_bool(val, &s->seccomp))

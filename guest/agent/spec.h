@@ -94,6 +94,7 @@ struct spec {
     struct spec_idmap uidmap[PC_SPEC_MAX_ID_MAPS], gidmap[PC_SPEC_MAX_ID_MAPS];
     int nuidmap, ngidmap;
     unsigned long root_propagation; /* linux.rootfsPropagation; 0: none */
+    uint64_t memory_max, pids_max;  /* the container's group's limits; 0: none */
     int has_personality;
     unsigned long personality;      /* PER_LINUX or PER_LINUX32 */
     int has_ioprio;

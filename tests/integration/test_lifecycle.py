@@ -292,6 +292,32 @@ def test_each_pod_member_has_its_own_figures(runtime, make_bundle, tmp_path):
     runtime.assert_no_leaks()
 
 
+def test_a_pod_members_memory_and_pids_limits_hold_in_the_vm(runtime, make_bundle, tmp_path):
+    """A member's linux.resources memory and pids limits are its group's in
+    the pod's VM: an exec that takes more memory than the member may is
+    OOM-killed there, and counted, while the pod goes on."""
+    pause = make_bundle(["sleep", "120"], mutate=cri_pod("sandbox", "lpod"))
+    create_detached(runtime, pause, "lpod", tmp_path)
+    runtime("start", "lpod", check=True)
+
+    def limited(config: dict) -> None:
+        cri_pod("container", "lpod")(config)
+        config["linux"]["resources"] = {"memory": {"limit": 32 << 20}, "pids": {"limit": 16}}
+
+    create_detached(runtime, make_bundle(["sleep", "120"], mutate=limited), "lmem", tmp_path)
+    runtime("start", "lmem", check=True)
+    data = json.loads(runtime("events", "--stats", "lmem", check=True).stdout)["data"]
+    assert data["memory"]["usage"]["limit"] == 32 << 20 and data["pids"]["limit"] == 16
+    greedy = runtime("exec", "lmem", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+    assert greedy.returncode == 137, greedy.stderr
+    data = json.loads(runtime("events", "--stats", "lmem", check=True).stdout)["data"]
+    assert data["paracell"]["memory_events"]["oom_kill"] >= 1
+    assert state_of(runtime, "lmem")["status"] == "running"
+    for cid in ("lmem", "lpod"):
+        runtime("delete", "--force", cid, check=True)
+    runtime.assert_no_leaks()
+
+
 def test_guest_side_hooks_are_refused_and_host_hooks_run(runtime, make_bundle, tmp_path):
     marker = tmp_path / "hook-ran"
     hook = {"path": "/bin/sh", "args": ["sh", "-c", f"cat > {marker}"]}

@@ -135,6 +135,10 @@ static int run_spec(void)
         printf("gidmap %u %u %u\n", s.gidmap[i].inside, s.gidmap[i].outside, s.gidmap[i].size);
     if (s.root_propagation)
         printf("root.propagation %lu\n", s.root_propagation);
+    if (s.memory_max)
+        printf("memory.max %llu\n", (unsigned long long)s.memory_max);
+    if (s.pids_max)
+        printf("pids.max %llu\n", (unsigned long long)s.pids_max);
     if (s.has_personality)
         printf("personality %lu\n", s.personality);
     if (s.has_ioprio)

@@ -201,7 +201,24 @@ def test_container_ids_within_the_rule(harness, cid):
     assert fields(parse(harness, recs(("container", cid), ("arg", "x"))), "container") == [printed]
 
 
+def test_a_members_limits_make_an_init(harness):
+    parsed = parse(harness, recs(*BASE, ("memory.max", str(64 << 20)),
+                                 ("pids.max", "9223372036854775807")))
+    assert fields(parsed, "role") == ["init"]
+    assert fields(parsed, "memory.max") == [str(64 << 20)]
+    assert fields(parsed, "pids.max") == ["9223372036854775807"]
+
+
 @pytest.mark.parametrize("key, value", [
+    ("memory.max", "0"), ("memory.max", "-1"), ("memory.max", "max"), ("memory.max", ""),
+    ("memory.max", "9223372036854775808"), ("pids.max", "0"), ("pids.max", "1k"),
+])
+def test_bad_member_limits(harness, key, value):
+    assert parse(harness, recs(*BASE, (key, value))) == f"spec: bad value for {key}"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("memory.max", "1"), ("pids.max", "1"),
     ("hostname", "h"), ("root.readonly", "0"), ("mount", "/proc\x1fproc\x1fproc\x1f0\x1f"),
     ("sysctl", "kernel/shmmax=1"), ("path.readonly", "/proc/sys"), ("path.masked", "/proc/kcore"),
 ])

@@ -13,7 +13,7 @@ import pytest
 
 from paracell.errors import ParacellError
 from paracell.linux import MS_BIND
-from paracell.runtime.bundle import podrole
+from paracell.runtime.bundle import podrole, resources
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.pod import pod
 from paracell.runtime.state.store import ContainerState
@@ -78,9 +78,20 @@ def test_member_joins_map_the_sandboxes_pid_to_its_guest_namespaces(tmp_path: Pa
         {"type": "uts", "path": f"/proc/{me}/ns/uts"},
         {"type": "pid", "path": "/proc/4242/ns/pid"}, {"type": "mount"},
         {"type": "network", "path": f"/proc/{me}/ns/net"}])
-    records = pod.member_records("c", bundle, _sandbox(tmp_path), {4242: "other"})
+    records = pod.member_records("c", bundle, _sandbox(tmp_path), {4242: "other"},
+                                 resources.parse(None))
     assert records == [("rootfs", f"/pod/{pod.member_slot('c')}/rootfs"),
                        ("ns.ipc", "sb"), ("ns.uts", "sb"), ("ns.pid", "other")]
+
+
+@pytest.mark.parametrize("raw, limits", [
+    ({"memory": {"limit": 64 << 20}, "pids": {"limit": 20}},
+     [("memory.max", str(64 << 20)), ("pids.max", "20")]),
+    ({"memory": {"limit": -1}, "pids": {"limit": -1}}, []),  # runc's unlimited
+    ({"memory": {"limit": 0}, "cpu": {"shares": 512}}, []),  # unset; CPU is the VM's
+])
+def test_a_members_memory_and_pids_limits_go_to_its_guest_group(raw, limits):
+    assert pod.guest_limits(resources.parse(raw)) == limits
 
 
 NOT_THE_PODS = "is not one of pod sb's: a pod member can only share its pod's namespaces"
@@ -105,7 +116,8 @@ def test_member_namespaces_outside_the_pod_are_refused(tmp_path: Path, entry, me
             time.sleep(0.05)
         entry = {k: v.format(me=os.getpid(), other=other.pid) for k, v in entry.items()}
         with pytest.raises(ParacellError) as refused:
-            pod.member_records("c", _bundle(tmp_path, [entry]), _sandbox(tmp_path), {})
+            pod.member_records("c", _bundle(tmp_path, [entry]), _sandbox(tmp_path), {},
+                               resources.parse(None))
         path = entry["path"]
         expected = (f"network namespace {path} {message}" if entry["type"] == "network"
                     else f"namespace path {path} ({entry['type']}) {message}")

@@ -25,6 +25,7 @@ from paracell.errors import ParacellError
 from paracell.linux import MS_BIND, MS_RDONLY, MS_REC, MS_REMOUNT
 from paracell.runtime.agent import channel
 from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_ID
+from paracell.runtime.bundle.resources import Resources
 from paracell.runtime.bundle.spec import Bundle
 from paracell.runtime.state.ids import check_id
 from paracell.runtime.state.store import (
@@ -121,10 +122,22 @@ def mount_member(bundle: Bundle, member_dir: Path) -> None:
         raise
 
 
+def guest_limits(res: Resources) -> list[tuple[str, str]]:
+    """A member's linux.resources that its group in the pod's VM enforces
+    (docs/pods.md): the memory and pids limits. The rest are the VM's."""
+    limits = []
+    if res.memory_limit is not None and res.memory_limit > 0:
+        limits.append((K.MEMORY_MAX, str(res.memory_limit)))
+    if res.pids_limit is not None and res.pids_limit > 0:
+        limits.append((K.PIDS_MAX, str(res.pids_limit)))
+    return limits
+
+
 def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
-                   members: dict[int, str]) -> list[tuple[str, str]]:
+                   members: dict[int, str], res: Resources) -> list[tuple[str, str]]:
     slot = member_slot(container_id)
-    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members)]
+    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members),
+            *guest_limits(res)]
 
 
 class MemberProxy:
@@ -229,15 +242,17 @@ class PodSlot:
         if bundle.config.get("process") is None:
             # Nothing could start it later: its VM is already running.
             raise ParacellError(f"container {container_id}: a pod member needs a process")
-        # The member's own host cgroup holds its proxy, so containerd finds one
-        # at cgroupsPath; its limits are the pod VM's business (docs/pods.md).
+        # The member's own host cgroup holds its relay, so containerd finds
+        # one at cgroupsPath; its memory and pids limits are its group's in
+        # the pod's VM, the rest the VM's (docs/pods.md).
         host = hostside.plan(bundle, container_id, ctx.systemd_cgroup,
                              settings.guest_memory_mib())
         cgroup = cgroups.adopt_parents(host.cgroup_dirs,
                                        cgroups.from_facts(sandbox.vm.host.cgroups))
         slot = member_slot(container_id)
         bundle.bind_prefix = f"{GUEST_POD_DIR}/{slot}/binds"
-        extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id))
+        extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id),
+                               host.resources)
         return cls(sandbox_id, share / slot, cgroup, bundle,
                    store.dir(sandbox_id) / CONTROL_SOCKET,
                    store.dir(container_id) / CONTROL_SOCKET, extra)
