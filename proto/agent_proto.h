@@ -141,12 +141,13 @@ struct pc_exit_msg {
  * of the VM runs in a cgroup v2 group of its own, with its execs.  A control
  * client asks with STATS on channel 0, the container's id as the payload; the
  * shim's relay gives the request a free channel, and the agent answers on it
- * with STATS_REPLY, or ERROR for a container that is not running.  The reply
+ * with STATS_REPLY (an ended container's last figures, until its slot is
+ * reused), or ERROR for a container the VM does not hold.  The reply
  * is PC_STAT_COUNT little-endian u64s, each at its index below; the names
  * after PC_STAT_ are the guest's own file keys (cpu.stat, memory.stat,
  * memory.events, pids.*), lowercased.  A figure the guest kernel does not
- * keep is 0; so is a limit of "max".  Figures come from the guest: the host
- * clamps nothing it does not need to, and trusts none of them. */
+ * keep is 0; so is a limit of "max".  They are the guest's word: the host
+ * reports them as the container's and decides nothing by them. */
 enum pc_stat {
     PC_STAT_USAGE_USEC = 0,     /* cpu.stat */
     PC_STAT_USER_USEC = 1,

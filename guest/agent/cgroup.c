@@ -71,7 +71,7 @@ void cg_remove(struct cgroup *g)
         close(g->dir_fd);
     g->procs_fd = g->dir_fd = -1;
     /* A process killed a moment ago may not have left it yet: the name
-     * stays for the next try (the slot's reuse). */
+     * stays for the next try. */
     if (unlinkat(root_fd, g->name, AT_REMOVEDIR) < 0 && errno != ENOENT) {
         logmsg("cgroup %s stays for now: %s", g->name, strerror(errno));
         return;

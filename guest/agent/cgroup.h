@@ -21,7 +21,8 @@ void cg_init(void);
 /* A new group for a container: 0, or -1 (logged) with g left empty. */
 int cg_create(struct cgroup *g);
 /* Closes g and removes it; a group that still holds a process keeps its
- * name, for the next call to try again (logged). */
+ * name, for the next call to try again (logged). An ended container's group
+ * goes when its slot is reused. */
 void cg_remove(struct cgroup *g);
 /* Writes memory.max and pids.max (0: leave it at max): 0, or -1 with err set. */
 int cg_limit(const struct cgroup *g, uint64_t memory_max, uint64_t pids_max, char *err,

@@ -144,14 +144,15 @@ void ctr_init_reported(struct ctr *c)
 {
     c->state = CTR_ENDED;
     c->ended_seq = ++ended_count;
-    cg_remove(&c->cg);
+    /* Its group stays until the slot is reused: the host reads the OOM
+     * kills that ended the container after its EXIT. */
 }
 
 int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen)
 {
-    const struct ctr *c = ctr_find_live(id);
-    if (!c) {
-        snprintf(err, errlen, "container %s is not running in this VM", id);
+    const struct ctr *c = find(id);
+    if (!c || c->state == CTR_NEW) {
+        snprintf(err, errlen, "no container %s in this VM", id);
         return -1;
     }
     return cg_read(&c->cg, v, err, errlen);

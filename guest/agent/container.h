@@ -55,8 +55,9 @@ void ctr_init_exited(struct ctr *c);
 void ctr_init_reported(struct ctr *c);
 /* 1 once some container existed and every one has ended: the VM's work is done. */
 int ctr_all_ended(void);
-/* The figures of the CTR_LIVE container named id (enum pc_stat): 0, or -1
- * with err set. */
+/* The figures of the container named id (enum pc_stat), whose init runs or
+ * ran: an ended one's are its last, until its slot is reused. 0, or -1 with
+ * err set. */
 int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen);
 /* A fork: the one CTR_LIVE container takes a new id, and its UTS namespace
  * the new hostname.  0, or -1 with err set. */

@@ -6,6 +6,7 @@ whose codes containerd's errdefs map back (not found, already exists...)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -21,6 +22,12 @@ from paracell.shimv2.tasks import Process, TaskError, Tasks
 from paracell.shimv2.ttrpc import Code, TtrpcError, current_call
 
 MAX_SPEC_BYTES = 1 << 20
+# The guest reports no OOM kill unasked: each running task's count is read
+# this often (docs/shim-v2.md, "TaskOOM").
+OOM_POLL_S = 1.0
+# Delete waits this long at most for the last look after the init's exit
+# (a STATS round trip, which times out in 10 s).
+OOM_LAST_LOOK_S = 12.0
 SHIM_VERSION = "paracell-shimv2-1"
 
 api = messages.task_api
@@ -61,6 +68,7 @@ class TaskService:
         self.publisher = publisher
         self.namespace = namespace
         self._shutdown = shutdown
+        self.oom_watchers: dict[str, asyncio.Task[None]] = {}
 
     def methods(self) -> dict[str, tuple[type, Callable[[Any], Awaitable[Any]]]]:
         """Method name -> (request class, handler), for ttrpc.Server."""
@@ -108,6 +116,34 @@ class TaskService:
             pid=proc.pid, exit_status=proc.exit_status or 0,
             exited_at=timestamp(proc.exited_at)))
 
+    async def _watch_oom(self, container_id: str, init: Process) -> None:
+        """TaskOOM for each OOM kill in the container, while its init runs,
+        and once more after it exited, which an OOM kill may have caused:
+        containerd's CRI then reports the container OOMKilled."""
+        seen = max(await self.tasks.oom_kills(container_id), 0)
+        while True:
+            if not init.exited.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(init.exited.wait(), OOM_POLL_S)
+            last = init.exited.is_set()
+            now = await self.tasks.oom_kills(container_id)
+            if now > seen:
+                self._publish(events.TaskOOM(container_id=container_id))
+                seen = now
+            if last:
+                return
+
+    async def _last_oom_look(self, container_id: str) -> None:
+        """Before a Delete: the watcher's look after the exit has been had,
+        so a TaskOOM goes before the TaskDelete."""
+        watcher = self.oom_watchers.pop(container_id, None)
+        if watcher is None:
+            return
+        task = self.tasks.tasks.get(container_id)
+        if task is not None and task.init.exited.is_set():
+            await asyncio.wait({watcher}, timeout=OOM_LAST_LOOK_S)
+        watcher.cancel()
+
     # ---- the methods
 
     async def create(self, req: Any) -> Any:
@@ -137,9 +173,12 @@ class TaskService:
                 container_id=req.id, exec_id=req.exec_id, pid=proc.pid))
         else:
             self._publish(events.TaskStart(container_id=req.id, pid=proc.pid))
+            self.oom_watchers[req.id] = asyncio.create_task(self._watch_oom(req.id, proc))
         return api.StartResponse(pid=proc.pid)
 
     async def delete(self, req: Any) -> Any:
+        if not req.exec_id:
+            await self._last_oom_look(req.id)
         proc = await self.tasks.delete(req.id, req.exec_id)
         if not req.exec_id:
             self._publish(events.TaskDelete(

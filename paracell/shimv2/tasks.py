@@ -421,6 +421,12 @@ class Tasks:
 
         return await self._in_thread(work)
 
+    async def oom_kills(self, container_id: str) -> int:
+        """OOM kills of the container so far (-1: none to read)."""
+        from paracell.runtime.verbs import events
+
+        return await self._in_thread(lambda: events.oom_kills(self.ctx, container_id))
+
     def close_stdin(self, container_id: str, exec_id: str) -> None:
         """The FIFO's writer closing is the container's EOF: the stand-in
         reads the FIFO itself. A terminal's copy ends at the same EOF."""

@@ -173,6 +173,31 @@ def test_each_member_of_a_pod_has_its_own_memory_figure(cri: Cri):
     cri.remove_pod_and_wait(pod)
 
 
+def test_a_member_over_its_memory_limit_is_oom_killed_in_the_vm(cri: Cri):
+    """A member's memory limit holds on its group in the pod's VM: a process
+    over it is OOM-killed there, the shim v2 publishes TaskOOM, and CRI
+    reports the container OOMKilled; its neighbour runs on."""
+    if cri.handler != HANDLER_V2:
+        pytest.skip("runc's shim watches a member's host cgroup, which holds only its relay: "
+                    "an OOM kill in the pod's VM reaches containerd through the shim v2")
+    client = cri.client
+    pod_config = cri.pod_config("oom")
+    pod = client.run_pod(pod_config, cri.handler)
+    limited = cri.container_config(
+        "greedy", ["sh", "-c", "sleep 5; exec dd if=/dev/zero of=/dev/null bs=64M count=1"],
+        linux={"resources": {"memory_limit_in_bytes": 32 << 20}})
+    greedy, calm = cri.running(pod, pod_config, limited,
+                               cri.container_config("calm", ["sleep", "1000"]))
+    done = cri.wait_state(greedy, "CONTAINER_EXITED")
+    assert done.exit_code == 137
+    deadline = time.monotonic() + 20
+    while (reason := client.status(greedy).reason) != "OOMKilled":
+        assert time.monotonic() < deadline, reason
+        time.sleep(0.2)
+    assert client.exec_sync(calm, ["echo", "alive"]).stdout == b"alive\n"
+    cri.remove_pod_and_wait(pod)
+
+
 def test_the_cli_runs_a_pod_in_three_commands(cri: Cri, tmp_path: Path):
     """What the README shows: `paracell cri run`, `exec` and `rmp`."""
     pod_file, ctr_file = tmp_path / "pod.json", tmp_path / "ctr.json"

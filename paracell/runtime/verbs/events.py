@@ -130,25 +130,39 @@ def stats(ctx: Context, container_id: str) -> dict[str, Any]:
     return {"type": "stats", "id": container_id, "data": data}
 
 
-def _oom_kills(ctx: Context, container_id: str) -> int:
-    """OOM kills in the container's host cgroup so far (-1: none to read)."""
+def oom_kills(ctx: Context, container_id: str) -> int:
+    """OOM kills of the container so far (-1: none to read): in its group in
+    its VM, where the guest's OOM killer counts them (a pod member's, even
+    after it ended), and, for a VM of its own, in its host cgroup, where the
+    host's killed QEMU or the shim."""
+    from paracell.runtime.agent import channel
     from paracell.runtime.host import cgroups
     from paracell.runtime.host.cgroups import stats as cgroup_stats
+    from paracell.runtime.pod import pod
+    from paracell.runtime.state.store import CONTROL_SOCKET
 
     try:
         state = ctx.store.load(container_id)
     except ParacellError:
         return -1
-    return cgroup_stats.oom_kills(cgroups.from_facts(state.vm.host.cgroups))
+    member_of = pod.sandbox_socket(ctx.store, state)
+    try:
+        guest = channel.container_stats(
+            member_of or ctx.store.dir(container_id) / CONTROL_SOCKET, container_id)["oom_kill"]
+    except ParacellError:
+        guest = -1  # its VM is gone, or never held it
+    host = -1 if member_of else cgroup_stats.oom_kills(cgroups.from_facts(state.vm.host.cgroups))
+    counted = [n for n in (guest, host) if n >= 0]
+    return sum(counted) if counted else -1
 
 
 def stream(ctx: Context, container_id: str, interval_s: float) -> Iterator[str]:
     """One stats event per interval while the container runs, as `runc events`
-    does, and an `oom` event when the kernel's OOM killer struck in the
-    container's host cgroup (QEMU or the shim: the VM ran out of its limit)."""
-    kills = _oom_kills(ctx, container_id)
+    does, and an `oom` event when an OOM killer struck the container: the
+    guest's in its group, or the host's on QEMU or the shim (oom_kills)."""
+    kills = oom_kills(ctx, container_id)
     while True:
-        now = _oom_kills(ctx, container_id)
+        now = oom_kills(ctx, container_id)
         if kills >= 0 and now > kills:
             yield json.dumps({"type": "oom", "id": container_id})
         kills = max(kills, now)
