@@ -29,6 +29,7 @@ NAMES = {
                     "BPF_DEVCG_ACC_MKNOD BPF_DEVCG_ACC_READ BPF_DEVCG_ACC_WRITE"),
     "linux/if_tun.h": "TUNSETIFF TUNSETPERSIST IFF_TAP IFF_NO_PI IFF_VNET_HDR",
     "net/if.h": "IFNAMSIZ",
+    "linux/sockios.h": "SIOCGIFHWADDR",
 }
 
 ffibuilder = FFI()

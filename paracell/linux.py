@@ -99,6 +99,8 @@ IFF_VNET_HDR = int(_abi.IFF_VNET_HDR)
 
 # <net/if.h>: interface names
 IFNAMSIZ = int(_abi.IFNAMSIZ)
+# <linux/sockios.h>: an interface's hardware address, whose family is its ARPHRD type
+SIOCGIFHWADDR = int(_abi.SIOCGIFHWADDR)
 
 
 _libc: ctypes.CDLL | None = None

@@ -118,17 +118,10 @@ class NetworkInterfaces(Device):
     def shape(self) -> dict[str, Any]:
         """How many virtio-net devices: the namespace's interfaces now (the
         shim is inside it), and the spares a namespace of our own gets."""
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
-
         from paracell._native import lib
 
-        try:
-            with IPRoute() as ipr:
-                count = len(discover.interfaces(ipr))
-        except NetlinkError as err:
-            raise netlink_error(err) from None
-        return {"nics": count, "spares": 0 if self.netns_path else lib.PC_NET_MAX_SPARES}
+        return {"nics": discover.ethernet_count(),
+                "spares": 0 if self.netns_path else lib.PC_NET_MAX_SPARES}
 
     def tap_names(self) -> list[str]:
         return [name for _, name in self.taps]
@@ -142,6 +135,25 @@ class NetworkInterfaces(Device):
         return {"netns": self.netns_path, "record": str(self.record)}
 
     def prepare(self) -> None:
+        """Mirrors the namespace's interfaces onto new TAPs: rtnetlink work,
+        done in a child (paracell/net/netlinkchild.py), which hands back what
+        it found and the TAPs' fds."""
+        from paracell.net import netlinkchild
+
+        def work() -> tuple[tuple[Any, ...], list[int]]:
+            self._prepare()
+            found = (self.interfaces, self._veths, self.spares, self.tap_names())
+            return found, [fd for fd, _ in self.taps if fd >= 0] + \
+                ([self._vmm_netns] if self._vmm_netns >= 0 else [])
+
+        (self.interfaces, self._veths, self.spares, names), fds = netlinkchild.run(work)
+        if self.tap_prefix:
+            self.taps = [(-1, name) for name in names]
+            self._vmm_netns = fds[0] if fds else -1
+        else:
+            self.taps = list(zip(fds, names, strict=True))
+
+    def _prepare(self) -> None:
         from pyroute2 import IPRoute
         from pyroute2.netlink.exceptions import NetlinkError
 
@@ -234,12 +246,22 @@ class NetworkInterfaces(Device):
 
     def _take_back(self) -> None:
         """The lent TAPs, home again now that QEMU holds them: up, and mirrored."""
-        from pyroute2 import IPRoute
-        from pyroute2.netlink.exceptions import NetlinkError
+        from paracell.net import netlinkchild
 
         lent.take_back(self.tap_names(), self._vmm_netns)
         os.close(self._vmm_netns)
         self._vmm_netns = -1
+
+        def work() -> tuple[None, list[int]]:
+            self._mirror_lent()
+            return None, []
+
+        netlinkchild.run(work)
+
+    def _mirror_lent(self) -> None:
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
         try:
             with IPRoute() as ipr:
                 for n, name in enumerate(self.tap_names()):

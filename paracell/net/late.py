@@ -25,7 +25,17 @@ if TYPE_CHECKING:
 
 def _take_spares(record_path: Path) -> list[tuple[str, str]]:
     """In the shim's namespace: mirrors the interfaces found there onto the
-    spares, and returns their records for the agent."""
+    spares, and returns their records for the agent. In a child, which loads
+    pyroute2 in the shim's place (paracell/net/netlinkchild.py)."""
+    from paracell.net import netlinkchild
+
+    def work() -> tuple[list[tuple[str, str]], list[int]]:
+        return _mirror_onto_spares(record_path), []
+
+    return netlinkchild.run(work)[0]
+
+
+def _mirror_onto_spares(record_path: Path) -> list[tuple[str, str]]:
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 

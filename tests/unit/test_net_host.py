@@ -135,6 +135,45 @@ def test_an_interface_already_mirrored_is_refused(tmp_path):
             ns.run(first.release)
 
 
+def test_the_count_for_a_vms_shape_is_discoverys_without_netlink(tmp_path):
+    """ethernet_count() (ioctl, no pyroute2) counts what interfaces() finds:
+    Ethernet links but our TAPs; not lo, not a tunnel."""
+    with make_netns() as ns, make_netns() as peer:
+        assert ns.run(discover.ethernet_count) == 0
+        veth(ns, "eth0", peer, "p0")
+        veth(ns, "eth1", peer, "p1")
+        ns.ipr(lambda ipr: ipr.link("add", ifname="tun9", kind="tuntap", mode="tun"))
+        assert "tun9" in ns.link_names()
+        dev = _prepared(ns, tmp_path)  # its TAP is an Ethernet link too, but ours
+        try:
+            assert ns.run(discover.ethernet_count) == len(ns.ipr(discover.interfaces)) == 2
+        finally:
+            ns.run(dev.release)
+
+
+def test_prepare_never_loads_pyroute2_in_the_shim(tmp_path):
+    """A shim lives as long as its container: the rtnetlink work of a
+    networked VM runs in a child, so the shim never holds pyroute2's 25 MiB."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from paracell.net import device, netns\n"
+        f"dev = device.NetworkInterfaces(__import__('pathlib').Path({str(tmp_path)!r}), NS)\n"
+        "netns.run_inside(NS, dev.prepare)\n"
+        "print(len(dev.taps), 'pyroute2' in sys.modules)\n"
+        "netns.run_inside(NS, dev.release)\n")
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0", a_addrs=("10.9.0.2/24",))
+        done = subprocess.run([sys.executable, "-c", f"NS = {ns.path!r}\n" + script],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        taps, loaded = done.stdout.split(" ")
+        assert (int(taps), loaded.strip()) == (1, "False")
+        assert ns.ingress_qdiscs() == []
+
+
 @pytest.mark.parametrize("garbage", [b"", b"{", b'{"veths": "x", "spares": []}',
                                      b'{"veths": [true, -1, 3], "spares": []}', b"[]"])
 def test_a_garbled_record_reads_as_empty_or_clean(tmp_path, garbage):
