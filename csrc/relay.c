@@ -105,7 +105,6 @@ struct relay {
     long stdin_credit[PC_MAX_CHAN + 1];
 };
 
-#define ROLLED_BACK_MSG "the sandbox was rolled back to a checkpoint: this session ended"
 #define ROLLED_BACK_STATUS 137  /* its process was killed (SIGKILL) */
 
 /* The guest does not know of anything that arrived since the checkpoint:
@@ -436,6 +435,8 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
         memcpy(text + 10, p, k);
         for (size_t i = 10; i < 10 + k; i++)
             if ((unsigned char)text[i] < 0x20) text[i] = ' ';
+        memcpy(r->res->error, text + 10, k);
+        r->res->error[k] = 0;
         text[10 + k] = '\n';
         sink_append(&r->err, text, 11 + k);
         return 0;
@@ -478,7 +479,7 @@ static void end_sessions_after_rollback(struct relay *r)
     pc_exit_encode(b, &(struct pc_exit_msg){ROLLED_BACK_STATUS});
     for (unsigned ch = 1; ch <= PC_MAX_CHAN; ch++) {
         if (r->chan_owner[ch] == -1) continue;
-        to_client(r, ch, PC_ERROR, ROLLED_BACK_MSG, sizeof ROLLED_BACK_MSG - 1, 0);
+        to_client(r, ch, PC_ERROR, PC_ROLLED_BACK_MSG, sizeof PC_ROLLED_BACK_MSG - 1, 0);
         to_client(r, ch, PC_EXIT, (const char *)b, sizeof b, 1);
     }
     fwd_forget_all(r->fwd);

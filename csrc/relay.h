@@ -33,10 +33,18 @@ struct pc_relay_cfg {
     int (*start_payload)(char *buf, int cap);
 };
 
+/* What a shim says to a session it ends because the VM was rolled back to a
+ * checkpoint (docs/snapshots.md): its ERROR, then EXIT 137. */
+#define PC_ROLLED_BACK_MSG "the sandbox was rolled back to a checkpoint: this session ended"
+
 struct pc_relay_result {
     int end;
     int status;
     char message[256];
+    /* Proxy mode: the last ERROR the shim sent for the process (why its
+     * execve failed, or why the shim ended the session), also written to
+     * err_fd; empty for none. */
+    char error[256];
 };
 
 int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res);

@@ -21,7 +21,11 @@ static unsigned long long made;
 
 void cg_init(void)
 {
-    if (mount("cgroup2", CG_ROOT, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+    /* favordynmods: every exec moves a process into its container's group,
+     * and without it each move waits out an RCU grace period, which TCG makes
+     * long; forks pay a little more instead. */
+    if (mount("cgroup2", CG_ROOT, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+              "favordynmods") < 0) {
         logmsg("mount %s: %s; containers get no figures", CG_ROOT, strerror(errno));
         return;
     }

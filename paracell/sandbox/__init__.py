@@ -1,69 +1,31 @@
-"""Checkpoint, roll back and fork a running snapshot-mode sandbox from Python
-(docs/snapshots.md), for agent frameworks: the same operations as
-`paracell sandbox ...`, without a process start per call.
+"""ParaCell's Python SDK for agent frameworks (docs/sdk.md): make a sandbox,
+run commands in it and read their output, read and write its files,
+checkpoint, roll back, fork and kill it, all without a process start per
+call.
 
     from paracell.sandbox import Sandbox
 
-    box = Sandbox("agent-1")            # created with io.paracell.snapshot: "on"
-    box.checkpoint("before-tool")       # {"name": ..., "paused_s": ..., ...}
-    ...                                 # the agent tries something
-    box.rollback("before-tool")         # memory, processes and files as they were
-    box.fork("before-tool", count=4)    # ["agent-1-fork-1", ...]: four tries at once
+    with Sandbox.create("bundle", snapshot=True) as box:
+        box.files.write("/tmp/x.py", b"print(6 * 7)")
+        box.checkpoint("before")
+        result = box.run(["python3", "/tmp/x.py"], timeout=30)
+        if result.exit_code != 0:
+            box.rollback("before")
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from paracell.sandbox.box import Sandbox
+from paracell.sandbox.errors import (
+    CommandTimeout,
+    FileError,
+    OutputTooLarge,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotRunning,
+    SessionEnded,
+)
+from paracell.sandbox.session import Process, Result
 
-from paracell.settings import DEFAULT_ROOT
-
-
-class Sandbox:
-    """A snapshot-mode container, by its id and state root (runc's --root)."""
-
-    def __init__(self, container_id: str, root: str = DEFAULT_ROOT) -> None:
-        import os
-
-        self.id, self.root = container_id, os.path.abspath(root)
-
-    def _ctx(self) -> Any:
-        from paracell.log import RuntimeLog
-        from paracell.runtime.context import Context
-
-        return Context(root=self.root, log=RuntimeLog(None, "text", False))
-
-    def checkpoint(self, name: str | None = None) -> dict[str, Any]:
-        """Pauses, saves what changed since the last checkpoint, resumes."""
-        from paracell.runtime.verbs import snapshot
-
-        return snapshot.checkpoint(self._ctx(), self.id, name)
-
-    def rollback(self, name: str) -> dict[str, Any]:
-        """Back to a checkpoint; open exec sessions end (status 137)."""
-        from paracell.runtime.verbs import snapshot
-
-        return snapshot.rollback(self._ctx(), self.id, name)
-
-    def fork(self, name: str | None = None, count: int = 1,
-             id_prefix: str | None = None) -> list[str]:
-        """COUNT new sandboxes that go on from the checkpoint (or from now)."""
-        from paracell.runtime.verbs import snapshot
-
-        return snapshot.fork(self._ctx(), self.id, name, count, id_prefix)
-
-    def checkpoints(self) -> list[dict[str, Any]]:
-        import json
-
-        from paracell.runtime.verbs import snapshot
-
-        return json.loads(snapshot.listing(self._ctx(), self.id, "json"))
-
-    def remove(self, name: str) -> None:
-        from paracell.runtime.verbs import snapshot
-
-        snapshot.remove(self._ctx(), self.id, name)
-
-    @property
-    def state_dir(self) -> Path:
-        return Path(self.root) / self.id
+__all__ = ["CommandTimeout", "FileError", "OutputTooLarge", "Process", "Result", "Sandbox",
+           "SandboxError", "SandboxNotFound", "SandboxNotRunning", "SessionEnded"]

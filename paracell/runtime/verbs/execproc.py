@@ -194,19 +194,25 @@ def exec_process(
     return wait_child(pid)
 
 
+def session_socket(ctx: Context, container_id: str) -> Path:
+    """Where an exec session into the container connects, once its status
+    allows an exec (runc's refusal otherwise): the shim of the container's
+    VM, which for a pod member is its pod's."""
+    store = ctx.store
+    with store.locked(container_id):
+        state = store.load(container_id)
+        status.transition("exec", state.status, container_id)
+    return pod.sandbox_socket(store, state) or store.dir(container_id) / CONTROL_SOCKET
+
+
 def spawn_exec(ctx: Context, container_id: str, process: dict[str, Any],
                console_socket: str | None, detach: bool = True) -> int:
     """The exec's host proxy, its process created and started in the guest;
     returns the proxy's pid (detached: re-parented to the caller's subreaper)."""
     terminal = bool(process.get("terminal"))
     launch = spec.exec_launch_spec(container_id, process)
-    store = ctx.store
-    with store.locked(container_id):
-        state = store.load(container_id)
-        status.transition("exec", state.status, container_id)
-    state_dir = store.dir(container_id)
-    # A pod member's processes run in its pod's VM: its pod's shim starts them.
-    shim_socket = pod.sandbox_socket(store, state) or state_dir / CONTROL_SOCKET
+    shim_socket = session_socket(ctx, container_id)
+    state_dir = ctx.store.dir(container_id)
     spawned = spawn.spawn(
         lambda handshake: standin.serve(handshake, ExecProxy(
             shim_socket, launch, terminal, console_socket, state_dir / EXECS_DIR)),
