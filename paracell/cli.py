@@ -528,6 +528,18 @@ def bench_shim(rounds: int, output: str) -> None:
     click.echo(bench_shim_mod.run(_ctx(), rounds, output))
 
 
+@bench.command("sdk")
+@click.option("--runs", default=30, show_default=True)
+@click.option("--output", "-o", default="bench-results/sdk.json")
+def bench_sdk(runs: int, output: str) -> None:
+    """A command in a running sandbox: the Python SDK against `paracell exec`."""
+    from paracell.bench import sdk as bench_sdk_mod
+
+    if not 1 <= runs <= 1000:
+        raise ParacellError(f"--runs {runs} is outside 1..1000")
+    click.echo(bench_sdk_mod.run(_ctx(), runs, output))
+
+
 @bench.command("density")
 @click.option("--count", default=None, type=int,
               help="idle sandboxes per runtime [default: 20, or 5 with --quick]")
