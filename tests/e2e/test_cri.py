@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -151,16 +152,22 @@ def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
     assert [p for p in relays if p.is_running()] == []
 
 
+def _pod_under_v2(cri: Cri, name: str, why_not_runc: str) -> tuple[Any, dict[str, object], str]:
+    """A new pod, for a test of what only the shim v2 gives (skipped under
+    runc's shim, for why_not_runc): the client, the pod's config and its id."""
+    if cri.handler != HANDLER_V2:
+        pytest.skip(why_not_runc)
+    pod_config = cri.pod_config(name)
+    return cri.client, pod_config, cri.client.run_pod(pod_config, cri.handler)
+
+
 def test_each_member_of_a_pod_has_its_own_memory_figure(cri: Cri):
     """`crictl stats` of a pod's members: each has its own cgroup in the
     pod's VM, so the member whose exec holds 64 MiB grows by that much and its
     idle neighbours do not."""
-    if cri.handler != HANDLER_V2:
-        pytest.skip("runc's shim reads a member's host cgroup, which holds only its relay: "
-                    "a member's own figures come through the shim v2")
-    client = cri.client
-    pod_config = cri.pod_config("figures")
-    pod = client.run_pod(pod_config, cri.handler)
+    client, pod_config, pod = _pod_under_v2(
+        cri, "figures", "runc's shim reads a member's host cgroup, which holds only its "
+        "relay: a member's own figures come through the shim v2")
     members = cri.running(pod, pod_config, *(cri.container_config(
         f"f{i}", ["sleep", "1000"]) for i in range(3)))
 
@@ -187,12 +194,9 @@ def test_a_member_over_its_memory_limit_is_oom_killed_in_the_vm(cri: Cri):
     """A member's memory limit holds on its group in the pod's VM: a process
     over it is OOM-killed there, the shim v2 publishes TaskOOM, and CRI
     reports the container OOMKilled; its neighbour runs on."""
-    if cri.handler != HANDLER_V2:
-        pytest.skip("runc's shim watches a member's host cgroup, which holds only its relay: "
-                    "an OOM kill in the pod's VM reaches containerd through the shim v2")
-    client = cri.client
-    pod_config = cri.pod_config("oom")
-    pod = client.run_pod(pod_config, cri.handler)
+    client, pod_config, pod = _pod_under_v2(
+        cri, "oom", "runc's shim watches a member's host cgroup, which holds only its relay: "
+        "an OOM kill in the pod's VM reaches containerd through the shim v2")
     limited = cri.container_config(
         "greedy", ["sh", "-c", "sleep 5; exec dd if=/dev/zero of=/dev/null bs=64M count=1"],
         linux={"resources": {"memory_limit_in_bytes": 32 << 20}})

@@ -85,6 +85,16 @@ def test_no_copy_of_a_wire_name_outside_proto():
             assert f'"{literal}"' not in text, f"{path} retypes {literal!r}"
 
 
+def _c_output(tmp_path: Path, name: str, source: str) -> str:
+    """What a small C program built against proto/ prints."""
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    exe = tmp_path / name
+    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{PROTO}", "-o", str(exe), str(src)],
+                   check=True)
+    return subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+
+
 def test_port_forward_messages_are_laid_out_as_the_tests_write_them(tmp_path):
     """The port-forward payloads as C encodes them (proto/agent_codec.h) are
     the little-endian layouts the tests send (tests/unit/test_portfwd.py)."""
@@ -92,8 +102,7 @@ def test_port_forward_messages_are_laid_out_as_the_tests_write_them(tmp_path):
 
     assert ffi.sizeof("struct pc_fwd_open_msg") == 4
     assert ffi.sizeof("struct pc_fwd_credit_msg") == 4
-    src = tmp_path / "fwd.c"
-    src.write_text(
+    out = _c_output(tmp_path, "fwd",
         '#include <stdio.h>\n#include "agent_codec.h"\n'
         "static void hex(const unsigned char *p, int n) {\n"
         '    for (int i = 0; i < n; i++) printf("%02x", p[i]);\n    printf("\\n");\n}\n'
@@ -106,11 +115,7 @@ def test_port_forward_messages_are_laid_out_as_the_tests_write_them(tmp_path):
         "    struct pc_fwd_credit_msg c = {.bytes = 0x40001}, cb;\n"
         "    pc_fwd_credit_encode(b, &c); hex(b, 4);\n"
         "    return pc_fwd_credit_decode(b, 4, &cb) || cb.bytes != c.bytes || "
-        "pc_fwd_credit_decode(b, 5, &cb) == 0;\n}\n")
-    exe = tmp_path / "fwd"
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{PROTO}", "-o", str(exe), str(src)],
-                   check=True)
-    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+        "pc_fwd_credit_decode(b, 5, &cb) == 0;\n}\n").split()
     assert out == [struct.pack("<HH", 0x1F90, lib.PC_FWD_INET6).hex(),
                    struct.pack("<I", 0x40001).hex()]
 
@@ -134,8 +139,8 @@ def test_stats_reply_is_decoded_as_the_agent_encodes_it(tmp_path):
     """STATS_REPLY: C puts each figure at its enum pc_stat index, Python
     reads it back under that enum's name; a reply of another size is a
     protocol violation."""
-    src = tmp_path / "stats.c"
-    src.write_text(
+    payload = bytes.fromhex(_c_output(
+        tmp_path, "stats",
         '#include <stdio.h>\n#include "agent_codec.h"\n'
         "int main(void) {\n"
         "    uint64_t v[PC_STAT_COUNT]; unsigned char b[PC_STATS_REPLY_LEN];\n"
@@ -143,12 +148,7 @@ def test_stats_reply_is_decoded_as_the_agent_encodes_it(tmp_path):
         "    v[PC_STAT_MEMORY_CURRENT] = 64ull << 20;\n"
         "    pc_stats_reply_encode(b, v);\n"
         '    for (int i = 0; i < PC_STATS_REPLY_LEN; i++) printf("%02x", b[i]);\n'
-        "    return 0;\n}\n")
-    exe = tmp_path / "stats"
-    subprocess.run(["gcc", "-std=c11", "-Wall", "-Werror", f"-I{PROTO}", "-o", str(exe), str(src)],
-                   check=True)
-    payload = bytes.fromhex(subprocess.run([str(exe)], capture_output=True, text=True,
-                                           check=True).stdout)
+        "    return 0;\n}\n"))
     figures = channel.decode_stats_reply(payload)
     assert list(figures) == channel.stat_names() and len(figures) == lib.PC_STAT_COUNT
     assert figures["memory_current"] == 64 << 20
