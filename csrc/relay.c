@@ -59,7 +59,7 @@ struct client {
     int fd;
     int chan;  /* 0 until the client binds a process with SECCOMP or SPEC */
     int spec_sent; /* a pod member's init sends SECCOMP, then its SPEC, on one channel */
-    int query;     /* its channel carries one STATS and its answer, no process */
+    int query;     /* its channel carries one STATS or LIMITS and its answer, no process */
     int closing;
     /* Its next frame waits (FRAME_WAIT): it is tried again every round, and
      * nothing more is read from the client meanwhile. */
@@ -271,9 +271,9 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             p = made;
             n = (uint32_t)len;
         }
-        if (type == PC_STATS && r->shim) {
-            /* The guest answers on the channel given here; the id in the
-             * payload is the agent's to check. */
+        if ((type == PC_STATS || type == PC_LIMITS) && r->shim) {
+            /* The guest answers on the channel given here; the payload is
+             * the agent's to check. */
             int ch = free_chan(r);
             if (ch < 0) return refuse(c, "too many requests in this VM");
             c->chan = ch;
@@ -402,7 +402,7 @@ static int on_chan_frame(struct relay *r, void *who, unsigned type, unsigned cha
         switch (type) {
         case PC_STDOUT: case PC_STDERR: case PC_CREATED:
             return to_client(r, chan, type, p, n, 0);
-        case PC_EXIT: case PC_ERROR: case PC_STATS_REPLY:
+        case PC_EXIT: case PC_ERROR: case PC_STATS_REPLY: case PC_ATTACHED:
             return to_client(r, chan, type, p, n, 1);
         case PC_READY:
             return 0;

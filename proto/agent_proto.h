@@ -37,6 +37,8 @@ enum pc_type {
     PC_POWEROFF = 6,  /* host has read everything; guest may power off */
     PC_SANDBOX = 7,   /* sandbox records, once, before any SPEC; guest answers ATTACHED or ERROR */
     PC_STATS = 8,     /* a container's id: its cgroup's figures, answered STATS_REPLY or ERROR */
+    PC_LIMITS = 9,    /* records: a running container's new memory/pids limits (below),
+                       * on a channel as STATS's; answered ATTACHED or ERROR */
     PC_SECCOMP = 12,  /* struct pc_seccomp_hdr + BPF program, just before the init's SPEC */
     /* Around a checkpoint or rollback (docs/snapshots.md): QUIESCE asks the
      * agent to send what it has queued, then QUIESCED, then nothing until
@@ -94,7 +96,7 @@ struct pc_ready_msg {
 /* What the agent can do, besides the base protocol. */
 #define PC_AGENT_CAP_PORTFWD 1  /* PC_FWD_* streams */
 #define PC_AGENT_CAP_SECCOMP 2  /* PC_SECCOMP programs */
-#define PC_AGENT_CAP_STATS 4    /* PC_STATS: each container in a cgroup of its own */
+#define PC_AGENT_CAP_STATS 4    /* PC_STATS and PC_LIMITS: each container in a cgroup of its own */
 #define PC_AGENT_CAPS (PC_AGENT_CAP_PORTFWD | PC_AGENT_CAP_SECCOMP | PC_AGENT_CAP_STATS)
 
 /* QUIESCE's number, which its QUIESCED repeats: a QUIESCED that answers an
@@ -148,6 +150,11 @@ struct pc_exit_msg {
  * memory.events, pids.*), lowercased.  A figure the guest kernel does not
  * keep is 0; so is a limit of "max".  They are the guest's word: the host
  * reports them as the container's and decides nothing by them. */
+/* LIMITS: `container=ID`, then `memory.max` and/or `pids.max`, each at most
+ * once: decimal 1..INT64_MAX, or `max` for none (launch_spec.h's keys). The
+ * payload is at most PC_LIMITS_MAX bytes. */
+#define PC_LIMITS_MAX 512
+
 enum pc_stat {
     PC_STAT_USAGE_USEC = 0,     /* cpu.stat */
     PC_STAT_USER_USEC = 1,

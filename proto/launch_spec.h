@@ -55,7 +55,8 @@
 #define PC_KEY_NS_UTS "ns.uts"
 #define PC_KEY_NS_PID "ns.pid"
 /* A pod member's linux.resources, on its group in the guest (cgroup v2
- * files of these names): decimal, 1..INT64_MAX; absent is no limit. */
+ * files of these names): decimal, 1..INT64_MAX; absent is no limit. Also
+ * the keys of a LIMITS payload (agent_proto.h), where `max` lifts one. */
 #define PC_KEY_MEMORY_MAX "memory.max"
 #define PC_KEY_PIDS_MAX "pids.max"
 

@@ -129,6 +129,20 @@ static void handle_stats(const struct host_msg *m)
     chan_send_text(PC_ERROR, m->chan, err);
 }
 
+/* LIMITS: a running container's new limits, answered as STATS is. */
+static void handle_limits(const struct host_msg *m)
+{
+    char err[ERRTEXT_MAX] = "";
+    struct limits l;
+    if (limits_parse((char *)m->data, m->len, &l, err, sizeof err) == 0 &&
+        ctr_limit(l.container, l.memory_max, l.pids_max, err, sizeof err) == 0) {
+        chan_send(PC_ATTACHED, m->chan, NULL, 0);
+        return;
+    }
+    loghost("chan %u: %s", m->chan, err);
+    chan_send_text(PC_ERROR, m->chan, err);
+}
+
 /* A START may carry network records: interfaces that appeared after create
  * (docs/networking.md).  The process must not run without them: on failure
  * it gets ERROR and is killed before it ever execs. */
@@ -163,6 +177,9 @@ static int dispatch(const struct frame *f)
         break;
     case PC_STATS:
         handle_stats(&m);
+        break;
+    case PC_LIMITS:
+        handle_limits(&m);
         break;
     case PC_SECCOMP: {
         char err[ERRTEXT_MAX];

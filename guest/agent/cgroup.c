@@ -87,7 +87,8 @@ static int write_limit(const struct cgroup *g, const char *file, uint64_t value,
                        size_t errlen)
 {
     char text[24];
-    int len = snprintf(text, sizeof text, "%llu", (unsigned long long)value);
+    int len = value == SPEC_NO_LIMIT ? snprintf(text, sizeof text, "max")
+                                   : snprintf(text, sizeof text, "%llu", (unsigned long long)value);
     int fd = g->dir_fd < 0 ? -1 : openat(g->dir_fd, file, O_WRONLY | O_CLOEXEC);
     int ok = fd >= 0 && write(fd, text, (size_t)len) == len;
     int e = errno;

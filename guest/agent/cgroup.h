@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "agent_proto.h"
+#include "spec.h"
 
 struct cgroup {
     char name[24];  /* under the root; empty: none */
@@ -24,7 +25,8 @@ int cg_create(struct cgroup *g);
  * name, for the next call to try again (logged). An ended container's group
  * goes when its slot is reused. */
 void cg_remove(struct cgroup *g);
-/* Writes memory.max and pids.max (0: leave it at max): 0, or -1 with err set. */
+/* Writes memory.max and pids.max (0: leave it as it is; SPEC_NO_LIMIT: max):
+ * 0, or -1 with err set. */
 int cg_limit(const struct cgroup *g, uint64_t memory_max, uint64_t pids_max, char *err,
              size_t errlen);
 /* g's figures by enum pc_stat: 0, or -1 with err set. */

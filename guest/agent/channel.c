@@ -285,6 +285,11 @@ int frame_decode(const struct frame *f, struct host_msg *m, char *why, size_t wh
             return 0;
         snprintf(why, whylen, "STATS with %u bytes on chan %u", h->len, h->chan);
         return -1;
+    case PC_LIMITS: /* records, checked by limits_parse */
+        if (h->chan >= 1 && h->len >= 1 && h->len <= PC_LIMITS_MAX)
+            return 0;
+        snprintf(why, whylen, "LIMITS with %u bytes on chan %u", h->len, h->chan);
+        return -1;
     case PC_QUIESCE:
         if (h->chan == 0 && pc_quiesce_decode(f->payload, h->len, &m->quiesce) == 0)
             return 0;

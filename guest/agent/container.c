@@ -148,6 +148,16 @@ void ctr_init_reported(struct ctr *c)
      * kills that ended the container after its EXIT. */
 }
 
+int ctr_limit(const char *id, uint64_t memory_max, uint64_t pids_max, char *err, size_t errlen)
+{
+    const struct ctr *c = ctr_find_live(id);
+    if (!c) {
+        snprintf(err, errlen, "container %s is not running in this VM", id);
+        return -1;
+    }
+    return cg_limit(&c->cg, memory_max, pids_max, err, errlen);
+}
+
 int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen)
 {
     const struct ctr *c = find(id);

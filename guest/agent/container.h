@@ -59,6 +59,9 @@ int ctr_all_ended(void);
  * ran: an ended one's are its last, until its slot is reused. 0, or -1 with
  * err set. */
 int ctr_stats(const char *id, uint64_t v[PC_STAT_COUNT], char *err, size_t errlen);
+/* New limits (cg_limit's) on the group of the CTR_LIVE container named id:
+ * 0, or -1 with err set. */
+int ctr_limit(const char *id, uint64_t memory_max, uint64_t pids_max, char *err, size_t errlen);
 /* A fork: the one CTR_LIVE container takes a new id, and its UTS namespace
  * the new hostname.  0, or -1 with err set. */
 int ctr_reidentify(const char *id, const char *hostname, char *err, size_t errlen);

@@ -252,7 +252,9 @@ enum {
     ONCE_USERNS, ONCE_ROOTPROP, ONCE_PERSONALITY, ONCE_IOPRIO, ONCE_SECCOMP, ONCE_ROOTFS,
     ONCE_MEMORY_MAX, ONCE_PIDS_MAX,
     ONCE_JOIN0, ONCE_CAP0 = ONCE_JOIN0 + SPEC_JOIN_COUNT,
+    ONCE_COUNT = ONCE_CAP0 + SC_COUNT,
 };
+_Static_assert(ONCE_COUNT <= 32, "the keys seen once fit the parser's bit set");
 
 static const char *const join_keys[SPEC_JOIN_COUNT] = {PC_KEY_NS_IPC, PC_KEY_NS_UTS, PC_KEY_NS_PID};
 
@@ -524,5 +526,54 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
     }
     s->argv[s->argc] = NULL;
     s->envp[s->envc] = NULL;
+    return 0;
+}
+
+/* `max`, or 1..INT64_MAX: 0 and the value, or -1. */
+static int parse_limit(const char *v, uint64_t *out)
+{
+    if (!strcmp(v, "max")) {
+        *out = SPEC_NO_LIMIT;
+        return 0;
+    }
+    return parse_uint(v, 10, INT64_MAX, out) || !*out ? -1 : 0;
+}
+
+int limits_parse(char *buf, size_t len, struct limits *l, char *err, size_t errlen)
+{
+    memset(l, 0, sizeof *l);
+    if (!len || len > PC_LIMITS_MAX || buf[len - 1]) {
+        snprintf(err, errlen, "limits: at most %d bytes of records, each ending with NUL",
+                 PC_LIMITS_MAX);
+        return -1;
+    }
+    for (char *p = buf, *end = buf + len; p < end;) {
+        char *key = p;
+        p += strlen(p) + 1;
+        char *val = strchr(key, '=');
+        if (!val) {
+            snprintf(err, errlen, "limits: record without '='");
+            return -1;
+        }
+        *val++ = 0;
+        uint64_t *slot = !strcmp(key, PC_KEY_MEMORY_MAX) ? &l->memory_max
+                       : !strcmp(key, PC_KEY_PIDS_MAX) ? &l->pids_max : NULL;
+        int ok;
+        if (!strcmp(key, PC_KEY_CONTAINER)) {
+            ok = !l->container && container_id_ok(val);
+            if (ok)
+                l->container = val;
+        } else {
+            ok = slot && !*slot && parse_limit(val, slot) == 0;
+        }
+        if (!ok) {
+            snprintf(err, errlen, "limits: bad or repeated record %.40s", key);
+            return -1;
+        }
+    }
+    if (!l->container || (!l->memory_max && !l->pids_max)) {
+        snprintf(err, errlen, "limits: a container and at least one limit are needed");
+        return -1;
+    }
     return 0;
 }

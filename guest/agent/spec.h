@@ -111,4 +111,15 @@ struct spec {
  * set to one line that starts with "spec: ". */
 int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen);
 
+/* A limit of `max`: none. */
+#define SPEC_NO_LIMIT UINT64_MAX
+
+/* A LIMITS payload (agent_proto.h): pointers into the buffer; a limit is 0
+ * when not given, SPEC_NO_LIMIT for `max`. */
+struct limits {
+    const char *container;
+    uint64_t memory_max, pids_max;
+};
+int limits_parse(char *buf, size_t len, struct limits *l, char *err, size_t errlen);
+
 #endif

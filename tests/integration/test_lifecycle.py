@@ -313,6 +313,15 @@ def test_a_pod_members_memory_and_pids_limits_hold_in_the_vm(runtime, make_bundl
     data = json.loads(runtime("events", "--stats", "lmem", check=True).stdout)["data"]
     assert data["paracell"]["memory_events"]["oom_kill"] >= 1
     assert state_of(runtime, "lmem")["status"] == "running"
+    # `update` reaches the member's group: the same exec fits under the new limit.
+    updated = runtime("update", "--memory", str(96 << 20), "--pids-limit", "20", "--cpu-shares",
+                      "512", "lmem")
+    assert updated.returncode == 0, updated.stderr
+    assert b"cpu of a pod member is its pod VM's" in updated.stderr
+    data = json.loads(runtime("events", "--stats", "lmem", check=True).stdout)["data"]
+    assert data["memory"]["usage"]["limit"] == 96 << 20 and data["pids"]["limit"] == 20
+    fits = runtime("exec", "lmem", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
+    assert fits.returncode == 0, fits.stderr
     for cid in ("lmem", "lpod"):
         runtime("delete", "--force", cid, check=True)
     runtime.assert_no_leaks()

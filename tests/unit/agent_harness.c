@@ -365,6 +365,32 @@ static int run_ctr(int argc, char **argv)
     return 0;
 }
 
+/* A LIMITS payload on stdin: "error TEXT", or "ok", the container and each
+ * limit (max for SPEC_NO_LIMIT, 0 for none given). */
+static int run_limits(void)
+{
+    static char buf[2 * PC_LIMITS_MAX];
+    struct limits l;
+    char err[ERRTEXT_MAX];
+    size_t len = fread(buf, 1, sizeof buf, stdin);
+
+    if (limits_parse(buf, len, &l, err, sizeof err) < 0) {
+        put_field("error", err);
+        return 0;
+    }
+    puts("ok");
+    put_field("container", l.container);
+    const uint64_t values[] = {l.memory_max, l.pids_max};
+    const char *const names[] = {"memory.max", "pids.max"};
+    for (int i = 0; i < 2; i++) {
+        if (values[i] == SPEC_NO_LIMIT)
+            printf("%s max\n", names[i]);
+        else
+            printf("%s %llu\n", names[i], (unsigned long long)values[i]);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -376,6 +402,8 @@ int main(int argc, char **argv)
         return run_ctr(argc - 2, argv + 2);
     if (argc >= 2 && !strcmp(argv[1], "seccomp"))
         return run_seccomp();
-    fprintf(stderr, "usage: agent_harness spec|frames|ctr|seccomp ...\n");
+    if (argc >= 2 && !strcmp(argv[1], "limits"))
+        return run_limits();
+    fprintf(stderr, "usage: agent_harness spec|frames|ctr|seccomp|limits ...\n");
     return 2;
 }

@@ -363,7 +363,7 @@ def test_length_over_the_limit_discards_the_stream(harness, length):
 
 @pytest.mark.parametrize("stream, why", [
     (frame(0, 0), "unknown frame type 0 (chan 0, 0 bytes)"),
-    (frame(9, 1, b"zz"), "unknown frame type 9 (chan 1, 2 bytes)"),
+    (frame(10, 1, b"zz"), "unknown frame type 10 (chan 1, 2 bytes)"),
     (frame(16, 0, b"paracell-agent 1"), "unknown frame type 16 (chan 0, 16 bytes)"),
     (frame(21, 0, b"err"), "unknown frame type 21 (chan 0, 3 bytes)"),
     (frame(40, 0), "unknown frame type 40 (chan 0, 0 bytes)"),
@@ -381,6 +381,9 @@ def test_length_over_the_limit_discards_the_stream(harness, length):
     (frame(8, 3), "STATS with 0 bytes on chan 3"),
     (frame(8, 3, b"c\0d"), "STATS with 3 bytes on chan 3"),
     (frame(8, 3, b"c" * 256), "STATS with 256 bytes on chan 3"),
+    (frame(9, 0, b"container=c\0"), "LIMITS with 12 bytes on chan 0"),
+    (frame(9, 2), "LIMITS with 0 bytes on chan 2"),
+    (frame(9, 2, b"x" * 513), "LIMITS with 513 bytes on chan 2"),
 ])
 def test_frames_that_break_the_protocol_are_dropped(harness, stream, why):
     lines, _ = frames(harness, stream + frame(2, 0))
@@ -389,6 +392,38 @@ def test_frames_that_break_the_protocol_are_dropped(harness, stream, why):
             f" len={int.from_bytes(h[:4], 'little')}")
     assert lines == [f"{head} dropped {why}",
                      "frame type=2 chan=0 len=0 data_sum=0", "buffered 0"]
+
+
+@pytest.mark.parametrize("payload, parsed", [
+    (recs(("container", "m1"), ("memory.max", "33554432")),
+     ["ok", "container m1", "memory.max 33554432", "pids.max 0"]),
+    (recs(("pids.max", "max"), ("container", "m1")),
+     ["ok", "container m1", "memory.max 0", "pids.max max"]),
+    (recs(("container", "m1"), ("memory.max", "max"), ("pids.max", "9223372036854775807")),
+     ["ok", "container m1", "memory.max max", "pids.max 9223372036854775807"]),
+])
+def test_limits_name_a_container_and_a_limit_or_max(harness, payload, parsed):
+    assert run(harness, "limits", payload=payload)[0] == parsed
+
+
+@pytest.mark.parametrize("payload, error", [
+    (recs(("container", "m1")), "limits: a container and at least one limit are needed"),
+    (recs(("memory.max", "1")), "limits: a container and at least one limit are needed"),
+    (recs(("container", "m1"), ("memory.max", "0")), "limits: bad or repeated record memory.max"),
+    (recs(("container", "m1"), ("memory.max", "-1")), "limits: bad or repeated record memory.max"),
+    (recs(("container", "m1"), ("pids.max", "9223372036854775808")),
+     "limits: bad or repeated record pids.max"),
+    (recs(("container", "m1"), ("pids.max", "1"), ("pids.max", "2")),
+     "limits: bad or repeated record pids.max"),
+    (recs(("container", "a/b"), ("pids.max", "1")), "limits: bad or repeated record container"),
+    (recs(("container", "m1"), ("cpu.max", "1")), "limits: bad or repeated record cpu.max"),
+    (b"container=m1\0pids.max=1", "limits: at most 512 bytes of records, each ending with NUL"),
+    (recs(("container", "m1"), ("pids.max", "1" * 600)),
+     "limits: at most 512 bytes of records, each ending with NUL"),
+    (b"container\0", "limits: record without '='"),
+])
+def test_bad_limits_are_refused(harness, payload, error):
+    assert run(harness, "limits", payload=payload)[0] == [f"error {error}"]
 
 
 def test_a_stats_request_names_a_container(harness):

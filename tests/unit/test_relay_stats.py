@@ -1,6 +1,7 @@
-"""The shim's relay (csrc/relay.c) with STATS requests (docs/agent-protocol.md,
-"Stats"): the real C relay runs in a thread, the test plays the guest and
-the clients that ask for a container's figures."""
+"""The shim's relay (csrc/relay.c) with STATS and LIMITS requests
+(docs/agent-protocol.md, "Stats"): the real C relay runs in a thread, the
+test plays the guest and the clients that ask for a container's figures or
+set its limits."""
 
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def test_a_stats_request_gets_a_channel_and_its_answer(shim):
     assert read_frame(shim.guest) == (lib.PC_STATS, chan, b"member-2")
     shim.guest.sendall(frame(lib.PC_ERROR, chan, b"container member-2 is not running"))
     assert read_frame(again) == (lib.PC_ERROR, 0, b"container member-2 is not running")
+
+
+def test_limits_go_the_way_stats_do_and_are_answered_attached(shim):
+    asker = shim.client()
+    records = b"container=m\0memory.max=33554432\0"
+    asker.sendall(frame(lib.PC_LIMITS, 0, records))
+    got, chan, payload = read_frame(shim.guest)
+    assert (got, payload) == (lib.PC_LIMITS, records) and chan > 0
+    shim.guest.sendall(frame(lib.PC_ATTACHED, chan))
+    assert read_frame(asker) == (lib.PC_ATTACHED, 0, b"")
+    assert asker.recv(1) == b""
 
 
 def test_an_asker_that_leaves_kills_nothing_and_its_channel_comes_back(shim):

@@ -242,9 +242,9 @@ def decode_stats_reply(payload: bytes) -> dict[str, int]:
                     strict=True))
 
 
-def container_stats(shim_socket: Path, container_id: str) -> dict[str, int]:
-    """The figures of a container's own cgroup in its VM (STATS), by the
-    names of decode_stats_reply, through the VM's shim."""
+def _ask_guest(shim_socket: Path, ftype: int, payload: bytes, answer: int, what: str) -> Frame:
+    """One request that the shim's relay hands the agent on a channel of its
+    own (STATS, LIMITS): the agent's `answer` frame, or its ERROR as ours."""
     from paracell._native import lib
 
     try:
@@ -252,14 +252,42 @@ def container_stats(shim_socket: Path, container_id: str) -> dict[str, int]:
     except OSError as err:
         raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
     with sock:
-        send(sock.fileno(), lib.PC_STATS, 0, container_id.encode())
-        frame = recv(sock.fileno(), STATS_TIMEOUT_S, "reading the container's figures")
+        send(sock.fileno(), ftype, 0, payload)
+        frame = recv(sock.fileno(), STATS_TIMEOUT_S, what)
     if frame.type == lib.PC_ERROR:
         raise ParacellError(printable(frame.payload))
-    if frame.type != lib.PC_STATS_REPLY:
-        raise ParacellError("agent protocol violation: expected STATS_REPLY, "
+    if frame.type != answer:
+        raise ParacellError(f"agent protocol violation: expected type {answer}, "
                             f"got type {frame.type}")
+    return frame
+
+
+def container_stats(shim_socket: Path, container_id: str) -> dict[str, int]:
+    """The figures of a container's own cgroup in its VM (STATS), by the
+    names of decode_stats_reply, through the VM's shim."""
+    from paracell._native import lib
+
+    frame = _ask_guest(shim_socket, lib.PC_STATS, container_id.encode(), lib.PC_STATS_REPLY,
+                       "reading the container's figures")
     return decode_stats_reply(frame.payload)
+
+
+def set_limits(shim_socket: Path, container_id: str, memory_max: int | None,
+               pids_max: int | None) -> None:
+    """New memory and pids limits on a running container's cgroup in its VM
+    (LIMITS); None leaves one as it is, 0 lifts it."""
+    from paracell import speckeys as K
+    from paracell._native import lib
+
+    records = [(K.CONTAINER, container_id)]
+    for key, value in ((K.MEMORY_MAX, memory_max), (K.PIDS_MAX, pids_max)):
+        if value is not None:
+            records.append((key, str(value) if value > 0 else "max"))
+    payload = K.encode(records)
+    if len(payload) > lib.PC_LIMITS_MAX:
+        raise ParacellError(f"limits for {container_id}: longer than {lib.PC_LIMITS_MAX} bytes")
+    _ask_guest(shim_socket, lib.PC_LIMITS, payload, lib.PC_ATTACHED,
+               "setting the container's limits")
 
 
 # A process a proxy opens in a running VM: an exec, or a pod member's init.

@@ -26,7 +26,7 @@ from paracell.errors import ParacellError
 from paracell.runtime.bundle import resources
 from paracell.runtime.bundle.resources import MIB, Resources
 from paracell.runtime.host import cgroups
-from paracell.runtime.state.store import ContainerState
+from paracell.runtime.state.store import ContainerState, StateStore
 from paracell.vmm import backends
 from paracell.vmm.hypervisor import Hypervisor
 
@@ -165,7 +165,8 @@ def _usable_now(state: ContainerState, guest_mib: int, vmm: Hypervisor) -> int:
     return vmm.memory() // MIB
 
 
-def apply(state: ContainerState, raw: dict[str, Any], vmm: Hypervisor) -> Iterator[str]:
+def apply(store: StateStore, state: ContainerState, raw: dict[str, Any],
+          vmm: Hypervisor) -> Iterator[str]:
     """Applies the update; yields warnings for the caller to print."""
     res = resources.parse(raw)
     if res.devices:
@@ -175,8 +176,8 @@ def apply(state: ContainerState, raw: dict[str, Any], vmm: Hypervisor) -> Iterat
                             "running container")
     config = state.vm.config
     if not config.engine:
-        raise ParacellError(f"container {state.id} has no VM of its own: update its pod's "
-                            "sandbox")
+        yield from _apply_to_member(store, state, res)
+        return
     dirs = cgroups.from_facts(state.vm.host.cgroups)
     guest_mib, vcpus, engine = config.memory_mib, config.vcpus, config.engine
     for name in res.ignored:
@@ -204,6 +205,27 @@ def apply(state: ContainerState, raw: dict[str, Any], vmm: Hypervisor) -> Iterat
     if wanted is not None and wanted != vcpus:
         yield (f"the cpu limits apply to the host cgroup; the guest keeps {vcpus} vCPU(s), "
                f"not {wanted}: microvm cannot hotplug CPUs")
+
+
+def _apply_to_member(store: StateStore, state: ContainerState, res: Resources) -> Iterator[str]:
+    """A pod member's memory and pids limits are its group's in the pod's VM
+    (docs/pods.md); the rest of linux.resources is the pod VM's."""
+    from paracell.runtime.agent import channel
+    from paracell.runtime.pod import pod
+
+    memory = None if res.memory_limit is None else max(res.memory_limit, 0)
+    pids = None if res.pids_limit is None else max(res.pids_limit, 0)
+    if memory is not None or pids is not None:
+        socket = pod.sandbox_socket(store, state)
+        if socket is None:
+            raise ParacellError(f"container {state.id} has no VM of its own: update its "
+                                "pod's sandbox")
+        channel.set_limits(socket, state.id, memory, pids)
+    others = [name for name, value in (("cpu", res.cpu_shares or res.cpu_quota or res.cpus),
+                                        ("blockIO", res.blkio_weight))
+              if value]
+    for name in others:
+        yield f"linux.resources.{name} of a pod member is its pod VM's: update the sandbox"
 
 
 def _current_limit(dirs: list[cgroups.CgroupDir]) -> int | None:
@@ -248,4 +270,4 @@ def update_resources(ctx: Context, container_id: str, asked: dict[str, Any]) -> 
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
         status.transition("update", state.status, container_id)
-        return list(apply(state, asked, backends.hypervisor_of(state.vm.config)))
+        return list(apply(ctx.store, state, asked, backends.hypervisor_of(state.vm.config)))
