@@ -165,9 +165,9 @@ def _usable_now(state: ContainerState, guest_mib: int, vmm: Hypervisor) -> int:
     return vmm.memory() // MIB
 
 
-def apply(store: StateStore, state: ContainerState, raw: dict[str, Any],
-          vmm: Hypervisor) -> Iterator[str]:
-    """Applies the update; yields warnings for the caller to print."""
+def apply(state: ContainerState, raw: dict[str, Any], vmm: Hypervisor) -> Iterator[str]:
+    """Applies the update to a VM of the container's own; yields warnings
+    for the caller to print."""
     res = resources.parse(raw)
     if res.devices:
         # runc's update leaves the device rules alone too; saying so beats
@@ -175,9 +175,6 @@ def apply(store: StateStore, state: ContainerState, raw: dict[str, Any],
         raise ParacellError("update: linux.resources.devices cannot be changed on a "
                             "running container")
     config = state.vm.config
-    if not config.engine:
-        yield from _apply_to_member(store, state, res)
-        return
     dirs = cgroups.from_facts(state.vm.host.cgroups)
     guest_mib, vcpus, engine = config.memory_mib, config.vcpus, config.engine
     for name in res.ignored:
@@ -207,12 +204,14 @@ def apply(store: StateStore, state: ContainerState, raw: dict[str, Any],
                f"not {wanted}: microvm cannot hotplug CPUs")
 
 
-def _apply_to_member(store: StateStore, state: ContainerState, res: Resources) -> Iterator[str]:
+def apply_to_member(store: StateStore, state: ContainerState,
+                    raw: dict[str, Any]) -> Iterator[str]:
     """A pod member's memory and pids limits are its group's in the pod's VM
     (docs/pods.md); the rest of linux.resources is the pod VM's."""
     from paracell.runtime.agent import channel
     from paracell.runtime.pod import pod
 
+    res = resources.parse(raw)
     memory = None if res.memory_limit is None else max(res.memory_limit, 0)
     pids = None if res.pids_limit is None else max(res.pids_limit, 0)
     if memory is not None or pids is not None:
@@ -270,4 +269,6 @@ def update_resources(ctx: Context, container_id: str, asked: dict[str, Any]) -> 
     with ctx.store.locked(container_id):
         state = ctx.store.load(container_id)
         status.transition("update", state.status, container_id)
-        return list(apply(ctx.store, state, asked, backends.hypervisor_of(state.vm.config)))
+        if not state.vm.config.engine:
+            return list(apply_to_member(ctx.store, state, asked))
+        return list(apply(state, asked, backends.hypervisor_of(state.vm.config)))
