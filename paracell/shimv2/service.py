@@ -6,7 +6,6 @@ whose codes containerd's errdefs map back (not found, already exists...)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 from collections.abc import Awaitable, Callable
@@ -22,9 +21,6 @@ from paracell.shimv2.tasks import Process, TaskError, Tasks
 from paracell.shimv2.ttrpc import Code, TtrpcError, current_call
 
 MAX_SPEC_BYTES = 1 << 20
-# The guest reports no OOM kill unasked: each running task's count is read
-# this often (docs/shim-v2.md, "TaskOOM").
-OOM_POLL_S = 1.0
 # Delete waits this long at most for the last look after the init's exit
 # (a STATS round trip, which times out in 10 s).
 OOM_LAST_LOOK_S = 12.0
@@ -117,21 +113,15 @@ class TaskService:
             exited_at=timestamp(proc.exited_at)))
 
     async def _watch_oom(self, container_id: str, init: Process) -> None:
-        """TaskOOM for each OOM kill in the container, while its init runs,
-        and once more after it exited, which an OOM kill may have caused:
-        containerd's CRI then reports the container OOMKilled."""
+        """TaskOOM when the container's OOM kills grew from its start to its
+        init's exit, which an OOM kill may have caused: containerd's CRI then
+        reports the container OOMKilled. Read at those two moments only: the
+        guest reports nothing unasked, and each read wakes it (docs/shim-v2.md,
+        "TaskOOM")."""
         seen = max(await self.tasks.oom_kills(container_id), 0)
-        while True:
-            if not init.exited.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(init.exited.wait(), OOM_POLL_S)
-            last = init.exited.is_set()
-            now = await self.tasks.oom_kills(container_id)
-            if now > seen:
-                self._publish(events.TaskOOM(container_id=container_id))
-                seen = now
-            if last:
-                return
+        await init.exited.wait()
+        if await self.tasks.oom_kills(container_id) > seen:
+            self._publish(events.TaskOOM(container_id=container_id))
 
     async def _last_oom_look(self, container_id: str) -> None:
         """Before a Delete: the watcher's look after the exit has been had,
