@@ -166,6 +166,11 @@ static int dispatch(const struct frame *f)
     char why[128];
     if (frame_decode(f, &m, why, sizeof why) < 0) {
         loghost("protocol: %s", why);
+        /* A query's asker waits on its channel: it gets why, and the
+         * relay frees the channel, instead of both waiting for nothing. */
+        if ((f->hdr.type == PC_STATS || f->hdr.type == PC_LIMITS) && f->hdr.chan >= 1 &&
+            f->hdr.chan <= PC_MAX_CHAN)
+            chan_send_text(PC_ERROR, f->hdr.chan, why);
         return 0;
     }
     switch (m.type) {

@@ -83,6 +83,9 @@ void cg_remove(struct cgroup *g)
     g->name[0] = 0;
 }
 
+static int read_text(int dir, const char *file, char *buf, size_t cap);
+static uint64_t number(const char *text);
+
 static int write_limit(const struct cgroup *g, const char *file, uint64_t value, char *err,
                        size_t errlen)
 {
@@ -106,6 +109,16 @@ static int write_limit(const struct cgroup *g, const char *file, uint64_t value,
 int cg_limit(const struct cgroup *g, uint64_t memory_max, uint64_t pids_max, char *err,
              size_t errlen)
 {
+    /* Below what the group holds, the kernel's write would reclaim and
+     * OOM-kill until it fits, with PID 1 inside the write the whole time. */
+    static char now[32];
+    if (memory_max && memory_max != SPEC_NO_LIMIT && g->dir_fd >= 0 &&
+        read_text(g->dir_fd, "memory.current", now, sizeof now) == 0 &&
+        number(now) > memory_max) {
+        snprintf(err, errlen, "memory.max %llu is below the %llu bytes the container holds",
+                 (unsigned long long)memory_max, (unsigned long long)number(now));
+        return -1;
+    }
     if (memory_max && write_limit(g, "memory.max", memory_max, err, errlen) < 0)
         return -1;
     if (pids_max && write_limit(g, "pids.max", pids_max, err, errlen) < 0)

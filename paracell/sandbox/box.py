@@ -159,7 +159,11 @@ class Sandbox:
             except OSError as err:
                 raise errors.SandboxNotRunning(
                     f"sandbox {self.id}: its shim is not reachable: {err.strerror}") from None
-        return session.Process(conn, stdin)
+            try:
+                return session.Process(conn, stdin)
+            except BaseException:
+                conn.close()
+                raise
 
     def run(self, cmd: Sequence[str], timeout: float | None = None,
             env: Mapping[str, str] | None = None, cwd: str | None = None,

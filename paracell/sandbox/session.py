@@ -36,12 +36,17 @@ class Process:
         from paracell.runtime.agent import channel
 
         self._conn = conn
+        # The shim starts a created process on START; a shim that ended the
+        # session answers it with its reason, which the relay reads.
+        channel.send(conn.fileno(), lib.PC_START)
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self._abort_r, self._abort_w = os.pipe2(os.O_CLOEXEC)
         # kill() may come from another thread (run()'s readers) while wait()
         # closes the abort pipe: an fd number must never be written once reused.
         self._abort_lock = threading.Lock()
+        # write() runs in run()'s feeder thread, close_stdin() in wait() too.
+        self._stdin_lock = threading.Lock()
         in_r, self._stdin_w = os.pipe2(os.O_CLOEXEC) if want_stdin else (-1, -1)
         self.stdout: IO[bytes] = os.fdopen(out_r, "rb", buffering=0)
         self.stderr: IO[bytes] = os.fdopen(err_r, "rb", buffering=0)
@@ -54,9 +59,6 @@ class Process:
         self._res = ffi.new("struct pc_relay_result *")
         self.killed = False
         self._outcome: int | Exception | None = None
-        # The shim starts a created process on START; a shim that ended the
-        # session answers it with its reason, which the relay reads.
-        channel.send(conn.fileno(), lib.PC_START)
 
         def relay() -> None:
             try:
@@ -72,19 +74,22 @@ class Process:
 
     def write(self, data: bytes) -> None:
         """To the process's stdin (started with stdin=True)."""
-        if self._stdin_w < 0:
-            raise errors.SandboxError("this command was started without stdin")
         view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self._stdin_w, view):]
-        except BrokenPipeError:
-            raise errors.SandboxError("the command's stdin is closed") from None
+        while view:
+            # A chunk at a time under the lock: close_stdin() never waits long.
+            with self._stdin_lock:
+                if self._stdin_w < 0:
+                    raise errors.SandboxError("the command's stdin is closed")
+                try:
+                    view = view[os.write(self._stdin_w, view[:READ_CHUNK]):]
+                except BrokenPipeError:
+                    raise errors.SandboxError("the command's stdin is closed") from None
 
     def close_stdin(self) -> None:
-        if self._stdin_w >= 0:
-            os.close(self._stdin_w)
-            self._stdin_w = -1
+        with self._stdin_lock:
+            if self._stdin_w >= 0:
+                os.close(self._stdin_w)
+                self._stdin_w = -1
 
     def kill(self) -> None:
         """Ends it: the relay stops, and the shim SIGKILLs the process."""
@@ -123,6 +128,10 @@ class Process:
             if ffi.string(res.error).decode(errors="replace") == rolled_back:
                 return errors.SessionEnded(rolled_back)
             return int(res.status) & 0xFF
+        error = ffi.string(res.error).decode(errors="replace")
+        if res.end == lib.PC_END_HANGUP and error:
+            # The shim ended the session after its ERROR: the execve failed.
+            return errors.SandboxError(error)
         if res.end == lib.PC_END_HANGUP:
             return errors.SandboxNotRunning("the sandbox's VM went away while the command ran")
         return errors.SandboxError(ffi.string(res.message).decode(errors="replace"))

@@ -118,21 +118,29 @@ class TaskService:
         reports the container OOMKilled. Read at those two moments only: the
         guest reports nothing unasked, and each read wakes it (docs/shim-v2.md,
         "TaskOOM")."""
-        seen = max(await self.tasks.oom_kills(container_id), 0)
-        await init.exited.wait()
-        if await self.tasks.oom_kills(container_id) > seen:
-            self._publish(events.TaskOOM(container_id=container_id))
+        # A new container's group starts at 0, read before its init could
+        # have been killed; a restored one's count came with the checkpoint.
+        try:
+            task = self.tasks.tasks.get(container_id)
+            seen = max(await self.tasks.oom_kills(container_id), 0) \
+                if task is not None and task.restored else 0
+            await init.exited.wait()
+            if await self.tasks.oom_kills(container_id) > seen:
+                self._publish(events.TaskOOM(container_id=container_id))
+        finally:
+            if self.oom_watchers.get(container_id) is asyncio.current_task():
+                del self.oom_watchers[container_id]
 
     async def _last_oom_look(self, container_id: str) -> None:
         """Before a Delete: the watcher's look after the exit has been had,
         so a TaskOOM goes before the TaskDelete."""
-        watcher = self.oom_watchers.pop(container_id, None)
-        if watcher is None:
-            return
         task = self.tasks.tasks.get(container_id)
-        if task is not None and task.init.exited.is_set():
+        if task is None or not task.init.exited.is_set():
+            return  # the Delete refuses a running init; the watcher goes on
+        watcher = self.oom_watchers.pop(container_id, None)
+        if watcher is not None:
             await asyncio.wait({watcher}, timeout=OOM_LAST_LOOK_S)
-        watcher.cancel()
+            watcher.cancel()
 
     # ---- the methods
 

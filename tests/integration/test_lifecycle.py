@@ -322,6 +322,10 @@ def test_a_pod_members_memory_and_pids_limits_hold_in_the_vm(runtime, make_bundl
     assert data["memory"]["usage"]["limit"] == 96 << 20 and data["pids"]["limit"] == 20
     fits = runtime("exec", "lmem", "dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1")
     assert fits.returncode == 0, fits.stderr
+    below = runtime("update", "--memory", "4096", "lmem")
+    assert below.returncode != 0 and b"is below the" in below.stderr, below.stderr
+    assert json.loads(runtime("events", "--stats", "lmem", check=True).stdout)["data"][
+        "memory"]["usage"]["limit"] == 96 << 20
     for cid in ("lmem", "lpod"):
         runtime("delete", "--force", cid, check=True)
     runtime.assert_no_leaks()

@@ -84,6 +84,14 @@ def test_files_through_the_sandbox(sdk, make_bundle, writable_rootfs):
         with pytest.raises(FileError, match="^/tmp/data.bin: .*No such file"):
             box.files.read("/tmp/data.bin")
         box.files.remove("/tmp/d", recursive=True)
+        # An execve that fails after the start (no #! line) says why.
+        box.files.write("/tmp/noshebang", b"echo hi\n")
+        assert box.run(["chmod", "+x", "/tmp/noshebang"]).exit_code == 0
+        with pytest.raises(SandboxError, match="exec format error|Exec format error"):
+            box.run(["/tmp/noshebang"])
+        # A command that stops reading its stdin early: the feeder stops, nothing breaks.
+        done = box.run(["head", "-c", "1"], stdin=b"x" * (10 << 20), timeout=60)
+        assert (done.stdout, done.exit_code) == (b"x", 0)
         with pytest.raises(FileError, match="must be absolute"):
             box.files.read("relative/path")
     sdk.assert_no_leaks()
