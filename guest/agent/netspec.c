@@ -223,15 +223,11 @@ int netspec_parse(char *buf, size_t len, struct net_spec *n, char *err, size_t e
         snprintf(err, errlen, "spec: records must each end with a NUL byte");
         return -1;
     }
-    for (char *p = buf, *end = buf + len; p < end;) {
-        char *key = p;
-        p += strlen(p) + 1;
-        char *val = strchr(key, '=');
-        if (!val) {
+    for (char *p = buf, *end = buf + len, *key, *val; p < end;) {
+        if (next_record(&p, &key, &val) < 0) {
             snprintf(err, errlen, "spec: record without '='");
             return -1;
         }
-        *val++ = 0;
         /* Spares are the init's to declare; START only hands them out. */
         if (!netspec_is_key(key) || !strcmp(key, PC_KEY_NET_SPARE)) {
             snprintf(err, errlen, "spec: unknown key %.40s", key);

@@ -3,6 +3,7 @@
  * was.  Pure parsing: tests/unit/netspec_harness.c runs it on the host. */
 #define _GNU_SOURCE
 #include "sandboxspec.h"
+#include "textfields.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -174,13 +175,9 @@ static int parse(char *buf, size_t len, struct sandbox_spec *s, int forked, char
     s->forked = forked;
     if (len && buf[len - 1])
         return fail(err, errlen, "records must each end with a NUL byte", NULL);
-    for (char *p = buf, *end = buf + len; p < end;) {
-        char *key = p;
-        p += strlen(p) + 1;
-        char *val = strchr(key, '=');
-        if (!val)
+    for (char *p = buf, *end = buf + len, *key, *val; p < end;) {
+        if (next_record(&p, &key, &val) < 0)
             return fail(err, errlen, "record without '='", NULL);
-        *val++ = 0;
         if (add_record(s, key, val, err, errlen))
             return -1;
     }

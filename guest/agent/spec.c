@@ -274,13 +274,9 @@ int spec_parse(char *buf, size_t len, struct spec *s, char *err, size_t errlen)
     if (!len || buf[len - 1])
         return fail(err, errlen, "records must each end with a NUL byte");
 
-    for (char *p = buf, *end = buf + len; p < end;) {
-        char *key = p;
-        p += strlen(p) + 1;
-        char *val = strchr(key, '=');
-        if (!val)
+    for (char *p = buf, *end = buf + len, *key, *val; p < end;) {
+        if (next_record(&p, &key, &val) < 0)
             return fail(err, errlen, "record without '='");
-        *val++ = 0;
 
 #define ONCE(bit)                                                       \
     do {                                                                \
@@ -547,15 +543,11 @@ int limits_parse(char *buf, size_t len, struct limits *l, char *err, size_t errl
                  PC_LIMITS_MAX);
         return -1;
     }
-    for (char *p = buf, *end = buf + len; p < end;) {
-        char *key = p;
-        p += strlen(p) + 1;
-        char *val = strchr(key, '=');
-        if (!val) {
+    for (char *p = buf, *end = buf + len, *key, *val; p < end;) {
+        if (next_record(&p, &key, &val) < 0) {
             snprintf(err, errlen, "limits: record without '='");
             return -1;
         }
-        *val++ = 0;
         uint64_t *slot = !strcmp(key, PC_KEY_MEMORY_MAX) ? &l->memory_max
                        : !strcmp(key, PC_KEY_PIDS_MAX) ? &l->pids_max : NULL;
         int ok;

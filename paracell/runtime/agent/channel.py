@@ -208,20 +208,10 @@ def control_request(socket_path: Path, ftype: int, payload: bytes = b"") -> None
     """One request to a container's shim (start, signal), answered by HOST_ACK."""
     from paracell._native import lib
 
-    try:
-        sock = unixsock.connect(socket_path)
-    except OSError as err:
-        raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
-    with sock:
-        send(sock.fileno(), ftype, 0, payload)
-        frame = recv(sock.fileno(), 10, "waiting for the container shim")
-        if frame.type == lib.PC_ERROR:
-            raise ParacellError(printable(frame.payload))
-        if frame.type != lib.PC_HOST_ACK:
-            raise ParacellError(f"container shim answered with unexpected type {frame.type}")
+    _request(socket_path, ftype, payload, lib.PC_HOST_ACK, "waiting for the container shim")
 
 
-STATS_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 10.0
 
 
 def stat_names() -> list[str]:
@@ -242,9 +232,10 @@ def decode_stats_reply(payload: bytes) -> dict[str, int]:
                     strict=True))
 
 
-def _ask_guest(shim_socket: Path, ftype: int, payload: bytes, answer: int, what: str) -> Frame:
-    """One request that the shim's relay hands the agent on a channel of its
-    own (STATS, LIMITS): the agent's `answer` frame, or its ERROR as ours."""
+def _request(shim_socket: Path, ftype: int, payload: bytes, answer: int, what: str) -> Frame:
+    """One request on its own connection to a shim: for the shim itself
+    (start, signal), or handed to the agent on a channel of its own (STATS,
+    LIMITS). The `answer` frame, or the ERROR as our error."""
     from paracell._native import lib
 
     try:
@@ -253,12 +244,11 @@ def _ask_guest(shim_socket: Path, ftype: int, payload: bytes, answer: int, what:
         raise ParacellError(f"container shim is not reachable: {err.strerror}") from None
     with sock:
         send(sock.fileno(), ftype, 0, payload)
-        frame = recv(sock.fileno(), STATS_TIMEOUT_S, what)
+        frame = recv(sock.fileno(), REQUEST_TIMEOUT_S, what)
     if frame.type == lib.PC_ERROR:
         raise ParacellError(printable(frame.payload))
     if frame.type != answer:
-        raise ParacellError(f"agent protocol violation: expected type {answer}, "
-                            f"got type {frame.type}")
+        raise ParacellError(f"container shim answered with unexpected type {frame.type}")
     return frame
 
 
@@ -267,7 +257,7 @@ def container_stats(shim_socket: Path, container_id: str) -> dict[str, int]:
     names of decode_stats_reply, through the VM's shim."""
     from paracell._native import lib
 
-    frame = _ask_guest(shim_socket, lib.PC_STATS, container_id.encode(), lib.PC_STATS_REPLY,
+    frame = _request(shim_socket, lib.PC_STATS, container_id.encode(), lib.PC_STATS_REPLY,
                        "reading the container's figures")
     return decode_stats_reply(frame.payload)
 
@@ -286,7 +276,7 @@ def set_limits(shim_socket: Path, container_id: str, memory_max: int | None,
     payload = K.encode(records)
     if len(payload) > lib.PC_LIMITS_MAX:
         raise ParacellError(f"limits for {container_id}: longer than {lib.PC_LIMITS_MAX} bytes")
-    _ask_guest(shim_socket, lib.PC_LIMITS, payload, lib.PC_ATTACHED,
+    _request(shim_socket, lib.PC_LIMITS, payload, lib.PC_ATTACHED,
                "setting the container's limits")
 
 
