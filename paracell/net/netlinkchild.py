@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import socket
 from collections.abc import Callable
 from typing import TypeVar
@@ -21,6 +22,9 @@ T = TypeVar("T")
 # The result: interfaces with their addresses and routes, within the agent's bounds.
 MAX_RESULT = 1 << 20
 MAX_FDS = 64
+# Netlink answers in milliseconds; pyroute2's import takes a fraction of a
+# second under load. A child silent this long is stuck, and is killed.
+TIMEOUT_S = 60.0
 
 
 def run(work: Callable[[], tuple[T, list[int]]]) -> tuple[T, list[int]]:
@@ -44,7 +48,12 @@ def run(work: Callable[[], tuple[T, list[int]]]) -> tuple[T, list[int]]:
     theirs.close()
     try:
         with ours:
+            ours.settimeout(TIMEOUT_S)
             message, fds, _, _ = socket.recv_fds(ours, MAX_RESULT, MAX_FDS)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        raise ParacellError("setting up the VM's network: its helper process did not answer "
+                            f"in {TIMEOUT_S:g} s") from None
     finally:
         os.waitpid(pid, 0)
     if not message:

@@ -47,3 +47,18 @@ def test_a_child_that_dies_says_so():
 
     with pytest.raises(ParacellError, match="its helper process died"):
         netlinkchild.run(work)
+
+
+def test_a_child_that_hangs_is_killed(monkeypatch):
+    import time
+
+    monkeypatch.setattr(netlinkchild, "TIMEOUT_S", 0.5)
+
+    def work() -> tuple[None, list[int]]:
+        time.sleep(60)
+        return None, []
+
+    began = time.monotonic()
+    with pytest.raises(ParacellError, match="did not answer in 0.5 s"):
+        netlinkchild.run(work)
+    assert time.monotonic() - began < 10
