@@ -42,10 +42,10 @@ class Process:
         out_r, out_w = os.pipe2(os.O_CLOEXEC)
         err_r, err_w = os.pipe2(os.O_CLOEXEC)
         self._abort_r, self._abort_w = os.pipe2(os.O_CLOEXEC)
-        # kill() may come from another thread (run()'s readers) while wait()
-        # closes the abort pipe: an fd number must never be written once reused.
+        # kill() and write() may come from other threads (run()'s readers and
+        # feeder) while the relay's thread closes these fds at its end: an fd
+        # number must never be written once it may be reused.
         self._abort_lock = threading.Lock()
-        # write() runs in run()'s feeder thread, close_stdin() in wait() too.
         self._stdin_lock = threading.Lock()
         in_r, self._stdin_w = os.pipe2(os.O_CLOEXEC) if want_stdin else (-1, -1)
         self.stdout: IO[bytes] = os.fdopen(out_r, "rb", buffering=0)
@@ -68,6 +68,12 @@ class Process:
                     if fd >= 0:
                         os.close(fd)
                 self._conn.close()  # the shim kills a process whose session is gone
+                # Here, not in wait(): a Process nobody waits for leaks no fd.
+                self.close_stdin()
+                with self._abort_lock:
+                    for fd in (self._abort_r, self._abort_w):
+                        os.close(fd)
+                    self._abort_r = self._abort_w = -1
 
         self._thread = threading.Thread(target=relay, name="paracell-sdk-relay", daemon=True)
         self._thread.start()
@@ -107,11 +113,6 @@ class Process:
         if self._thread.is_alive():
             raise errors.CommandTimeout(f"the command still runs after {timeout:g} s")
         if self._outcome is None:
-            self.close_stdin()
-            with self._abort_lock:
-                for fd in (self._abort_r, self._abort_w):
-                    os.close(fd)
-                self._abort_r = self._abort_w = -1
             self._outcome = self._ending()
         if isinstance(self._outcome, Exception):
             raise self._outcome

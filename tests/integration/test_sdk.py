@@ -5,6 +5,7 @@ typed errors for a sandbox that is gone; nothing left after kill."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -58,6 +59,14 @@ def test_commands_give_output_exit_codes_and_are_bounded(sdk, make_bundle, writa
         proc = box.start(["sh", "-c", "echo one; sleep 1; echo two"])
         assert proc.stdout.readline() == b"one\n"
         assert proc.wait(30) == 0 and proc.stdout.read() == b"two\n"
+        # One that is never waited for leaves no fd behind once it ended.
+        fds = len(os.listdir("/proc/self/fd"))
+        forgotten = box.start(["true"], stdin=True)
+        assert forgotten.stdout.read() == b"" and forgotten.stderr.read() == b""
+        forgotten._thread.join(30)
+        forgotten.stdout.close()
+        forgotten.stderr.close()
+        assert len(os.listdir("/proc/self/fd")) == fds
         # In the background, past this process's interest: a relay of its own.
         relay = box.spawn(["sleep", "300"])
         assert psutil.pid_exists(relay)
