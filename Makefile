@@ -37,4 +37,4 @@ bench: guest
 	$(PARACELL) bench cli
 
 clean:
-	rm -rf $(VENV) build *.egg-info paracell/_native*.so paracell/_seccomp*.so paracell/_linux*.so paracell/_qemu_ram_plugin.so paracell/paracell-relay
+	rm -rf $(VENV) build *.egg-info paracell/_native*.so paracell/_seccomp*.so paracell/_linux*.so paracell/_qemu_ram_plugin.so paracell/paracell-relay paracell/paracell-vmshim

@@ -11,9 +11,12 @@ PLUGIN = "paracell/_qemu_ram_plugin.so"
 PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c"]
 # csrc/relayexec.c: what exec and pod-member proxies exec into once their
 # process runs (paracell/runtime/agent/channel.py: exec_relay).
+# csrc/vmshimexec.c: what a VM's shim execs into once its container's process
+# is created (paracell/runtime/vm/shim.py: become_native).
 RELAY = "paracell/paracell-relay"
-RELAY_SOURCES = ["csrc/relayexec.c", "csrc/relay.c", "csrc/sink.c", "csrc/streams.c",
-                 "csrc/portfwd.c"]
+VMSHIM = "paracell/paracell-vmshim"
+RELAY_LIBRARY = ["csrc/relay.c", "csrc/sink.c", "csrc/streams.c", "csrc/portfwd.c"]
+EXECUTABLES = {RELAY: "csrc/relayexec.c", VMSHIM: "csrc/vmshimexec.c"}
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 
 
@@ -26,12 +29,16 @@ class BuildExtAndPlugin(build_ext):
             extra_preargs=["-fPIC", "-fvisibility=hidden"], extra_postargs=FLAGS)
         target.parent.mkdir(parents=True, exist_ok=True)
         self.compiler.link_shared_object(objects, str(target), libraries=["pthread"])
-        relay = Path(RELAY) if self.inplace else Path(self.build_lib) / RELAY
-        objects = self.compiler.compile(
-            RELAY_SOURCES, output_dir=str(Path(self.build_temp) / "relay"),
+        library = self.compiler.compile(
+            RELAY_LIBRARY, output_dir=str(Path(self.build_temp) / "relay"),
             include_dirs=["proto", "csrc"], extra_preargs=["-fPIE"], extra_postargs=FLAGS)
-        self.compiler.link_executable(objects, relay.name, output_dir=str(relay.parent),
-                                      extra_preargs=["-pie"])
+        for name, main in EXECUTABLES.items():
+            target = Path(name) if self.inplace else Path(self.build_lib) / name
+            objects = self.compiler.compile(
+                [main], output_dir=str(Path(self.build_temp) / "relay"),
+                include_dirs=["proto", "csrc"], extra_preargs=["-fPIE"], extra_postargs=FLAGS)
+            self.compiler.link_executable(objects + library, target.name,
+                                          output_dir=str(target.parent), extra_preargs=["-pie"])
 
 
 setup(cffi_modules=["csrc/build_native.py:ffibuilder", "csrc/build_seccomp.py:ffibuilder",

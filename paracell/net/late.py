@@ -73,13 +73,19 @@ def _only_ours() -> bool:
     return all(n == "lo" or n.startswith(discover.TAP_PREFIX) for n in names)
 
 
+def may_grow(config: VmConfig) -> bool:
+    """Whether interfaces may still appear for the VM to take at `start`:
+    its shim must then be there, in Python, to mirror them."""
+    return config.network == netns.NEW and bool(config.net_record)
+
+
 def start_payload(config: VmConfig) -> bytes:
     """The START frame's payload: network records, or nothing. Runs in the
     shim, the process that sits in the namespace, when `start` asks (the
     relay calls it). Only a namespace of the VM's own can gain interfaces
     after create."""
 
-    if config.network != netns.NEW or not config.net_record or _only_ours():
+    if not may_grow(config) or _only_ours():
         return b""
     records = _take_spares(Path(config.net_record))
     return speckeys.encode(records) if records else b""

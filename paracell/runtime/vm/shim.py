@@ -8,6 +8,7 @@ control requests (start, kill) on `shim.sock`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -46,6 +47,8 @@ RESTORED_ATTACH_TIMEOUT_S = 15.0
 POWEROFF_GRACE_S = 5.0
 EXIT_VM_DIED = exit_status_for_signal(signal.SIGKILL)
 EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
+# csrc/vmshimexec.c, built beside paracell-relay by setup.py.
+VMSHIM_EXEC = channel.RELAY_EXEC.with_name("paracell-vmshim")
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Shim:
         # The creator's service that moves a host pid into the container's cgroup.
         self.place: Callable[[int], None] | None = None
         self.snapshots: SnapshotService | None = None  # in snapshot mode
+        self._native_log_fd = -1  # the --log that paracell-vmshim inherits
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
@@ -102,6 +106,7 @@ class Shim:
             raise ParacellError(f"starting the VM: {standin.describe(err)}") from None
 
     def run(self) -> int:
+        self.become_native()  # returns only where the VM needs Python for its life
         status, message = self.relay()
         if message:
             self.report(message)
@@ -242,6 +247,51 @@ class Shim:
             plan.vm.builder, plan.state_dir / "qemu.log", before_start=jail,
             preexec=iso.qemu_preexec if iso else None, incoming=incoming, settle=settle,
             paused=paused)
+
+    def native_args(self) -> list[str] | None:
+        """paracell-vmshim's arguments (csrc/vmshimexec.c), or None where this
+        VM needs Python for its life: a Pager thread here, the checkpoint
+        service, a START that may carry interfaces that appear after create,
+        or a VM that is not our QEMU child."""
+        from paracell.vmm.builder import QemuChild
+
+        plan, vm = self.plan, self.vm
+        pager = plan.vm.pager
+        if not isinstance(vm, QemuChild) or self.snapshots is not None \
+                or (pager is not None and pager.server is not None and not pager.server.in_vmm) \
+                or late.may_grow(plan.vm.config) or self.listener is None \
+                or not VMSHIM_EXEC.exists():
+            return None
+        abort_fd = pager.server.abort_fd if pager and pager.server else -1
+        fwd = self.forward.listeners if self.forward is not None else None
+        fwd_fds = (fwd.listen4, fwd.listen6, fwd.link) if fwd is not None else (-1, -1, -1)
+        log_fd = self._native_log_fd = -1
+        if plan.log.path:
+            with contextlib.suppress(OSError):
+                log_fd = self._native_log_fd = os.open(
+                    plan.log.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fds = (self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd, *fwd_fds, log_fd)
+        for fd in fds:
+            if fd >= 0:
+                os.set_inheritable(fd, True)
+        return [str(VMSHIM_EXEC), *map(str, fds[:4]), str(vm.pid), *map(str, fds[4:7]),
+                str(signals.forward_mask()), str(log_fd), plan.log.fmt,
+                "1" if plan.log.debug else "0", str(plan.state_dir / CONTROL_SOCKET)]
+
+    def become_native(self) -> None:
+        """The shim's steady state in C, in this same pid: a relay of a few
+        hundred KiB where a Python process would hold tens of MiB for as long
+        as the container runs. Returns where it cannot (Python relays then)."""
+        args = self.native_args()
+        if args is None:
+            return
+        self._debug("relay running in paracell-vmshim")
+        try:
+            os.execv(args[0], args)
+        except OSError as err:
+            self._debug(f"paracell-vmshim: {err.strerror}; relaying in Python")
+            if self._native_log_fd >= 0:
+                os.close(self._native_log_fd)
 
     def relay(self) -> tuple[int, str]:
         from paracell._native import lib
