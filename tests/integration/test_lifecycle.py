@@ -139,6 +139,55 @@ def test_qemu_killed_means_stopped(runtime, make_bundle, tmp_path):
     runtime.assert_no_leaks()
 
 
+def _native_shim(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe").endswith("/paracell-vmshim")
+    except OSError:
+        return False
+
+
+def test_a_restored_vms_shim_relays_in_c_and_ends_as_the_python_one(runtime, make_bundle,
+                                                                    tmp_path):
+    """Once its container is created, a VM restored from its template needs no
+    Python: its shim execs paracell-vmshim in the same pid. It still runs
+    execs, forwards signals, reports the container's status, and when QEMU
+    is killed it ends with 137 and says why in the log."""
+    bundle = make_bundle(["sh", "-c", "trap 'exit 7' TERM; while :; do sleep 1; done"])
+    # The first VM of the shape boots cold and saves its template; this one is restored.
+    runtime("run", "--bundle", str(make_bundle(["true"])), "cold", check=True, timeout=180)
+    assert runtime("run", "--bundle", str(make_bundle(["sh", "-c", "exit 3"])),
+                   "three").returncode == 3
+    shim = create_detached(runtime, bundle, "warm", tmp_path)
+    assert _native_shim(shim), "a restored VM's shim stayed in Python"
+    runtime("start", "warm", check=True)
+    assert runtime("exec", "warm", "true").returncode == 0
+    runtime("kill", "warm", "TERM", check=True)
+    wait_status(runtime, "warm", "stopped")
+    runtime("delete", "warm", check=True)
+    assert not (runtime.root / "warm").exists()
+
+    log = tmp_path / "native.log"
+    run = subprocess.Popen([PARACELL, "--root", str(runtime.root), "--log", str(log),
+                            "--log-format", "json", "run", "--bundle", str(bundle), "gone"],
+                           env=runtime.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (runtime.qemu_processes() and b'"running"' in runtime("state", "gone").stdout):
+            assert time.monotonic() < deadline and run.poll() is None
+            time.sleep(0.1)
+        assert _native_shim(state_of(runtime, "gone")["pid"])
+        os.kill(runtime.qemu_processes()[0], signal.SIGKILL)
+        assert run.wait(timeout=30) == 137
+    finally:
+        run.kill()
+        run.wait()
+    errors = [json.loads(line)["msg"] for line in log.read_text().splitlines()
+              if json.loads(line)["level"] == "error"]
+    assert any("qemu exit -9" in m for m in errors), errors
+    runtime.assert_no_leaks()
+
+
 @pytest.mark.both_vmms
 def test_shim_killed_means_stopped(runtime, make_bundle, tmp_path):
     shim = create_detached(runtime, make_bundle(["sleep", "60"]), "fs", tmp_path)
