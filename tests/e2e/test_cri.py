@@ -124,19 +124,28 @@ def test_one_vm_per_pod_shared_localhost_and_dev_shm(cri: Cri):
 
 def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
     """A pod of three containers and two running execs: one VM; on the host,
-    the VM's shim and, under the shim v2, its daemon are the only Python
-    processes; each member and exec is a paracell-relay process."""
+    under the shim v2, its daemon is the only Python process; the VM's shim,
+    its VM restored from its template, is paracell-vmshim; each member and
+    exec is a paracell-relay process."""
     client = cri.client
-    pod_config = cri.pod_config("relays")
-    pod = client.run_pod(pod_config, cri.handler)
+    for attempt in range(2):
+        pod_config = cri.pod_config(f"relays{attempt}")
+        pod = client.run_pod(pod_config, cri.handler)
+        [qemu] = cri.qemu_pids()
+        vm_shim = psutil.Process(qemu).parent()
+        if vm_shim.exe().endswith("/paracell-vmshim"):
+            break
+        # The shape's first VM boots cold, saves its template, and keeps its
+        # Pager in its Python shim: the next one is restored.
+        cri.remove_pod_and_wait(pod)
+    else:
+        pytest.fail("a pod VM restored from its template kept a Python shim")
     members = cri.running(pod, pod_config, *(cri.container_config(
         f"m{i}", ["sleep", "1000"]) for i in range(3)))
     for i, member in enumerate(members[:2]):
         started = cri.ctr("task", "exec", "--detach", "--exec-id", f"x{i}", member,
                           "sleep", "1000")
         assert started.returncode == 0, started.stderr
-    [qemu] = cri.qemu_pids()
-    vm_shim = psutil.Process(qemu).parent()
     # Under the shim v2: the daemon and all it runs; under runc's shim, its VM shim.
     daemon = vm_shim.parent()
     everything = [daemon, *daemon.children(recursive=True)] \
@@ -146,10 +155,9 @@ def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
               and str(cri.paracell_root) in " ".join(p.info["cmdline"] or [])]
     assert len(relays) == 5, [p.info["cmdline"] for p in relays]
     pythons = {p.pid for p in everything if "python" in Path(p.exe()).name}
-    assert pythons == ({vm_shim.pid, daemon.pid} if cri.handler == HANDLER_V2
-                       else {vm_shim.pid})
+    assert pythons == ({daemon.pid} if cri.handler == HANDLER_V2 else set())
     cri.remove_pod_and_wait(pod)
-    assert [p for p in relays if p.is_running()] == []
+    assert [p for p in [*relays, vm_shim] if p.is_running()] == []
 
 
 def _pod_under_v2(cri: Cri, name: str, why_not_runc: str) -> tuple[Any, dict[str, object], str]:
