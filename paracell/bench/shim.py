@@ -11,7 +11,8 @@ guest's own process creation; State and Kill round trips, timed over
 ttrpc on the task's shim socket as containerd makes them, and an exec
 of /bin/true the same way (Exec, Start, Wait, Delete); a 3-container
 pod through the CRI plugin, from RunPodSandbox to the last container
-running, and the PSS of that pod's shim processes, and of its QEMU apart.
+running, and the PSS of that pod's shim processes with two execs running
+in it, and of its QEMU apart.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ STATE_CALLS = 20
 KILL_CALLS = 10
 EXEC_CALLS = 5
 POD_MEMBERS = 3
+POD_EXECS = 2  # running in that pod while its memory is read
 IDLE_S = 2.0
 CTR_TIMEOUT_S = 180
 
@@ -311,6 +313,10 @@ def _pod_figures(daemon: PrivateContainerd, mode: str, tag: str) -> dict[str, fl
                     raise RuntimeError(f"the {mode} pod's containers never all ran")
                 time.sleep(0.05)
             ready = time.perf_counter() - began
+            # The issue's pod: three containers and two execs that run on.
+            for i in range(POD_EXECS):
+                daemon.ctr("task", "exec", "--detach", "--exec-id", f"x{i}", ids[i],
+                           "sleep", "1000000", namespace="k8s.io")
             time.sleep(IDLE_S)
             roots, shims, vmms = _pod_processes(pod)
             # Each set on its own: pss_of_tree would count a shim's QEMU child with it.
@@ -342,7 +348,8 @@ def goals(results: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any
          "binaryname_ms": med(binary, "shim_exec_true_s") * 1e3,
          "through_ctr_ms": med(v2, "exec_true_s") * 1e3,
          "met": med(v2, "shim_exec_true_s") <= guest + GOAL_EXEC_OVERHEAD_MS / 1e3},
-        {"goal": f"a 3-container pod's shim processes <= {GOAL_POD_SHIM_MIB:.0f} MiB PSS",
+        {"goal": f"a 3-container pod's shim processes, two execs running, <= "
+                 f"{GOAL_POD_SHIM_MIB:.0f} MiB PSS",
          "value_mib": med(v2, "pod_shim_mib"), "binaryname_mib": med(binary, "pod_shim_mib"),
          "met": med(v2, "pod_shim_mib") <= GOAL_POD_SHIM_MIB},
     ]

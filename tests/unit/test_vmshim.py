@@ -1,0 +1,123 @@
+"""paracell-vmshim (csrc/vmshimexec.c), the C body a VM's shim execs into:
+the test plays the guest at the other end of the agent channel, and a
+`sleep` child stands in for QEMU, as the shim's own child."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from paracell._native import lib
+
+from paracell.runtime.vm.shim import VMSHIM_EXEC
+from tests.unit.test_relay_quiesce import frame, read_frame
+
+# The stand-in for the shim: forks its "QEMU", then execs paracell-vmshim with
+# the agent socket and the control socket inherited, as Shim.become_native does.
+LAUNCH = """
+import os, sys
+agent, listener, log, abort = (int(a) for a in sys.argv[2:6])
+qemu = os.fork()
+if qemu == 0:
+    os.execvp("sleep", ["sleep", sys.argv[6]])
+print(qemu, flush=True)
+os.execv(sys.argv[1], [sys.argv[1], str(agent), str(listener), "-1", str(abort), str(qemu),
+                       "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[7]])
+"""
+
+
+class VmShim:
+    def __init__(self, tmp_path: Path, qemu_lives_s: int) -> None:
+        self.log = tmp_path / "log.json"
+        self.control = tmp_path / "shim.sock"
+        ours, self.guest = socket.socketpair()
+        self.guest.settimeout(10)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(self.control))
+        listener.listen(4)
+        log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        abort_r, self.abort = os.pipe()
+        fds = (ours.fileno(), listener.fileno(), log_fd, abort_r)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LAUNCH, str(VMSHIM_EXEC), *map(str, fds), str(qemu_lives_s),
+             str(self.control)], pass_fds=fds, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for fd in (ours.detach(), listener.detach(), log_fd, abort_r):
+            os.close(fd)
+        assert self.proc.stdout is not None
+        self.qemu = int(self.proc.stdout.readline())
+
+    def errors(self) -> list[str]:
+        lines = [json.loads(line) for line in self.log.read_text().splitlines()]
+        return [e["msg"] for e in lines if e["level"] == "error"]
+
+    def qemu_gone(self) -> bool:
+        return not os.path.exists(f"/proc/{self.qemu}")
+
+
+def test_a_pager_that_stopped_ends_the_vm_without_a_say_for_the_guest(tmp_path):
+    shim = VmShim(tmp_path, qemu_lives_s=60)
+    os.write(shim.abort, b"x")
+    # No POWEROFF: the guest broke the Pager's protocol; QEMU is killed at once.
+    assert shim.proc.wait(timeout=10) == 255
+    assert shim.qemu_gone()
+    assert shim.guest.recv(64) == b""
+    assert shim.errors() == ["the Pager in QEMU stopped (qemu.log says why)"]
+
+
+@pytest.fixture(autouse=True)
+def _built() -> None:
+    if not VMSHIM_EXEC.exists():
+        pytest.fail(f"{VMSHIM_EXEC} is not built: run `make venv`")
+
+
+def test_the_containers_exit_status_then_poweroff_and_qemu_waited_for(tmp_path):
+    shim = VmShim(tmp_path, qemu_lives_s=1)
+    shim.guest.sendall(frame(lib.PC_EXIT, 0, struct.pack("<i", 7)))
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF
+    began = time.monotonic()
+    # Its "QEMU" ends on its own within the grace period: it is waited for, not killed.
+    assert shim.proc.wait(timeout=10) == 7
+    assert time.monotonic() - began >= 0.5
+    assert shim.qemu_gone()
+    assert not shim.control.exists()
+    assert shim.errors() == []
+    debug = [json.loads(line)["msg"] for line in shim.log.read_text().splitlines()]
+    assert any("relay ended: kind 0, status 7" in m for m in debug), debug
+
+
+def test_a_guest_that_hangs_up_means_qemu_killed_137_and_the_reason_logged(tmp_path):
+    shim = VmShim(tmp_path, qemu_lives_s=60)
+    shim.guest.close()
+    assert shim.proc.wait(timeout=10) == 137
+    assert shim.qemu_gone()
+    assert not shim.control.exists()
+    [error] = shim.errors()
+    assert error.endswith("(qemu exit -9)"), error
+
+
+def test_a_guest_that_breaks_the_protocol_ends_it_with_255(tmp_path):
+    shim = VmShim(tmp_path, qemu_lives_s=1)
+    shim.guest.sendall(struct.pack("<IHH", 1 << 30, lib.PC_STDOUT, 0))
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF
+    assert shim.proc.wait(timeout=10) == 255
+    assert shim.qemu_gone()
+    assert len(shim.errors()) == 1
+
+
+@pytest.mark.parametrize("argv", [[], ["1"] * 12, ["x"] + ["1"] * 12,
+                                  ["3", "4", "-1", "-1", "0"] + ["1"] * 8,
+                                  ["3", "4", "-1", "-1", "99", "-1", "-1", "-1", "0", "-1",
+                                   "json", "2", "/nonexistent"]])
+def test_bad_arguments_are_one_line_and_255(argv):
+    done = subprocess.run([str(VMSHIM_EXEC), *argv], capture_output=True, timeout=10)
+    assert done.returncode == 255
+    assert len(done.stderr.decode().splitlines()) == 1
+    assert done.stderr.startswith(b"paracell-vmshim: usage:")
