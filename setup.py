@@ -15,7 +15,8 @@ PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c"]
 # is created (paracell/runtime/vm/shim.py: become_native).
 RELAY = "paracell/paracell-relay"
 VMSHIM = "paracell/paracell-vmshim"
-RELAY_LIBRARY = ["csrc/relay.c", "csrc/sink.c", "csrc/streams.c", "csrc/portfwd.c"]
+RELAY_LIBRARY = ["csrc/relay.c", "csrc/sink.c", "csrc/streams.c", "csrc/portfwd.c",
+                 "csrc/execargs.c"]
 EXECUTABLES = {RELAY: "csrc/relayexec.c", VMSHIM: "csrc/vmshimexec.c"}
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 

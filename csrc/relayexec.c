@@ -25,38 +25,19 @@
 #include <unistd.h>
 
 #include "agent_proto.h"
+#include "execargs.h"
 #include "relay.h"
 
 #define EXIT_USAGE 255
 #define EXIT_CHANNEL_LOST (128 + 9)
 
-static int parse_long(const char *s, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_mask(const char *s, unsigned long long *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *end) return -1;
-    *out = v;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     long long chan, tty, control, start;
     unsigned long long mask;
-    if (argc < 6 || parse_long(argv[1], 0, INT_MAX, &chan) ||
-        parse_long(argv[2], -1, INT_MAX, &tty) || parse_long(argv[3], -1, INT_MAX, &control) ||
-        parse_long(argv[4], 0, 1, &start) || parse_mask(argv[5], &mask)) {
+    if (argc < 6 || pc_arg_long(argv[1], 0, INT_MAX, &chan) ||
+        pc_arg_long(argv[2], -1, INT_MAX, &tty) || pc_arg_long(argv[3], -1, INT_MAX, &control) ||
+        pc_arg_long(argv[4], 0, 1, &start) || pc_arg_mask(argv[5], &mask)) {
         fprintf(stderr, "paracell-relay: usage: CHAN_FD TTY_FD CONTROL_FD SEND_START "
                         "FORWARD_MASK [UNLINK_PATH...]\n");
         return EXIT_USAGE;
@@ -72,15 +53,7 @@ int main(int argc, char **argv)
     cfg.control_fd = (int)control;
     cfg.abort_fd = -1;
     cfg.forward_mask = mask;
-    if (tty >= 0) {
-        cfg.in_fd = cfg.out_fd = cfg.tty_fd = (int)tty;
-        cfg.err_fd = 2;
-    } else {
-        cfg.in_fd = 0;
-        cfg.out_fd = 1;
-        cfg.err_fd = 2;
-        cfg.tty_fd = -1;
-    }
+    pc_relay_stdio(&cfg, (int)tty);
     struct pc_relay_result res;
     memset(&res, 0, sizeof res);
     pc_relay(&cfg, &res);

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "agent_proto.h"
+#include "execargs.h"
 #include "relay.h"
 
 #define EXIT_USAGE 255
@@ -47,16 +48,6 @@
 #define EXIT_VM_DIED (128 + 9)
 #define HANGUP_GRACE_MS 1000
 #define POWEROFF_GRACE_MS 5000
-
-static int parse_long(const char *s, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
 
 /* QEMU's end as Python's Popen.wait gives it: its exit code, or minus the
  * signal that ended it. Waits up to grace_ms, then kills it. */
@@ -130,14 +121,12 @@ int main(int argc, char **argv)
 {
     long long agent, listen_fd, tty, abort_fd, qemu, fwd4, fwd6, link, log_fd, debug;
     unsigned long long mask;
-    char *end;
-    if (argc != 14 || parse_long(argv[1], 0, INT_MAX, &agent) ||
-        parse_long(argv[2], 0, INT_MAX, &listen_fd) || parse_long(argv[3], -1, INT_MAX, &tty) ||
-        parse_long(argv[4], -1, INT_MAX, &abort_fd) || parse_long(argv[5], 1, INT_MAX, &qemu) ||
-        parse_long(argv[6], -1, INT_MAX, &fwd4) || parse_long(argv[7], -1, INT_MAX, &fwd6) ||
-        parse_long(argv[8], -1, INT_MAX, &link) || parse_long(argv[10], -1, INT_MAX, &log_fd) ||
-        parse_long(argv[12], 0, 1, &debug) ||
-        (errno = 0, mask = strtoull(argv[9], &end, 10), errno || end == argv[9] || *end)) {
+    if (argc != 14 || pc_arg_long(argv[1], 0, INT_MAX, &agent) ||
+        pc_arg_long(argv[2], 0, INT_MAX, &listen_fd) || pc_arg_long(argv[3], -1, INT_MAX, &tty) ||
+        pc_arg_long(argv[4], -1, INT_MAX, &abort_fd) || pc_arg_long(argv[5], 1, INT_MAX, &qemu) ||
+        pc_arg_long(argv[6], -1, INT_MAX, &fwd4) || pc_arg_long(argv[7], -1, INT_MAX, &fwd6) ||
+        pc_arg_long(argv[8], -1, INT_MAX, &link) || pc_arg_long(argv[10], -1, INT_MAX, &log_fd) ||
+        pc_arg_long(argv[12], 0, 1, &debug) || pc_arg_mask(argv[9], &mask)) {
         fprintf(stderr, "paracell-vmshim: usage: AGENT_FD LISTEN_FD TTY_FD ABORT_FD QEMU_PID "
                         "FWD4 FWD6 FWD_LINK FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET\n");
         return EXIT_USAGE;
@@ -153,15 +142,7 @@ int main(int argc, char **argv)
     cfg.abort_fd = (int)abort_fd;
     cfg.forward_mask = mask;
     cfg.fwd = fwd4 >= 0 ? &fwd : NULL;
-    if (tty >= 0) {
-        cfg.in_fd = cfg.out_fd = cfg.tty_fd = (int)tty;
-        cfg.err_fd = 2;
-    } else {
-        cfg.in_fd = 0;
-        cfg.out_fd = 1;
-        cfg.err_fd = 2;
-        cfg.tty_fd = -1;
-    }
+    pc_relay_stdio(&cfg, (int)tty);
     struct pc_relay_result res;
     memset(&res, 0, sizeof res);
     pc_relay(&cfg, &res);
