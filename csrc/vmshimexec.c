@@ -51,14 +51,22 @@
 
 /* QEMU's end as Python's Popen.wait gives it: its exit code, or minus the
  * signal that ended it. Waits up to grace_ms, then kills it. */
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static int stop_qemu(pid_t pid, int grace_ms)
 {
     int status = 0;
-    for (int waited = 0;; waited += 10) {
+    long long deadline = now_ms() + grace_ms;
+    for (;;) {
         pid_t got = waitpid(pid, &status, WNOHANG);
         if (got == pid) break;
-        if (got < 0 && errno != EINTR) return -SIGKILL;  /* not ours to wait for */
-        if (waited >= grace_ms) {
+        if (got < 0 && errno != EINTR) return 0;  /* reaped already: as Popen.wait says */
+        if (now_ms() >= deadline) {
             kill(pid, SIGKILL);
             while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
             break;
@@ -67,6 +75,25 @@ static int stop_qemu(pid_t pid, int grace_ms)
         nanosleep(&ts, NULL);
     }
     return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
+}
+
+/* The START the shim sends carries what the shim makes, never a client's
+ * bytes; a VM that could gain interfaces before `start` keeps its Python
+ * shim, so here that is nothing. */
+static int no_start_payload(char *buf, int cap)
+{
+    (void)buf;
+    (void)cap;
+    return 0;
+}
+
+/* POWEROFF, unless the guest stopped reading: a full channel must not keep
+ * the shim, and so QEMU, alive. */
+static void send_poweroff(int agent)
+{
+    struct pollfd p = {.fd = agent, .events = POLLOUT};
+    if (poll(&p, 1, 1000) == 1 && (p.revents & POLLOUT))
+        pc_send_frame(agent, PC_POWEROFF, 0, NULL, 0);
 }
 
 struct log {
@@ -85,12 +112,23 @@ static void log_line(const struct log *log, const char *level, const char *fmt, 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    /* As RuntimeLog._tell and json.dumps write it: \r and \n as two
+     * characters, so the message is one line whatever its text; in JSON,
+     * quotes, backslashes and control characters escaped. Bytes past ASCII
+     * become '?': a UTF-8 sequence that vsnprintf cut would be invalid. */
     size_t j = 0;
-    for (const unsigned char *p = (const unsigned char *)msg; *p && j + 7 < sizeof escaped; p++) {
-        if (*p == '"' || *p == '\\') {
+    for (const unsigned char *p = (const unsigned char *)msg; *p && j + 8 < sizeof escaped; p++) {
+        int json_escape = log->json && (*p == '"' || *p == '\\');
+        if (*p == '\n' || *p == '\r') {
+            if (log->json) escaped[j++] = '\\';
+            escaped[j++] = '\\';
+            escaped[j++] = *p == '\n' ? 'n' : 'r';
+        } else if (*p >= 0x80) {
+            escaped[j++] = '?';
+        } else if (json_escape) {
             escaped[j++] = '\\';
             escaped[j++] = (char)*p;
-        } else if (*p < 0x20) {
+        } else if (*p < 0x20 && log->json) {
             j += (size_t)snprintf(escaped + j, sizeof escaped - j, "\\u%04x", *p);
         } else {
             escaped[j++] = (char)*p;
@@ -132,6 +170,10 @@ int main(int argc, char **argv)
         return EXIT_USAGE;
     }
     struct log log = {(int)log_fd, strcmp(argv[11], "json") == 0, (int)debug};
+    /* Whatever the exec'ing shim left: a write to a gone reader is an error
+     * to the relay, not the end of the VM; QEMU's exit is waited for. */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGCHLD, SIG_DFL);
 
     struct pc_fwd_listeners fwd = {(int)fwd4, (int)fwd6, (int)link};
     struct pc_relay_cfg cfg;
@@ -142,10 +184,14 @@ int main(int argc, char **argv)
     cfg.abort_fd = (int)abort_fd;
     cfg.forward_mask = mask;
     cfg.fwd = fwd4 >= 0 ? &fwd : NULL;
+    cfg.start_payload = no_start_payload;
     pc_relay_stdio(&cfg, (int)tty);
     struct pc_relay_result res;
     memset(&res, 0, sizeof res);
-    pc_relay(&cfg, &res);
+    if (pc_relay(&cfg, &res) < 0) {
+        res.end = PC_END_ERROR;
+        snprintf(res.message, sizeof res.message, "relay setup: out of memory");
+    }
     res.message[sizeof res.message - 1] = '\0';
     log_line(&log, "debug", "shim: relay ended: kind %d, status %d, '%s' (paracell-vmshim)",
              res.end, res.status, res.message);
@@ -169,7 +215,7 @@ int main(int argc, char **argv)
         log_line(&log, "error", "%s", res.message);
     }
     if (cfg.fwd) pc_fwd_detach(&fwd);  /* first: a client is refused, not left waiting */
-    if (!untrusted && !qemu_done) pc_send_frame((int)agent, PC_POWEROFF, 0, NULL, 0);
+    if (!untrusted && !qemu_done) send_poweroff((int)agent);
     if (!qemu_done) stop_qemu((pid_t)qemu, untrusted ? 0 : POWEROFF_GRACE_MS);
     close((int)listen_fd);
     unlink(argv[13]);

@@ -93,6 +93,23 @@ def test_the_containers_exit_status_then_poweroff_and_qemu_waited_for(tmp_path):
     assert any("relay ended: kind 0, status 7" in m for m in debug), debug
 
 
+def test_start_carries_nothing_of_the_clients(tmp_path):
+    """The agent reads START's payload as the interfaces to bring up: only the
+    shim may make it, and this shim has none to give."""
+    shim = VmShim(tmp_path, qemu_lives_s=1)
+    starter = socket.socket(socket.AF_UNIX)
+    starter.settimeout(10)
+    starter.connect(str(shim.control))
+    starter.sendall(frame(lib.PC_START, 0, b"net=eth0 hostile"))
+    assert read_frame(shim.guest) == (lib.PC_START, 0, b"")
+    # Started, the relay passes on stdin, here /dev/null: its EOF.
+    assert read_frame(shim.guest) == (lib.PC_STDIN, 0, b"")
+    shim.guest.sendall(frame(lib.PC_EXIT, 0, struct.pack("<i", 0)))
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF
+    assert shim.proc.wait(timeout=10) == 0
+    starter.close()
+
+
 def test_a_guest_that_hangs_up_means_qemu_killed_137_and_the_reason_logged(tmp_path):
     shim = VmShim(tmp_path, qemu_lives_s=60)
     shim.guest.close()

@@ -186,8 +186,9 @@ def reclaim(state_dir: Path, ram_file: Path, control_socket: Path, pid_file: Pat
                ) - set(_cgroup_dirs(own))
     _kill(qemus)
     _wait_gone(qemus, starts, SHIM_EXIT_WAIT_S)
-    # A live shim ends on its own once its VM is gone, undoing its network
-    # mirroring; one that does not is killed.
+    # A live shim ends on its own once its VM is gone, a Python one undoing
+    # its network mirroring (paracell-vmshim leaves it to the namespace's
+    # owner, whose veth takes it along); one that does not end is killed.
     _kill(_wait_gone(sorted(shims), starts, SHIM_EXIT_WAIT_S))
     _wait_gone(victims, starts, SHIM_EXIT_WAIT_S)
     for directory in sorted(cgroups, key=lambda d: len(d.parts), reverse=True):

@@ -250,17 +250,24 @@ class Shim:
 
     def native_args(self) -> list[str] | None:
         """paracell-vmshim's arguments (csrc/vmshimexec.c), or None where this
-        VM needs Python for its life: a Pager thread here, the checkpoint
-        service, a START that may carry interfaces that appear after create,
-        or a VM that is not our QEMU child."""
+        VM needs Python, or a resource of the shim's own, for its life:
+        - a VM that is not our QEMU child (libvirt's);
+        - RAM other than its template's, mapped copy-on-write: a RAM file of
+          its own is freed by its owner at the end, and snapshot mode's root
+          disk is held by the shim (neither is ever copy-on-write);
+        - a Pager thread here (a cold boot's: a restored VM's runs in QEMU);
+        - the checkpoint service, and a START that may carry interfaces that
+          appear after create;
+        - any thread but this one: QEMU dies with the thread that forked it."""
         from paracell.vmm.builder import QemuChild
 
         plan, vm = self.plan, self.vm
         pager = plan.vm.pager
-        if not isinstance(vm, QemuChild) or self.snapshots is not None \
+        if not isinstance(vm, QemuChild) or not plan.vm.ram.copy_on_write \
+                or self.snapshots is not None \
                 or (pager is not None and pager.server is not None and not pager.server.in_vmm) \
                 or late.may_grow(plan.vm.config) or self.listener is None \
-                or not VMSHIM_EXEC.exists():
+                or len(os.listdir("/proc/self/task")) != 1 or not VMSHIM_EXEC.exists():
             return None
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
         fwd = self.forward.listeners if self.forward is not None else None
