@@ -37,6 +37,7 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
     xgates = support(chosen, facts)
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
     report["shim_v2"] = shim_v2()
+    report["relays"] = relays()
     for backend in daemons or []:
         try:
             report[backend.name] = backend.report(facts.qemu_path, chosen)
@@ -59,6 +60,28 @@ def shim_v2() -> dict[str, object]:
     beside = Path(sys.executable).with_name(SHIM_V2)
     found = shutil.which(SHIM_V2)
     return {"path": str(beside), "installed": beside.is_file(), "on_path": found}
+
+
+def relays() -> dict[str, bool]:
+    """The C programs that a container's and an exec's host process exec once
+    they run (docs/shim-v2.md), and whether each is built: without one, that
+    process stays a Python one, tens of MiB for as long as it runs."""
+    import os
+
+    from paracell.runtime.agent.channel import RELAY_EXEC
+    from paracell.runtime.vm.shim import VMSHIM_EXEC
+
+    return {str(path): path.is_file() and os.access(path, os.X_OK)
+            for path in (RELAY_EXEC, VMSHIM_EXEC)}
+
+
+def _relays_line(found: dict[str, bool]) -> str:
+    missing = [path for path, built in found.items() if not built]
+    if not missing:
+        names = ", ".join(path.rsplit("/", 1)[-1] for path in found)
+        return f"relays:  built ({names})"
+    return (f"relays:  not built: {', '.join(missing)} (run `make venv`; until then each "
+            "container's and exec's host process stays a Python one)")
 
 
 def _shim_v2_line(found: dict[str, object]) -> str:
@@ -116,6 +139,9 @@ def render(report: dict[str, object], as_json: bool, daemons: list[Backend]) -> 
         f"engine:  {chosen['engine'] or 'none'} ({chosen['reason']})",
         f"xgates:  {'yes' if xgates['supported'] else 'unsupported'} ({xgates['reason']})",
     ]
+    built = report.get("relays")
+    if isinstance(built, dict):
+        lines.append(_relays_line(built))
     shim = report.get("shim_v2")
     if isinstance(shim, dict):
         lines.append(_shim_v2_line(shim))

@@ -355,3 +355,15 @@ def test_a_create_with_a_bad_bundle_id_or_checkpoint_is_refused_before_anything_
         asyncio.run(service.wrap(service.create)(request))
     assert raised.value.code == Code.INVALID_ARGUMENT
     assert os.listdir(".") == before and tasks.tasks == {}
+
+
+def test_paracell_check_says_whether_the_host_relays_are_built(tmp_path):
+    from paracell import hostcheck
+
+    found = hostcheck.relays()
+    assert [Path(p).name for p in found] == ["paracell-relay", "paracell-vmshim"]
+    assert all(found.values()), found  # make venv builds both
+    assert hostcheck._relays_line(found) == "relays:  built (paracell-relay, paracell-vmshim)"
+    gone = str(tmp_path / "paracell-vmshim")
+    line = hostcheck._relays_line({**found, gone: False})
+    assert line.startswith(f"relays:  not built: {gone} (run `make venv`")
