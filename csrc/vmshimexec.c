@@ -4,11 +4,12 @@
  * this, keeping its pid, its fds, its blocked signals and QEMU as its child.
  * For the rest of the container's life the host holds a relay of a few
  * hundred KiB instead of a second Python process per VM. A shim that runs
- * Python for the VM's life (a Pager thread, the checkpoint service, a START
- * that carries late interfaces) never execs this.
+ * Python for the VM's life (a Pager thread, the checkpoint service) never
+ * execs this. Interfaces that appear before `start` are mirrored by a
+ * short-lived Python child at `start`, as the Python shim's netlink child does.
  *
  * argv: AGENT_FD LISTEN_FD TTY_FD ABORT_FD QEMU_PID FWD4 FWD6 FWD_LINK
- *       FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET
+ *       FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET NET_RECORD TAP_PREFIX PYTHON
  *   AGENT_FD      the VM's agent port
  *   LISTEN_FD     the container's control socket (start, kill, execs, queries)
  *   TTY_FD        the host pty slave to relay, or -1 for fds 0-2
@@ -20,6 +21,11 @@
  *   LOG_FORMAT    "json" or "text", as paracell/log.py writes them
  *   DEBUG         1: --debug, so the relay's end is logged too
  *   CONTROL_SOCKET  removed at the end
+ *   NET_RECORD    a VM whose namespace may gain interfaces before `start`: its
+ *                 network record (paracell/net/late.py); "-" for none
+ *   TAP_PREFIX    the name of our TAPs: with only those and lo in the
+ *                 namespace, START carries nothing
+ *   PYTHON        the interpreter that runs paracell.net.latestart otherwise
  *
  * Ends as the Python shim ends (Shim.relay and Shim.shutdown): with the
  * container's status; 137 when QEMU was killed; 255, with the reason in the
@@ -35,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -77,14 +84,101 @@ static int stop_qemu(pid_t pid, int grace_ms)
     return WIFSIGNALED(status) ? -WTERMSIG(status) : WEXITSTATUS(status);
 }
 
-/* The START the shim sends carries what the shim makes, never a client's
- * bytes; a VM that could gain interfaces before `start` keeps its Python
- * shim, so here that is nothing. */
-static int no_start_payload(char *buf, int cap)
+/* What makes START's payload (late.start_payload's rule, in C): set once in main. */
+static const char *late_record, *late_tap_prefix, *late_python;
+
+#define LATE_TIMEOUT_MS 90000  /* paracell.net.netlinkchild allows its child 60 s */
+
+/* Whether the namespace holds nothing but lo and our TAPs (late._only_ours). */
+static int only_ours(void)
 {
-    (void)buf;
-    (void)cap;
-    return 0;
+    FILE *f = fopen("/proc/self/net/dev", "re");
+    if (!f) return 0;
+    char line[512];
+    int n = 0, ours = 1;
+    size_t plen = strlen(late_tap_prefix);
+    while (ours && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (++n <= 2 || !colon) continue;  /* two header lines */
+        *colon = '\0';
+        char *name = line + strspn(line, " ");
+        ours = strcmp(name, "lo") == 0 || strncmp(name, late_tap_prefix, plen) == 0;
+    }
+    fclose(f);
+    return ours;
+}
+
+/* START's payload, made here, never a client's bytes. Only a VM whose
+ * namespace may gain interfaces before `start` has one, and only when some
+ * are there: paracell.net.latestart, in a child in these namespaces, mirrors
+ * them onto the spares and prints their records. */
+static int late_payload(char *buf, int cap)
+{
+    if (!late_record || only_ours()) return 0;
+    int out[2];
+    if (pipe2(out, O_CLOEXEC) < 0) {
+        snprintf(buf, (size_t)cap, "start: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        dup2(null, 0);
+        dup2(out[1], 1);
+        dup2(null, 2);  /* fd 2 is the container's stderr */
+        close_range(3, ~0U, 0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        execl(late_python, late_python, "-m", "paracell.net.latestart", late_record,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(out[1]);
+    int len = 0, timed_out = 0;
+    long long deadline = now_ms() + LATE_TIMEOUT_MS;
+    if (pid > 0) {
+        for (;;) {
+            struct pollfd p = {.fd = out[0], .events = POLLIN};
+            long long left = deadline - now_ms();
+            if (left <= 0) {
+                timed_out = 1;
+                break;
+            }
+            int ready = poll(&p, 1, (int)left);
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready <= 0) continue;
+            ssize_t got = read(out[0], buf + len, (size_t)(cap - 1 - len));
+            if (got < 0 && errno == EINTR) continue;
+            if (got <= 0) break;
+            len += (int)got;
+            if (len == cap - 1) {  /* more than START may carry */
+                len = cap + 1;
+                break;
+            }
+        }
+    }
+    close(out[0]);
+    if (pid < 0) {
+        snprintf(buf, (size_t)cap, "start: fork: %s", strerror(errno));
+        return -1;
+    }
+    if (timed_out || len > cap) kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    if (len > cap) return len;
+    if (timed_out) {
+        snprintf(buf, (size_t)cap, "start: the network helper did not answer in %d s",
+                 LATE_TIMEOUT_MS / 1000);
+        return -1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        buf[len] = '\0';
+        if (len == 0)
+            snprintf(buf, (size_t)cap, "start: the network helper failed (status %d)", status);
+        return -1;
+    }
+    return len;
 }
 
 /* POWEROFF, unless the guest stopped reading: a full channel must not keep
@@ -159,14 +253,15 @@ int main(int argc, char **argv)
 {
     long long agent, listen_fd, tty, abort_fd, qemu, fwd4, fwd6, link, log_fd, debug;
     unsigned long long mask;
-    if (argc != 14 || pc_arg_long(argv[1], 0, INT_MAX, &agent) ||
+    if (argc != 17 || pc_arg_long(argv[1], 0, INT_MAX, &agent) ||
         pc_arg_long(argv[2], 0, INT_MAX, &listen_fd) || pc_arg_long(argv[3], -1, INT_MAX, &tty) ||
         pc_arg_long(argv[4], -1, INT_MAX, &abort_fd) || pc_arg_long(argv[5], 1, INT_MAX, &qemu) ||
         pc_arg_long(argv[6], -1, INT_MAX, &fwd4) || pc_arg_long(argv[7], -1, INT_MAX, &fwd6) ||
         pc_arg_long(argv[8], -1, INT_MAX, &link) || pc_arg_long(argv[10], -1, INT_MAX, &log_fd) ||
         pc_arg_long(argv[12], 0, 1, &debug) || pc_arg_mask(argv[9], &mask)) {
         fprintf(stderr, "paracell-vmshim: usage: AGENT_FD LISTEN_FD TTY_FD ABORT_FD QEMU_PID "
-                        "FWD4 FWD6 FWD_LINK FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET\n");
+                        "FWD4 FWD6 FWD_LINK FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET "
+                        "NET_RECORD TAP_PREFIX PYTHON\n");
         return EXIT_USAGE;
     }
     struct log log = {(int)log_fd, strcmp(argv[11], "json") == 0, (int)debug};
@@ -184,7 +279,10 @@ int main(int argc, char **argv)
     cfg.abort_fd = (int)abort_fd;
     cfg.forward_mask = mask;
     cfg.fwd = fwd4 >= 0 ? &fwd : NULL;
-    cfg.start_payload = no_start_payload;
+    late_record = strcmp(argv[14], "-") == 0 ? NULL : argv[14];
+    late_tap_prefix = argv[15];
+    late_python = argv[16];
+    cfg.start_payload = late_payload;
     pc_relay_stdio(&cfg, (int)tty);
     struct pc_relay_result res;
     memset(&res, 0, sizeof res);

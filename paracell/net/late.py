@@ -75,7 +75,8 @@ def _only_ours() -> bool:
 
 def may_grow(config: VmConfig) -> bool:
     """Whether interfaces may still appear for the VM to take at `start`:
-    its shim must then be there, in Python, to mirror them."""
+    its shim then mirrors them, itself or, as paracell-vmshim, through
+    paracell/net/latestart.py."""
     return config.network == netns.NEW and bool(config.net_record)
 
 
@@ -87,5 +88,11 @@ def start_payload(config: VmConfig) -> bytes:
 
     if not may_grow(config) or _only_ours():
         return b""
-    records = _take_spares(Path(config.net_record))
+    return payload_for(Path(config.net_record))
+
+
+def payload_for(record_path: Path) -> bytes:
+    """START's payload once interfaces other than ours are in the namespace:
+    they are mirrored onto the spares, and their records go to the agent."""
+    records = _take_spares(record_path)
     return speckeys.encode(records) if records else b""

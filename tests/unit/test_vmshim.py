@@ -22,19 +22,23 @@ from tests.unit.test_relay_quiesce import frame, read_frame
 # The stand-in for the shim: forks its "QEMU", then execs paracell-vmshim with
 # the agent socket and the control socket inherited, as Shim.become_native does.
 LAUNCH = """
-import os, sys
+import os, subprocess, sys
 agent, listener, log, abort = (int(a) for a in sys.argv[2:6])
+if sys.argv[8] != "-":  # in a network namespace of its own: give it foreign interfaces
+    subprocess.run(["ip", "link", "add", "pcfx0", "type", "veth", "peer", "name", "pcfx1"],
+                   check=True)
 qemu = os.fork()
 if qemu == 0:
     os.execvp("sleep", ["sleep", sys.argv[6]])
 print(qemu, flush=True)
 os.execv(sys.argv[1], [sys.argv[1], str(agent), str(listener), "-1", str(abort), str(qemu),
-                       "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[7]])
+                       "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[7], sys.argv[8],
+                       "pctap", sys.executable])
 """
 
 
 class VmShim:
-    def __init__(self, tmp_path: Path, qemu_lives_s: int) -> None:
+    def __init__(self, tmp_path: Path, qemu_lives_s: int, net_record: str = "-") -> None:
         self.log = tmp_path / "log.json"
         self.control = tmp_path / "shim.sock"
         ours, self.guest = socket.socketpair()
@@ -45,10 +49,13 @@ class VmShim:
         log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         abort_r, self.abort = os.pipe()
         fds = (ours.fileno(), listener.fileno(), log_fd, abort_r)
+        # A VM that may gain interfaces runs here in a network namespace of
+        # the test's own: what its helper sees and touches is the test's.
+        private = ["unshare", "--net"] if net_record != "-" else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", LAUNCH, str(VMSHIM_EXEC), *map(str, fds), str(qemu_lives_s),
-             str(self.control)], pass_fds=fds, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            [*private, sys.executable, "-c", LAUNCH, str(VMSHIM_EXEC), *map(str, fds),
+             str(qemu_lives_s), str(self.control), net_record], pass_fds=fds,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for fd in (ours.detach(), listener.detach(), log_fd, abort_r):
             os.close(fd)
         assert self.proc.stdout is not None
@@ -110,6 +117,25 @@ def test_start_carries_nothing_of_the_clients(tmp_path):
     starter.close()
 
 
+def test_a_start_with_foreign_interfaces_asks_the_network_helper(tmp_path):
+    """A veth pair in the shim's own network namespace is not its TAPs, so
+    START's payload comes from paracell.net.latestart. Here the
+    record names no spare: the start is refused with the helper's one line,
+    and the guest is never started."""
+    record = tmp_path / "net.json"
+    record.write_text('{"veths": [], "spares": []}')
+    shim = VmShim(tmp_path, qemu_lives_s=1, net_record=str(record))
+    starter = socket.socket(socket.AF_UNIX)
+    starter.settimeout(60)
+    starter.connect(str(shim.control))
+    starter.sendall(frame(lib.PC_START, 0, b"net=eth0 hostile"))
+    ftype, _, why = read_frame(starter)
+    assert ftype == lib.PC_ERROR and b"appeared after create" in why and b"\n" not in why, why
+    shim.guest.sendall(frame(lib.PC_EXIT, 0, struct.pack("<i", 0)))
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF  # no START came before it
+    assert shim.proc.wait(timeout=10) == 0
+
+
 def test_a_guest_that_hangs_up_means_qemu_killed_137_and_the_reason_logged(tmp_path):
     shim = VmShim(tmp_path, qemu_lives_s=60)
     shim.guest.close()
@@ -130,9 +156,9 @@ def test_a_guest_that_breaks_the_protocol_ends_it_with_255(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [[], ["1"] * 12, ["x"] + ["1"] * 12,
-                                  ["3", "4", "-1", "-1", "0"] + ["1"] * 8,
+                                  ["3", "4", "-1", "-1", "0"] + ["1"] * 11,
                                   ["3", "4", "-1", "-1", "99", "-1", "-1", "-1", "0", "-1",
-                                   "json", "2", "/nonexistent"]])
+                                   "json", "2", "/nonexistent", "-", "pctap", "python3"]])
 def test_bad_arguments_are_one_line_and_255(argv):
     done = subprocess.run([str(VMSHIM_EXEC), *argv], capture_output=True, timeout=10)
     assert done.returncode == 255

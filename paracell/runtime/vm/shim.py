@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.log import RuntimeLog
 from paracell.net import device as net_device
-from paracell.net import late, netns, portforward
+from paracell.net import discover, late, netns, portforward
 from paracell.procfs import process_start_time
 from paracell.runtime.agent import channel, console, sandboxspec, signals
 from paracell.runtime.agent.signals import exit_status_for_signal
@@ -256,8 +257,7 @@ class Shim:
           its own is freed by its owner at the end, and snapshot mode's root
           disk is held by the shim (neither is ever copy-on-write);
         - a Pager thread here (a cold boot's: a restored VM's runs in QEMU);
-        - the checkpoint service, and a START that may carry interfaces that
-          appear after create;
+        - the checkpoint service;
         - any thread but this one: QEMU dies with the thread that forked it."""
         from paracell.vmm.builder import QemuChild
 
@@ -266,7 +266,7 @@ class Shim:
         if not isinstance(vm, QemuChild) or not plan.vm.ram.copy_on_write \
                 or self.snapshots is not None \
                 or (pager is not None and pager.server is not None and not pager.server.in_vmm) \
-                or late.may_grow(plan.vm.config) or self.listener is None \
+                or self.listener is None \
                 or len(os.listdir("/proc/self/task")) != 1 or not VMSHIM_EXEC.exists():
             return None
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
@@ -283,7 +283,11 @@ class Shim:
                 os.set_inheritable(fd, True)
         return [str(VMSHIM_EXEC), *map(str, fds[:4]), str(vm.pid), *map(str, fds[4:7]),
                 str(signals.forward_mask()), str(log_fd), plan.log.fmt,
-                "1" if plan.log.debug else "0", str(plan.state_dir / CONTROL_SOCKET)]
+                "1" if plan.log.debug else "0", str(plan.state_dir / CONTROL_SOCKET),
+                # Interfaces that appear before `start`: a child of it mirrors them
+                # (paracell/net/latestart.py), as late.start_payload does here.
+                plan.vm.config.net_record if late.may_grow(plan.vm.config) else "-",
+                discover.TAP_PREFIX, sys.executable]
 
     def become_native(self) -> None:
         """The shim's steady state in C, in this same pid: a relay of a few
