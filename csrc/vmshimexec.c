@@ -121,6 +121,7 @@ static int late_payload(char *buf, int cap)
         return -1;
     }
     pid_t pid = fork();
+    int fork_errno = errno;
     if (pid == 0) {
         int null = open("/dev/null", O_RDWR | O_CLOEXEC);
         dup2(null, 0);
@@ -160,7 +161,7 @@ static int late_payload(char *buf, int cap)
     }
     close(out[0]);
     if (pid < 0) {
-        snprintf(buf, (size_t)cap, "start: fork: %s", strerror(errno));
+        snprintf(buf, (size_t)cap, "start: fork: %s", strerror(fork_errno));
         return -1;
     }
     if (timed_out || len > cap) kill(pid, SIGKILL);
@@ -174,8 +175,12 @@ static int late_payload(char *buf, int cap)
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         buf[len] = '\0';
-        if (len == 0)
-            snprintf(buf, (size_t)cap, "start: the network helper failed (status %d)", status);
+        if (len == 0 && WIFEXITED(status))
+            snprintf(buf, (size_t)cap, "start: the network helper failed (exit %d)",
+                     WEXITSTATUS(status));
+        else if (len == 0)
+            snprintf(buf, (size_t)cap, "start: the network helper was killed by signal %d",
+                     WTERMSIG(status));
         return -1;
     }
     return len;

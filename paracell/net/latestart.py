@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
         return 1
     try:
         payload = late.payload_for(Path(argv[1]))
-    except ParacellError as err:
+    except (ParacellError, OSError) as err:  # one line for the refused start, never a traceback
         sys.stdout.write(str(err).replace("\n", " "))
         return 1
     sys.stdout.buffer.write(payload)

@@ -33,12 +33,13 @@ if qemu == 0:
 print(qemu, flush=True)
 os.execv(sys.argv[1], [sys.argv[1], str(agent), str(listener), "-1", str(abort), str(qemu),
                        "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[7], sys.argv[8],
-                       "pctap", sys.executable])
+                       "pctap", sys.argv[9]])
 """
 
 
 class VmShim:
-    def __init__(self, tmp_path: Path, qemu_lives_s: int, net_record: str = "-") -> None:
+    def __init__(self, tmp_path: Path, qemu_lives_s: int, net_record: str = "-",
+                 python: str = sys.executable) -> None:
         self.log = tmp_path / "log.json"
         self.control = tmp_path / "shim.sock"
         ours, self.guest = socket.socketpair()
@@ -54,7 +55,7 @@ class VmShim:
         private = ["unshare", "--net"] if net_record != "-" else []
         self.proc = subprocess.Popen(
             [*private, sys.executable, "-c", LAUNCH, str(VMSHIM_EXEC), *map(str, fds),
-             str(qemu_lives_s), str(self.control), net_record], pass_fds=fds,
+             str(qemu_lives_s), str(self.control), net_record, python], pass_fds=fds,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for fd in (ours.detach(), listener.detach(), log_fd, abort_r):
             os.close(fd)
@@ -133,6 +134,20 @@ def test_a_start_with_foreign_interfaces_asks_the_network_helper(tmp_path):
     assert ftype == lib.PC_ERROR and b"appeared after create" in why and b"\n" not in why, why
     shim.guest.sendall(frame(lib.PC_EXIT, 0, struct.pack("<i", 0)))
     assert read_frame(shim.guest)[0] == lib.PC_POWEROFF  # no START came before it
+    assert shim.proc.wait(timeout=10) == 0
+
+
+def test_a_network_helper_that_fails_silently_is_still_one_line(tmp_path):
+    record = tmp_path / "net.json"
+    record.write_text('{"veths": [], "spares": []}')
+    shim = VmShim(tmp_path, qemu_lives_s=1, net_record=str(record), python="/bin/false")
+    starter = socket.socket(socket.AF_UNIX)
+    starter.settimeout(60)
+    starter.connect(str(shim.control))
+    starter.sendall(frame(lib.PC_START))
+    assert read_frame(starter) == (lib.PC_ERROR, 0, b"start: the network helper failed (exit 1)")
+    shim.guest.sendall(frame(lib.PC_EXIT, 0, struct.pack("<i", 0)))
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF
     assert shim.proc.wait(timeout=10) == 0
 
 
