@@ -269,13 +269,16 @@ def sandbox_rollback(container_id: str, name: str, fmt: str) -> None:
 @click.option("--count", "-n", default=1, show_default=True, type=int)
 @click.option("--id-prefix", default=None, help="the forks' ids are PREFIX1..PREFIXn "
               "(default: ID-fork-)")
+@click.option("--private-memory", is_flag=True, help="each fork gets a copy of the "
+              "checkpoint's memory, and can itself be checkpointed (default: forks share it)")
 @click.argument("container_id")
 @click.argument("name", required=False)
-def sandbox_fork(container_id: str, name: str | None, count: int, id_prefix: str | None) -> None:
+def sandbox_fork(container_id: str, name: str | None, count: int, id_prefix: str | None,
+                 private_memory: bool) -> None:
     """Start COUNT sandboxes that go on from checkpoint NAME (or from now)."""
     from paracell.runtime.verbs import snapshot
 
-    for fid in snapshot.fork(_ctx(), container_id, name, count, id_prefix):
+    for fid in snapshot.fork(_ctx(), container_id, name, count, id_prefix, private_memory):
         click.echo(fid)
 
 

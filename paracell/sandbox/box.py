@@ -210,12 +210,14 @@ class Sandbox:
             return snapshot.rollback(self._ctx(), self.id, name)
 
     def fork(self, name: str | None = None, count: int = 1,
-             id_prefix: str | None = None) -> list[Sandbox]:
-        """COUNT new sandboxes that go on from the checkpoint (or from now)."""
+             id_prefix: str | None = None, private_memory: bool = False) -> list[Sandbox]:
+        """COUNT new sandboxes that go on from the checkpoint (or from now),
+        made at once. They share its memory copy-on-write and cannot be
+        checkpointed themselves, unless `private_memory`."""
         from paracell.runtime.verbs import snapshot
 
         with _typed(self.id):
-            ids = snapshot.fork(self._ctx(), self.id, name, count, id_prefix)
+            ids = snapshot.fork(self._ctx(), self.id, name, count, id_prefix, private_memory)
         return [Sandbox(i, self.root) for i in ids]
 
     def checkpoints(self) -> list[dict[str, Any]]:

@@ -319,6 +319,12 @@ class RootDisk(Device):
 
         self._hold = rootdisk.hold(self._image())
 
+    def keep_across_exec(self) -> None:
+        """The shim is about to become paracell-vmshim: its fd, and so the
+        image's in-use lock, goes with it."""
+        if self._hold >= 0:
+            os.set_inheritable(self._hold, True)
+
     def shape(self) -> dict[str, Any]:
         # The guest reads the disk's size as it boots, before READY.
         return {"bytes": os.stat(self._image()).st_size, "writable": self.writable}

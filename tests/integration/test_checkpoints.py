@@ -204,6 +204,21 @@ def test_nothing_is_left_after_delete(runtime, make_bundle, memfill_rootfs: Path
     runtime.assert_no_leaks()
 
 
+def _state(runtime, cid: str) -> dict:
+    return json.loads((runtime.root / cid / "state.json").read_text())
+
+
+def _private_maps(pid: int, name: str) -> list[str]:
+    """The permissions of each mapping of a file called `name` in pid."""
+    found = []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and os.path.basename(parts[5].strip()).startswith(name):
+                found.append(parts[1])
+    return found
+
+
 def test_five_forks_run_at_once_each_their_own(runtime, make_bundle, memfill_rootfs: Path):
     started(runtime, make_bundle, memfill_rootfs, "ck-parent")
     checkpoint(runtime, "ck-parent", "seed")
@@ -222,23 +237,41 @@ def test_five_forks_run_at_once_each_their_own(runtime, make_bundle, memfill_roo
                       f"| tr -d ' \\n'; echo; echo {fid} > /mine", check=True).stdout.decode()
         hostname, random = out.split()
         seen[fid] = (hostname, random)
+        # Its memory is the checkpoint's RAM file, mapped copy-on-write, and
+        # its shim is the C relay: no RAM file and no Python of its own.
+        state = _state(runtime, fid)
+        assert state["vm"]["shares_memory_of"] == "checkpoint seed of ck-parent"
+        assert _private_maps(state["vm"]["qemu_pid"], "fork-ram") == ["rw-p"]
+        assert os.readlink(f"/proc/{state['shim_pid']}/exe").endswith("/paracell-vmshim")
     assert len({h for h, _ in seen.values()}) == 5 and len({r for _, r in seen.values()}) == 5
     assert all(seen[fid][0] == fid for fid in forks)
     # A file written in one is not in another, nor in the parent.
     for fid in forks:
         assert runtime("exec", fid, "cat", "/mine", check=True).stdout == f"{fid}\n".encode()
     assert runtime("exec", "ck-parent", "test", "-e", "/mine").returncode != 0
-    # Deleting the parent leaves the forks running; each goes on by itself.
+    # A fork that shares memory has no RAM of its own to checkpoint: one line.
+    for verb in (["sandbox", "checkpoint", "ck-f1"], ["sandbox", "fork", "ck-f1"]):
+        refused = runtime(*verb)
+        assert refused.returncode != 0
+        assert refused.stderr.decode().count("\n") == 1 and "--private-memory" in \
+            refused.stderr.decode()
+    # One with memory of its own is a snapshot-mode sandbox in full.
+    result = runtime("sandbox", "fork", "--private-memory", "--id-prefix", "ck-p", "ck-parent",
+                     "seed")
+    assert result.returncode == 0, result.stderr
+    assert _state(runtime, "ck-p1")["vm"]["shares_memory_of"] == ""
+    checkpoint(runtime, "ck-p1", "own")
+    bump(runtime, "ck-p1", 2)
+    rollback(runtime, "ck-p1", "own")
+    assert report(runtime, "ck-p1")["seed"] == "1"
+    # Deleting the parent leaves the forks running; each goes on by itself,
+    # on the RAM file that went with the parent's state.
     runtime("delete", "--force", "ck-parent", check=True)
     for fid in forks[:2]:
         assert bump(runtime, fid, 2)["mem"] == "ok"
     assert json.loads(runtime("state", "ck-f5", check=True).stdout)["status"] == "running"
-    # A fork is a snapshot-mode sandbox too: it checkpoints and rolls back.
-    checkpoint(runtime, "ck-f1", "own")
-    bump(runtime, "ck-f1", 3)
-    rollback(runtime, "ck-f1", "own")
-    assert report(runtime, "ck-f1")["seed"] == "2"
-    for fid in forks:
+    assert report(runtime, "ck-f5")["mem"] == "ok"
+    for fid in [*forks, "ck-p1"]:
         runtime("delete", "--force", fid, check=True)
     runtime.assert_no_leaks()
 

@@ -7,6 +7,8 @@ directory, removed with it:
   checkpoints/NAME/hashes.bin    every page's hash (u64 LE, 0 for a hole)
   checkpoints/NAME/loc.bin       where every page's content is kept ((u32 seq, u32 slot) LE)
   checkpoints/NAME/pages.bin     the pages that changed since its parent, in order
+  checkpoints/NAME/fork-ram      its RAM whole, made at its first fork that shares
+                                 memory: forks map it copy-on-write, read-only
 
 A checkpoint is written into a temporary directory and renamed into place,
 so a reader sees a whole one or none. Everything read back is checked
@@ -20,6 +22,7 @@ warning, and refused by name.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -41,6 +44,7 @@ DIR = "checkpoints"
 SEED = ".seed"
 VMSTATE = ".vmstate.qcow2"
 META, HASHES, LOC, PAGES = "meta.json", "hashes.bin", "loc.bin", "pages.bin"
+FORK_RAM = "fork-ram"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_META_BYTES = 1 << 16
 # A qcow2 of device states: tens of KiB each, and the qcow2's own tables.
@@ -295,6 +299,69 @@ class CheckpointStore:
                 if f.readinto(ffi.buffer(table)) != ckpt.pages * 8:
                     raise CheckpointError(f"checkpoint {ckpt.name}: {file} is short")
         return hashes, loc
+
+    def materialize(self, ckpt: Checkpoint, target: int) -> None:
+        """The checkpoint's RAM, whole, into the empty file `target`: every
+        page read from its page file and checked against its hash before any
+        is written (csrc/checkpoint.c); holes and zero pages stay holes."""
+        from paracell._native import ffi, lib
+
+        hashes, loc = self.tables(ckpt)
+        seed = self.seed()
+        seqs, fds = self.page_files()
+        try:
+            fig = ffi.new("struct pc_ckpt_figures *")
+            err = ffi.new("char[]", 256)
+            if lib.pc_ckpt_materialize(target, ckpt.ram_bytes, seed, hashes, loc,
+                                       ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
+                                       len(fds), fig, err, 256) != 0:
+                raise CheckpointError(f"checkpoint {ckpt.name}: "
+                                      f"{ffi.string(err).decode(errors='replace')}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def fork_ram(self, ckpt: Checkpoint) -> Path:
+        """The checkpoint's RAM in one file that forks map copy-on-write
+        (paracell/runtime/snapshots/forking.py): made at the first fork that
+        asks, under a lock on the checkpoint's directory, renamed into place
+        read-only, and never written again; it goes with the checkpoint."""
+        self.verify(ckpt, ckpt.key, ckpt.ram_bytes)
+        where = self.dir / ckpt.name
+        try:
+            dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            raise CheckpointError(f"checkpoint {ckpt.name}: {err.strerror}") from None
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            try:
+                st = os.stat(FORK_RAM, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == ckpt.ram_bytes:
+                return where / FORK_RAM
+            if st is not None:  # not what this code makes: never used, never followed
+                os.unlink(FORK_RAM, dir_fd=dir_fd)
+            for left in os.listdir(dir_fd):  # what a killed maker left: the lock is ours
+                if left.startswith(f".{FORK_RAM}-"):
+                    os.unlink(left, dir_fd=dir_fd)
+            tmp = f".{FORK_RAM}-{os.getpid()}"
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o400, dir_fd=dir_fd)
+            try:
+                self.materialize(ckpt, fd)
+                os.rename(tmp, FORK_RAM, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                os.unlink(tmp, dir_fd=dir_fd)
+                raise
+            finally:
+                os.close(fd)
+            return where / FORK_RAM
+        except OSError as err:
+            raise CheckpointError(f"checkpoint {ckpt.name}: its RAM for forks: "
+                                  f"{err.strerror}") from None
+        finally:
+            os.close(dir_fd)
 
     def retained(self) -> list[tuple[int, Path]]:
         """Page files of removed checkpoints that others still build on."""

@@ -1,15 +1,20 @@
 """A fork: a new sandbox that goes on from a checkpoint of another
-(docs/snapshots.md). Its shim launches the VM paused on a RAM file that
-holds the checkpoint's pages, has the backend load the checkpoint's device
-state from a copy of the parent's store (Snapshots.start_from), and lets it
-run; the guest wakes where the checkpoint left it, quiesced, and takes its
-new identity (FORKED: the container's id, hostname, machine-id, fresh
-entropy and the clock) before its RESUME.
+(docs/snapshots.md). Its shim launches the VM paused on the checkpoint's
+RAM, has the backend load the checkpoint's device state from a copy of the
+parent's store (Snapshots.start_from), and lets it run; the guest wakes where
+the checkpoint left it, quiesced, and takes its new identity (FORKED: the
+container's id, hostname, machine-id, fresh entropy and the clock) before its
+RESUME.
 
-A fork has no memory in common with its parent: guest RAM is a file that
-QEMU maps shared, which the Pager and the host's view of guest memory need,
-so each fork gets its own copy of the checkpoint's pages, the ones with
-data only (holes and zero pages stay holes).
+Its RAM is one of two kinds:
+- shared (the default where QEMU loads the RAM plugin, under TCG): QEMU maps
+  the checkpoint's RAM file (CheckpointStore.fork_ram) copy-on-write, as a
+  VM restored from a template maps its template's, so all forks of one
+  checkpoint share the pages none of them wrote, and the Pager runs inside
+  QEMU. Such a fork has no RAM file of its own, so it cannot be checkpointed;
+- private (`--private-memory`, a runc restore): a RAM file of its own that
+  holds a copy of the checkpoint's pages (holes and zero pages stay holes),
+  which QEMU maps shared; the fork checkpoints, rolls back and forks in turn.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from paracell.runtime.snapshots.checkpoints import CheckpointError, CheckpointSt
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.vmm.builder import Vm
+    from paracell.vmm.config import VmConfig
     from paracell.vmm.devices import GuestRam
     from paracell.vmm.hypervisor import Hypervisor
 
@@ -41,6 +47,12 @@ class ForkSource:
     container_id: str  # the fork's own id
     rootdisk: str     # the cached image of the checkpoint's root disk digest
     wanted_hostname: str = ""  # a restore's: its bundle's; a fork's: its id
+    shared_ram: str = ""  # the checkpoint's RAM file it maps copy-on-write; "": a copy
+
+    def shares_memory_of(self) -> str:
+        """For its state (VmRecord.shares_memory_of): whose pages it maps, or ""."""
+        return (f"checkpoint {self.checkpoint} of {os.path.basename(self.parent_dir)}"
+                if self.shared_ram else "")
 
     def hostname(self) -> str:
         """The fork's hostname: its bundle's or its id, where that is a hostname."""
@@ -49,17 +61,46 @@ class ForkSource:
         return name if ok else f"fork-{uuid.uuid4().hex[:12]}"
 
 
-def source(parent_dir: Path, checkpoint: str, container_id: str) -> ForkSource:
-    """Checks that the checkpoint exists and can be read, and finds its root
-    disk in the cache by content; the rest is checked against the fork's own
-    VM when its shim loads it."""
+def source(parent_dir: Path, checkpoint: str, container_ids: list[str],
+           share_memory: bool) -> list[ForkSource]:
+    """Checks that the checkpoint exists and can be read, finds its root disk
+    in the cache by content, and with `share_memory` makes its RAM file for
+    forks; the rest is checked against each fork's own VM when its shim
+    loads it."""
     from paracell.images import rootdisk
 
-    ckpt = CheckpointStore(parent_dir).load(check_name(checkpoint))
+    store = CheckpointStore(parent_dir)
+    ckpt = store.load(check_name(checkpoint))
     disk = rootdisk.find(ckpt.rootdisk_sha256)
     if disk is None:
         raise CheckpointError(f"checkpoint {checkpoint}: its root disk is gone from the cache")
-    return ForkSource(str(parent_dir), checkpoint, container_id, str(disk))
+    shared = str(store.fork_ram(ckpt)) if share_memory else ""
+    return [ForkSource(str(parent_dir), checkpoint, fid, str(disk), shared_ram=shared)
+            for fid in container_ids]
+
+
+def may_share_memory(config: VmConfig) -> str:
+    """Why forks of a VM like this one cannot map their checkpoint's RAM
+    copy-on-write, or "": the same conditions as a template's
+    (runtime/vm/templating.py): TCG, whose RAM plugin serves the Pager inside
+    QEMU, a QEMU that loads it, no balloon (QEMU 7.2 would punch the shared
+    file), and the operator's template_ram setting not "copied"."""
+    from paracell import settings
+    from paracell.vmm import memory, probe
+
+    if config.engine != "tcg":
+        return f"the {config.engine} engine has no RAM plugin"
+    if config.memory_manager == "balloon":
+        return "the balloon would free the shared file's pages"
+    try:
+        if settings.template_ram() != "shared":
+            return "the operator's template_ram setting is \"copied\""
+    except ParacellError as err:
+        return str(err)
+    qemu = probe.probe_host().qemu_path
+    if qemu is None or not memory.plugin_loads(qemu):
+        return "this QEMU does not load the RAM plugin"
+    return ""
 
 
 def identity_payload(fork: ForkSource) -> bytes:
@@ -84,17 +125,19 @@ class ForkRestore:
         self.hypervisor, self._launch, self._debug = hypervisor, launch, debug
 
     def restore(self) -> Vm:
-        from paracell._native import ffi, lib
-
         began = time.monotonic()
         store = CheckpointStore(Path(self.fork.parent_dir))
         ckpt = store.load(self.fork.checkpoint)
         ram = self.ram
         store.verify(ckpt, self.key, ram.size_mib << 20)
-        hashes, loc = store.tables(ckpt)
-        seed = store.seed()
-        seqs, fds = store.page_files()
         copy = self.state_dir / SOURCE_COPY
+        shared = -1
+        if self.fork.shared_ram:
+            try:
+                shared = self._open_shared(ram.size_mib << 20)
+            except (OSError, ParacellError) as err:
+                why = err.strerror if isinstance(err, OSError) else str(err)
+                raise CheckpointError(f"checkpoint {ckpt.name}: its RAM: {why}") from None
         try:
             target = os.open(copy, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                              | os.O_CLOEXEC, 0o600)
@@ -103,22 +146,15 @@ class ForkRestore:
             finally:
                 os.close(target)
         except (OSError, ParacellError) as err:
-            for fd in fds:
-                os.close(fd)
+            if shared >= 0:
+                os.close(shared)
             copy.unlink(missing_ok=True)
             why = err.strerror if isinstance(err, OSError) else str(err)
             raise CheckpointError(f"checkpoint {ckpt.name}: its device state: {why}") from None
-
-        def fill(target: int) -> None:
-            fig = ffi.new("struct pc_ckpt_figures *")
-            err = ffi.new("char[]", 256)
-            if lib.pc_ckpt_materialize(target, ram.size_mib << 20, seed, hashes, loc,
-                                       ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
-                                       len(fds), fig, err, 256) != 0:
-                raise CheckpointError(f"checkpoint {ckpt.name}: "
-                                      f"{ffi.string(err).decode(errors='replace')}")
-
-        ram.fill = fill
+        if shared >= 0:
+            ram.shared_from = shared
+        else:
+            ram.fill = lambda target: store.materialize(ckpt, target)
         vm = None
         try:
             vm = self._launch()
@@ -131,14 +167,30 @@ class ForkRestore:
                 vm.release()
             raise
         finally:
+            # QEMU has its own fd on the shared RAM now; ram.shared_from stays
+            # set: the VM's RAM is copy-on-write for its whole life.
             ram.fill = None
-            for fd in fds:
-                os.close(fd)
+            if shared >= 0:
+                os.close(shared)
             copy.unlink(missing_ok=True)
+        how = "RAM shared" if shared >= 0 else "RAM copied"
         self._debug(f"forked from checkpoint {ckpt.name} of {self.fork.parent_dir} in "
-                    f"{time.monotonic() - began:.3f} s (RAM and QEMU ready in "
+                    f"{time.monotonic() - began:.3f} s ({how} and QEMU ready in "
                     f"{loaded - began:.3f} s)")
         return vm
+
+    def _open_shared(self, ram_bytes: int) -> int:
+        """The checkpoint's RAM file for forks, never through a link, of this
+        VM's RAM size."""
+        from paracell import safefs
+
+        fd = os.open(self.fork.shared_ram, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            safefs.check_regular(fd, "the checkpoint's RAM", ram_bytes, exact=ram_bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
 
 def identify(agent_fd: int, fork: ForkSource, timeout_s: float) -> None:

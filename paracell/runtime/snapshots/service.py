@@ -37,6 +37,7 @@ from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.images import rootdisk
 from paracell.runtime.snapshots.checkpoints import (
+    FORK_RAM,
     HASHES,
     KEPT,
     LOC,
@@ -354,7 +355,7 @@ class SnapshotService:
             self.log(f"checkpoint {name}: its device state was not deleted: {err}")
         kept = self.store.dir / f"{KEPT}{ckpt.seq}"
         os.rename(self.store.dir / name, kept)
-        for file in ("meta.json", HASHES, LOC):
+        for file in ("meta.json", HASHES, LOC, FORK_RAM):
             (kept / file).unlink(missing_ok=True)
         freed = self._collect()
         return {"name": name, "seq": ckpt.seq, "page_files_freed": freed}

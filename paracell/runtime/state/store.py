@@ -58,12 +58,15 @@ class VmRecord(Record):
     them (paracell/reclaim.py), for cleanup by kind and nothing else."""
 
     FIELDS = {"qemu_pid": 0, "qemu_start": 0, "config": None, "host": None, "reclaim": [],
-              "template": ""}
+              "template": "", "shares_memory_of": ""}
     NESTED = {"config": VmConfig, "host": HostRecord}
 
     qemu_pid: int
     qemu_start: int  # /proc/<pid>/stat start time, against pid reuse
     template: str  # "restored KEY", "saved KEY" or "" (runtime/vm/templating.py)
+    # A fork that maps its checkpoint's RAM copy-on-write: "checkpoint NAME
+    # of PARENT", and it cannot be checkpointed (runtime/snapshots/forking.py).
+    shares_memory_of: str
     config: VmConfig
     host: HostRecord
     reclaim: list[dict[str, Any]]

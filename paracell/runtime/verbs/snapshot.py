@@ -5,7 +5,9 @@ reads the store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from typing import Any
 
@@ -20,7 +22,15 @@ from paracell.runtime.state.store import ContainerState
 def _running(ctx: Context, container_id: str, verb: str) -> Any:
     state = ctx.store.load(container_id)  # its status settled against the live processes
     status.transition(verb, state.status, container_id)
+    _refuse_shared_fork(state)
     return ctx.store.dir(container_id)
+
+
+def _refuse_shared_fork(state: ContainerState) -> None:
+    if state.vm is not None and state.vm.shares_memory_of:
+        raise ParacellError(f"container {state.id} is a fork that shares the memory of "
+                            f"{state.vm.shares_memory_of}: it has no RAM of its own to "
+                            "checkpoint (forks made with --private-memory can be)")
 
 
 def checkpoint(ctx: Context, container_id: str, name: str | None) -> dict[str, Any]:
@@ -62,24 +72,27 @@ def listing(ctx: Context, container_id: str, fmt: str) -> str:
 
 
 FORK_MAX = 64
+FAILURE_MAX = 1024  # bytes of a fork's failure, read back from its create
 
 
 def fork(ctx: Context, container_id: str, name: str | None, count: int,
-         prefix: str | None) -> list[str]:
+         prefix: str | None, private_memory: bool = False) -> list[str]:
     """COUNT new sandboxes that go on from a checkpoint (taken now without
-    NAME), each its own container: their ids, in order."""
+    NAME), each its own container, made at the same time: their ids, in
+    order. They share the checkpoint's memory unless `private_memory` or the
+    host cannot (forking.may_share_memory)."""
     import dataclasses
 
     from paracell.net import netns
     from paracell.runtime.snapshots import forking
     from paracell.runtime.state.ids import check_id
-    from paracell.runtime.verbs import lifecycle
     from paracell.vmm import backends
 
     if not 1 <= count <= FORK_MAX:
         raise ParacellError(f"--count must be 1..{FORK_MAX}")
     parent = ctx.store.load(container_id)
     status.transition("checkpoint", parent.status, container_id)
+    _refuse_shared_fork(parent)
     if parent.vm.config.network in (netns.JOIN, netns.NEW):
         raise ParacellError(f"container {container_id} has network interfaces: forking such a "
                             "sandbox is not supported yet (two forks would share its addresses)")
@@ -94,23 +107,90 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
         check_id(fid)
         if ctx.store.is_container_dir(fid):
             raise ParacellError(f"container {fid} exists already")
+    if len(set(ids)) != len(ids):
+        raise ParacellError("the forks' ids are not distinct")
+    share = False
+    if not private_memory:
+        why = forking.may_share_memory(parent.vm.config)
+        share = not why
+        if why:
+            ctx.log.warning(f"fork of {container_id}: each fork gets a copy of the "
+                            f"checkpoint's memory: {why}")
     if name is None:
         name = checkpoint(ctx, container_id, None)["name"]
-    sources = [forking.source(ctx.store.dir(container_id), name, fid) for fid in ids]
-    made = []
+    sources = forking.source(ctx.store.dir(container_id), name, ids, share)
     detached = dataclasses.replace(ctx, no_template=True)
     with _StdioToDevnull():
+        return _create_together(ctx, detached, parent.bundle, sources)
+
+
+def _create_together(ctx: Context, detached: Context, bundle: str,
+                     sources: list[Any]) -> list[str]:
+    """Every fork's create at once, each in a child of this process (forked,
+    not exec'd: nothing to import again), so their VMs start in parallel.
+    All of them or none: if one fails, the ones made go too, and the first
+    failure is raised."""
+    from paracell.runtime.verbs import lifecycle
+
+    children: dict[int, tuple[str, int]] = {}
+    spawn_error: BaseException | None = None
+    for src in sources:
         try:
-            for fid, src in zip(ids, sources, strict=True):
-                lifecycle.create(detached, fid, parent.bundle, None, None, fork=src)
-                made.append(fid)
-                mark_running(ctx, fid)
-        except BaseException:
-            # All of them or none: the forks made so far go too.
-            for fid in made:
-                lifecycle.delete(ctx, fid, force=True)
-            raise
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+        except BaseException as err:
+            spawn_error = err
+            break
+        if pid == 0:
+            os.close(read_end)
+            code, why = 0, ""
+            try:
+                lifecycle.create(detached, src.container_id, bundle, None, None, fork=src)
+                mark_running(ctx, src.container_id)
+            except BaseException as err:  # never a return into the caller's code
+                code, why = 1, str(err) or type(err).__name__
+            finally:
+                with contextlib.suppress(OSError):
+                    os.write(write_end, why.encode()[:FAILURE_MAX])
+                os._exit(code)
+        os.close(write_end)
+        children[pid] = (src.container_id, read_end)
+    made, failures, interrupted = _reap(children)
+    if spawn_error is not None or interrupted or len(made) != len(sources):
+        # Every id was free before: whatever exists under one now is ours,
+        # also a fork whose create child died after making it.
+        for src in sources:
+            if ctx.store.is_container_dir(src.container_id):
+                with contextlib.suppress(ParacellError):
+                    lifecycle.delete(ctx, src.container_id, force=True)
+        if spawn_error is not None:
+            raise spawn_error
+        if interrupted:
+            raise KeyboardInterrupt
+        raise ParacellError(failures[0])
     return made
+
+
+def _reap(children: dict[int, tuple[str, int]]) -> tuple[list[str], list[str], bool]:
+    """Waits for every create child, also through a Ctrl-C (each ends its own
+    create, which removes what it made): the ids made, the failures' lines,
+    and whether the caller was interrupted."""
+    made, failures = [], []
+    interrupted = False
+    for pid, (fid, read_end) in children.items():
+        while True:
+            try:
+                _, status_word = os.waitpid(pid, 0)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+        with os.fdopen(read_end, "rb") as pipe:
+            why = pipe.read(FAILURE_MAX).decode(errors="replace")
+        if os.waitstatus_to_exitcode(status_word) == 0:
+            made.append(fid)
+        else:
+            failures.append(f"fork {fid}: {why or 'its create ended without a word'}")
+    return made, failures, interrupted
 
 
 def mark_running(ctx: Context, container_id: str) -> None:

@@ -155,7 +155,9 @@ class OwnVm:
         # A fork goes on from its checkpoint: never from a template.
         templates = (backend.capabilities.templates and fork is None
                      and templating.wanted(ctx.no_template, bundle.annotations))
-        limit = checkpoints.limit_of(bundle.annotations) if snapshot.enabled else 0
+        # A fork that shares its checkpoint's RAM has no RAM file to checkpoint.
+        limit = checkpoints.limit_of(bundle.annotations) \
+            if snapshot.enabled and not (fork is not None and fork.shared_ram) else 0
         return cls(state_dir, planned, backend, host, network, memory_plan, xgates_plan,
                    support(choice.engine, facts), bundle, templates, limit, fork,
                    engine_notice=choice.notice or "")
@@ -215,6 +217,7 @@ class OwnVm:
     def spawned(self, state: ContainerState, spawned: Spawned) -> None:
         state.vm.qemu_pid, state.vm.qemu_start = spawned.ready.qemu_pid, spawned.ready.qemu_start
         state.vm.template = spawned.ready.template
+        state.vm.shares_memory_of = self.fork.shares_memory_of() if self.fork else ""
 
     def notices(self) -> list[str]:
         from paracell.net import netns

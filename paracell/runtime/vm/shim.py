@@ -253,9 +253,9 @@ class Shim:
         """paracell-vmshim's arguments (csrc/vmshimexec.c), or None where this
         VM needs Python, or a resource of the shim's own, for its life:
         - a VM that is not our QEMU child (libvirt's);
-        - RAM other than its template's, mapped copy-on-write: a RAM file of
-          its own is freed by its owner at the end, and snapshot mode's root
-          disk is held by the shim (neither is ever copy-on-write);
+        - RAM other than a template's or a checkpoint's, mapped copy-on-write:
+          a RAM file of its own is freed by its owner at the end (snapshot
+          mode's root disk lock is an fd, which paracell-vmshim inherits);
         - a Pager thread here (a cold boot's: a restored VM's runs in QEMU);
         - the checkpoint service;
         - any thread but this one: QEMU dies with the thread that forked it."""
@@ -278,6 +278,8 @@ class Shim:
                 log_fd = self._native_log_fd = os.open(
                     plan.log.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         fds = (self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd, *fwd_fds, log_fd)
+        if plan.vm.rootdisk is not None:
+            plan.vm.rootdisk.keep_across_exec()
         for fd in fds:
             if fd >= 0:
                 os.set_inheritable(fd, True)
