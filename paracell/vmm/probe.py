@@ -61,13 +61,25 @@ def classify_kvm(flags: set[str], modules: set[str], dev_kvm: bool) -> tuple[str
     return "none", "/dev/kvm exists but the CPU shows no vmx/svm"
 
 
+_versions: dict[tuple[str, int, int], str | None] = {}
+
+
 def qemu_version(path: str) -> str | None:
+    """Asked of the binary once per process and per file (a QEMU upgraded
+    meanwhile is a new inode): forks made at once inherit the answer."""
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        st = os.stat(path)
+    except OSError:
         return None
-    match = re.search(r"version (\S+)", out.stdout)
-    return match.group(1) if match else None
+    key = (path, st.st_ino, st.st_mtime_ns)
+    if key not in _versions:
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        match = re.search(r"version (\S+)", out.stdout)
+        _versions[key] = match.group(1) if match else None
+    return _versions[key]
 
 
 def probe_host(
