@@ -276,6 +276,57 @@ def test_five_forks_run_at_once_each_their_own(runtime, make_bundle, memfill_roo
     runtime.assert_no_leaks()
 
 
+def test_ten_forks_of_a_parent_that_keeps_writing_each_see_the_checkpoint(
+        runtime, make_bundle, memfill_rootfs: Path):
+    """The parent rewrites its memory and /data all the while the ten are
+    made: each fork's memory (checked word by word against the pattern) and
+    file are the checkpoint's. Then a fork's shim is killed, a fork of a
+    fork of a fork is made, and nothing is left."""
+    started(runtime, make_bundle, memfill_rootfs, "ck-busy")
+    checkpoint(runtime, "ck-busy", "seed")
+    stop = threading.Event()
+
+    def keep_writing() -> None:
+        for _ in range(300):  # bounded: 300 rewrites at most
+            if stop.wait(0.1):
+                return
+            runtime("kill", "ck-busy", "USR1")
+    writer = threading.Thread(target=keep_writing)
+    writer.start()
+    try:
+        result = runtime("sandbox", "fork", "--count", "10", "--id-prefix", "ck-b", "ck-busy",
+                         "seed")
+    finally:
+        stop.set()
+        writer.join()
+    assert result.returncode == 0, result.stderr
+    forks = result.stdout.decode().split()
+    assert len(forks) == 10
+    for fid in forks:
+        got = report(runtime, fid)
+        assert (got["seed"], got["mem"], got["data"]) == ("1", "ok", "1"), (fid, got)
+    assert int(report(runtime, "ck-busy")["seed"]) > 1  # the parent did move on meanwhile
+    # A fork's shim killed: that fork stops and goes; its siblings run on.
+    shim = _state(runtime, "ck-b1")["shim_pid"]
+    os.kill(shim, signal.SIGKILL)
+    wait_status(runtime, "ck-b1", "stopped")
+    runtime("delete", "ck-b1", check=True)
+    assert report(runtime, "ck-b2")["mem"] == "ok"
+    # A fork of a fork of a fork: each level with memory of its own can be
+    # forked again; the last one shares its parent's checkpoint.
+    parent = "ck-busy"
+    for level in range(1, 4):
+        private = ["--private-memory"] if level < 3 else []
+        result = runtime("sandbox", "fork", *private, "--id-prefix", f"ck-l{level}-", parent)
+        assert result.returncode == 0, (level, result.stderr)
+        parent = f"ck-l{level}-1"
+        assert report(runtime, parent)["mem"] == "ok"
+    assert _state(runtime, "ck-l3-1")["vm"]["shares_memory_of"].startswith("checkpoint ")
+    for cid in [*forks[1:], "ck-l1-1", "ck-l2-1", "ck-l3-1", "ck-busy"]:
+        runtime("delete", "--force", cid, check=True)
+    runtime.assert_no_leaks()
+
+
 def test_a_fork_from_now_and_bad_fork_requests(runtime, make_bundle, memfill_rootfs: Path):
     started(runtime, make_bundle, memfill_rootfs, "ck-now")
     result = runtime("sandbox", "fork", "ck-now")
