@@ -18,7 +18,7 @@ PROTO = HERE.parent / "proto"
 CDEF_HEADERS = (PROTO / "agent_proto.h", PROTO / "vm_proto.h", PROTO / "launch_spec.h",
                 PROTO / "pager_proto.h",
                 HERE / "portfwd.h", HERE / "relay.h", HERE / "pager.h", HERE / "hostclock.h",
-                HERE / "checkpoint.h", HERE / "ramcopy.h")
+                HERE / "checkpoint.h", HERE / "ramcopy.h", HERE / "dirtylog.h")
 
 _DEFINE = re.compile(r"#\s*define\s+(\w+)(?:\s+(.*?))?\s*(?:/\*.*)?$")
 
@@ -49,7 +49,7 @@ ffibuilder.set_source(
     "paracell._native",
     "\n".join(f'#include "{h.name}"' for h in CDEF_HEADERS),
     sources=[str(HERE / n) for n in ("relay.c", "sink.c", "streams.c", "portfwd.c", "pager.c",
-                                     "hostclock.c", "checkpoint.c", "ramcopy.c")],
+                                     "hostclock.c", "checkpoint.c", "ramcopy.c", "dirtylog.c")],
     include_dirs=[str(PROTO), str(HERE)],
     extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror"],
 )

@@ -107,10 +107,23 @@ static int write_all(int fd, const unsigned char *p, size_t n)
     return 0;
 }
 
+/* Whether page i may differ from what known[] (the hashes of the RAM the VM
+ * went on from) says, so that it must be hashed: every page without a log
+ * of changes, else a page QEMU wrote or the Pager unbound since (changed[]).
+ * Nothing else writes the file while the VM runs: the Pager's binds fill
+ * holes with zeros, which hash as holes.  A hole where known[] has data
+ * costs nothing to look at (no read), so it is looked at all the same. */
+static int must_look(const struct ram *r, uint64_t i, const uint64_t *known,
+                     const uint8_t *changed)
+{
+    if (!known || !changed || changed[i]) return 1;
+    return !r->data[i] && known[i] != 0;
+}
+
 int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *prev,
-                    const struct pc_ckpt_loc *parent_loc, uint32_t seq, uint64_t *hashes,
-                    struct pc_ckpt_loc *loc, int out_fd, struct pc_ckpt_figures *fig,
-                    char *err, int errlen)
+                    const struct pc_ckpt_loc *parent_loc, const uint8_t *changed, uint32_t seq,
+                    uint64_t *hashes, struct pc_ckpt_loc *loc, int out_fd,
+                    struct pc_ckpt_figures *fig, char *err, int errlen)
 {
     struct ram r;
     memset(fig, 0, sizeof *fig);
@@ -126,8 +139,14 @@ int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t
     int rc = 0;
     for (uint64_t i = 0; i < r.pages && !rc; i++) {
         const unsigned char *page = r.map + i * PC_CKPT_PAGE;
-        hashes[i] = r.data[i] ? page_hash(page, seed) : 0;
         fig->present += r.data[i];
+        if (!must_look(&r, i, prev, changed)) {
+            hashes[i] = prev[i];
+            loc[i] = parent_loc[i];
+            continue;
+        }
+        fig->looked++;
+        hashes[i] = r.data[i] ? page_hash(page, seed) : 0;
         if (hashes[i] && (!prev || prev[i] != hashes[i])) {
             memcpy(batch + queued * PC_CKPT_PAGE, page, PC_CKPT_PAGE);
             loc[i].seq = seq;
@@ -214,7 +233,8 @@ static int put_back(int fd, uint64_t pages, uint64_t seed, const uint64_t *have,
 
 int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
                    const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
-                   int nfiles, struct pc_ckpt_figures *fig, char *err, int errlen)
+                   int nfiles, const uint64_t *base, const uint8_t *changed,
+                   struct pc_ckpt_figures *fig, char *err, int errlen)
 {
     struct ram r;
     memset(fig, 0, sizeof *fig);
@@ -226,8 +246,15 @@ int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t 
         return fail(err, errlen, "%s: %s", "revert buffer", ENOMEM);
     }
     for (uint64_t i = 0; i < r.pages; i++) {
-        have[i] = r.data[i] ? page_hash(r.map + i * PC_CKPT_PAGE, seed) : 0;
         fig->present += r.data[i];
+        /* A page that is as base[] says, where base[] and want[] agree, is
+         * already what the checkpoint holds. */
+        if (base && base[i] == want[i] && !must_look(&r, i, base, changed)) {
+            have[i] = want[i];
+            continue;
+        }
+        fig->looked++;
+        have[i] = r.data[i] ? page_hash(r.map + i * PC_CKPT_PAGE, seed) : 0;
     }
     ram_close(&r);
     int rc = put_back(ram_fd, ram_size / PC_CKPT_PAGE, seed, have, want, loc, seqs, page_fds,

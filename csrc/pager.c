@@ -106,6 +106,8 @@ int pc_pager_open(struct pc_pager *p, int ram_fd, uint64_t ram_size, uint64_t ra
         if (p->ram_map == MAP_FAILED) { p->ram_map = NULL; goto io_error; }
         /* The rings: guest RAM the host reserved (memmap=), below the split. */
         p->shm = (struct pc_pager_shm *)(p->ram_map + PC_PAGER_RING_GPA);
+        p->unbound = calloc(ram_size / PC_PAGER_PAGE_SIZE, 1);
+        if (!p->unbound) goto io_error;
     }
     p->doorbell_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     p->irq_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -382,6 +384,9 @@ static int drain_unbind(struct pc_pager *p, uint64_t now_ns)
     for (int64_t i = 0; i < avail; i++) {
         if (discard(p, offs[i], batch[i].len) < 0)
             return fail(p, PC_PAGER_IO_ERROR, "unbinding guest memory: %s", strerror(errno));
+        if (p->unbound)
+            memset(p->unbound + offs[i] / PC_PAGER_PAGE_SIZE, 1,
+                   batch[i].len / PC_PAGER_PAGE_SIZE);
         p->stats->unbind_ranges++;
         p->stats->unbind_pages += batch[i].len / PC_PAGER_PAGE_SIZE;
     }
@@ -518,6 +523,8 @@ void pc_pager_close(struct pc_pager *p)
     p->ram_map = NULL;
     p->shm = NULL;
     p->stats = NULL;
+    free(p->unbound);
+    p->unbound = NULL;
     close_fd(&p->ram_fd);
     close_fd(&p->token_fd);
     close_fd(&p->stop_fd);
@@ -531,4 +538,13 @@ void pc_pager_close(struct pc_pager *p)
         free(p->gate);
         p->gate = NULL;
     }
+}
+
+void pc_pager_take_unbound(struct pc_pager *p, uint8_t *changed)
+{
+    if (!p->unbound) return;
+    uint64_t pages = p->ram_size / PC_PAGER_PAGE_SIZE;
+    for (uint64_t i = 0; i < pages; i++)
+        changed[i] |= p->unbound[i];
+    memset(p->unbound, 0, pages);
 }

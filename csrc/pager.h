@@ -52,6 +52,7 @@ struct pc_pager {
     int running;
     void *gate;           /* a mutex the thread holds for each wakeup: pc_pager_pause */
     int in_vmm;           /* serving from inside QEMU (pc_pager_adopt), not from the shim */
+    uint8_t *unbound;     /* a byte per page: unbound since pc_pager_take_unbound (shim only) */
     char error[240];
 };
 
@@ -101,6 +102,11 @@ void pc_pager_pause(struct pc_pager *p);
  * consumer indices from the rings again, as after a restore: a rollback put
  * back the rings of its checkpoint. */
 void pc_pager_resume(struct pc_pager *p, int reattach);
+/* ORs into changed[] (a byte per page of guest RAM) every page unbound since
+ * the last call, and forgets them.  A checkpoint that knows which pages QEMU
+ * wrote (csrc/dirtylog.h) must look at these too: a punched page that BIND
+ * refills reads zeros that QEMU never wrote.  Called with the thread paused. */
+void pc_pager_take_unbound(struct pc_pager *p, uint8_t *changed);
 /* Stops the thread and releases every fd and mapping it owns (after
  * pc_pager_adopt, guest RAM and the eventfds are lent, and stay). Idempotent. */
 void pc_pager_close(struct pc_pager *p);

@@ -24,7 +24,16 @@
  *   -plugin file=PLUGIN,ram=FD,size=BYTES[,split=BYTES,doorbell=FD,irq=FD,
  *           abort=FD,stats=FD]
  * ram is the template file QEMU maps (mem-path=/proc/self/fd/FD), which is
- * how its mapping is found in /proc/self/maps. */
+ * how its mapping is found in /proc/self/maps.
+ *
+ * A snapshot-mode VM's QEMU loads it too, with track=1, for its own shared
+ * mapping of its RAM file (ram=FD is an fd on that file, for its identity
+ * only): the plugin registers that mapping for asynchronous userfaultfd
+ * write-protection and protects all of it.  A write then costs one minor
+ * fault per page the first time after each checkpoint, and the shim reads
+ * which pages were written from QEMU's pagemap (csrc/dirtylog.c), so a
+ * checkpoint hashes only those.  Only QEMU's own mm can be registered: a
+ * userfaultfd tracks the process that made it. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -33,8 +42,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#include "dirtylog.h"
 
 #include "pager_proto.h"
 #include "pager.h"
@@ -51,8 +64,8 @@ PLUGIN_EXPORT int qemu_plugin_version = 1;
 
 static struct {
     int ram, doorbell, irq, abort_fd, stats;
-    uint64_t size, split;
-} args = {-1, -1, -1, -1, -1, 0, 0};
+    uint64_t size, split, track;
+} args = {-1, -1, -1, -1, -1, 0, 0, 0};
 static struct pc_pager pager;
 static int started;
 
@@ -88,6 +101,7 @@ static int parse_arg(const char *arg)
     if (IS("stats")) return parse_fd(value, &args.stats);
     if (IS("size")) return parse_u64(value, &args.size);
     if (IS("split")) return parse_u64(value, &args.split);
+    if (IS("track")) return parse_u64(value, &args.track) < 0 || args.track > 1 ? -1 : 0;
 #undef IS
     return -1;
 }
@@ -123,6 +137,26 @@ static void die(const char *why)
     exit(1);
 }
 
+/* The userfaultfd stays open for QEMU's life: closing it would end the
+ * registration.  A host without asynchronous write-protection on shmem
+ * (before Linux 6.7) leaves the mapping as it is, and says so once: the
+ * shim's scan then fails and its checkpoints hash every page. */
+static void track_writes(uint8_t *ram, uint64_t size)
+{
+    int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | PC_UFFD_USER_MODE_ONLY);
+    struct pc_uffdio_api api = {.api = PC_UFFD_API, .features = PC_UFFD_WP_FEATURES};
+    struct pc_uffdio_register reg = {.range = {(uintptr_t)ram, size},
+                                     .mode = PC_UFFDIO_REGISTER_MODE_WP};
+    struct pc_uffdio_writeprotect wp = {.range = {(uintptr_t)ram, size},
+                                        .mode = PC_UFFDIO_WRITEPROTECT_MODE_WP};
+    if (uffd < 0 || ioctl(uffd, PC_UFFDIO_API, &api) < 0 ||
+        ioctl(uffd, PC_UFFDIO_REGISTER, &reg) < 0 || ioctl(uffd, PC_UFFDIO_WRITEPROTECT, &wp) < 0) {
+        fprintf(stderr, "paracell ram plugin: write tracking unavailable (%s): checkpoints "
+                        "hash every page\n", strerror(errno));
+        if (uffd >= 0) close(uffd);
+    }
+}
+
 /* The machine, and so guest RAM, exists once a vCPU does; the guest runs
  * only after every vCPU has been set up, so no doorbell is missed. */
 static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
@@ -131,7 +165,16 @@ static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
     (void)vcpu_index;
     if (__atomic_exchange_n(&started, 1, __ATOMIC_ACQ_REL)) return;
     struct stat file;
-    if (fstat(args.ram, &file) < 0) die("the template's RAM fd is not open");
+    if (fstat(args.ram, &file) < 0) die("the RAM file's fd is not open");
+    if (args.track) {
+        /* QEMU's shared mapping of the VM's own RAM file. */
+        uint8_t *shared = (uint8_t *)(uintptr_t)pc_find_file_mapping(
+            "/proc/self/maps", file.st_dev, file.st_ino, args.size, 's');
+        if (!shared) die("QEMU's shared mapping of guest RAM not found");
+        close(args.ram);
+        track_writes(shared, args.size);
+        return;
+    }
     /* QEMU's private, writable mapping of the whole template file. */
     uint8_t *ram = (uint8_t *)(uintptr_t)pc_find_file_mapping("/proc/self/maps", file.st_dev,
                                                               file.st_ino, args.size, 'p');
@@ -156,9 +199,9 @@ PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id, const qemu_info_t *in
     int pager_fds = (args.doorbell >= 0) + (args.irq >= 0) + (args.abort_fd >= 0) +
                     (args.stats >= 0);
     if (args.ram < 0 || args.size == 0 || args.size % PC_PAGER_PAGE_SIZE ||
-        (pager_fds != 0 && pager_fds != 4)) {
+        (pager_fds != 0 && pager_fds != 4) || (args.track && pager_fds)) {
         fprintf(stderr, "paracell ram plugin: it needs ram and size, and the Pager's doorbell, "
-                        "irq, abort and stats all or none\n");
+                        "irq, abort and stats all or none (none with track)\n");
         return -1;
     }
     if (pager_fds && (args.split == 0 || args.split > args.size ||

@@ -103,6 +103,10 @@ class PagerServer:
     def resume(self, reattach: bool) -> None:
         self._lib.pc_pager_resume(self._p, 1 if reattach else 0)
 
+    def take_unbound(self, changed: object) -> None:
+        """Marks the pages unbound since the last call (csrc/pager.h); paused."""
+        self._lib.pc_pager_take_unbound(self._p, changed)
+
     def set_vmm(self, pid: int) -> None:
         """QEMU runs as `pid`: bound memory is mapped into its page tables too."""
         self._lib.pc_pager_set_vmm(self._p, pid)

@@ -44,10 +44,18 @@ class GuestRam(Device):
         # and what the Pager adds to QEMU's RAM plugin (PagerChannel.prepare).
         self.shared_from = -1
         self.plugin_options: list[str] = []
+        # Snapshot mode: QEMU's RAM plugin logs which pages it writes
+        # (csrc/ramplugin.c, track=1), and checkpoints read only those.
+        self.track_writes = False
+        self._track_fd = -1
 
     @property
     def copy_on_write(self) -> bool:
         return self.shared_from >= 0
+
+    @property
+    def tracked(self) -> bool:
+        return self.track_writes and not self.copy_on_write
 
     def facts(self) -> dict[str, Any]:
         return {"path": str(self.path)}
@@ -59,23 +67,38 @@ class GuestRam(Device):
         if self.copy_on_write:
             return
         memory.create_at(self.path, self.size_mib)
-        if self.fill is None:
-            return
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                self.fill(fd)
-            finally:
-                os.close(fd)
+            if self.fill is not None:
+                fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    self.fill(fd)
+                finally:
+                    os.close(fd)
+            if self.tracked:
+                # How the plugin knows the file: by this fd's identity.
+                self._track_fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except BaseException:
             memory.remove(self.path)
             raise
 
     def host_paths(self) -> dict[str, bool]:
-        return {str(memory.PLUGIN): False} if self.copy_on_write else {str(self.path): True}
+        if self.copy_on_write:
+            return {str(memory.PLUGIN): False}
+        return {str(self.path): True, **({str(memory.PLUGIN): False} if self.tracked else {})}
 
     def pass_fds(self) -> tuple[int, ...]:
-        return (self.shared_from,) if self.copy_on_write else ()
+        if self.copy_on_write:
+            return (self.shared_from,)
+        return (self._track_fd,) if self._track_fd >= 0 else ()
+
+    def launched(self) -> None:
+        if self._track_fd >= 0:
+            os.close(self._track_fd)
+            self._track_fd = -1
+
+    def release(self) -> None:
+        self.launched()
+        super().release()
 
     def qemu_args(self) -> list[str]:
         size = f"{self.size_mib}M"
@@ -86,8 +109,12 @@ class GuestRam(Device):
             return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
                     f"mem-path=/proc/self/fd/{self.shared_from},share=off,prealloc=off",
                     "-plugin", plugin]
-        return ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
-                f"mem-path={self.path},share=on,prealloc=off,align=2M"]
+        shared = ["-object", f"memory-backend-file,id={self.BACKEND_ID},size={size},"
+                  f"mem-path={self.path},share=on,prealloc=off,align=2M"]
+        if self._track_fd >= 0:
+            shared += ["-plugin", memory.plugin_option(f"ram={self._track_fd}",
+                                                       f"size={self.size_mib << 20}", "track=1")]
+        return shared
 
     @classmethod
     def reclaim(cls, facts: dict[str, Any]) -> None:

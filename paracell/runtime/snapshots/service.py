@@ -48,6 +48,7 @@ from paracell.runtime.snapshots.checkpoints import (
     check_name,
     digest,
 )
+from paracell.runtime.snapshots.writelog import EVERY_PAGE, WRITTEN_PAGES, WriteLog
 from paracell.vmm.hypervisor import Hypervisor
 
 SOCKET = "snap.sock"
@@ -113,13 +114,17 @@ class SnapshotService:
 
     def __init__(self, state_dir: Path, hypervisor: Hypervisor, control: Path, ram_path: Path,
                  ram_bytes: int, key: str, limit: int, pager: Any, rootdisk: Path,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], writes: WriteLog | None = None) -> None:
+        """writes: QEMU's log of writes to guest RAM, where its RAM plugin keeps one."""
         self.state_dir, self.hypervisor, self.control = state_dir, hypervisor, control
         self.ram_path, self.ram_bytes, self.key, self.limit = ram_path, ram_bytes, key, limit
         self.pager, self.log, self.rootdisk = pager, log, rootdisk
+        self.writes = writes
         self.store = CheckpointStore(state_dir)
         self.snapshots = hypervisor.snapshots(self.store.vmstate)
         self.base = Base()
+        # Whether the log has seen every write since the RAM was self.base.
+        self.logged_since_base = False
         self.listener: socket.socket | None = None
         self.lock = threading.Lock()
 
@@ -186,6 +191,23 @@ class SnapshotService:
         if self.listener is not None:
             self.listener.close()
             unixsock.unlink(self.state_dir / SOCKET)
+        if self.writes is not None:
+            self.writes.close()
+
+    def _changes(self) -> tuple[Any, str]:
+        """With the VM stopped and the Pager paused: the pages that may
+        differ from self.base (a byte each), or NULL where every page must
+        be read; and the method, as the answer says it. The log is taken
+        either way, so that it counts from now on."""
+        from paracell._native import ffi
+
+        changed = ffi.new("uint8_t[]", self.ram_bytes // 4096)
+        logged = self.writes is not None and self.writes.take(changed)
+        if self.pager is not None:
+            self.pager.take_unbound(changed)
+        whole = logged and self.logged_since_base and bool(self.base.seq)
+        self.logged_since_base = logged
+        return (changed, WRITTEN_PAGES) if whole else (ffi.NULL, EVERY_PAGE)
 
     # ---- the operations ----
 
@@ -207,7 +229,7 @@ class SnapshotService:
         err = ffi.new("char[]", 256)
         seed = self.store.seed()
         staging = self.store.staging()
-        timing: dict[str, float] = {}
+        timing: dict[str, Any] = {}
 
         def capture() -> None:
             began = time.monotonic()
@@ -217,10 +239,11 @@ class SnapshotService:
             if self.pager is not None:
                 self.pager.pause()
             try:
+                changed, timing["method"] = self._changes()
                 prev = self.base.hashes if self.base.seq else ffi.NULL
                 parent = self.base.loc if self.base.seq else ffi.NULL
-                if lib.pc_ckpt_capture(ram, self.ram_bytes, seed, prev, parent, seq, hashes, loc,
-                                       out, fig, err, 256) != 0:
+                if lib.pc_ckpt_capture(ram, self.ram_bytes, seed, prev, parent, changed, seq,
+                                       hashes, loc, out, fig, err, 256) != 0:
                     raise ParacellError(ffi.string(err).decode(errors="replace"))
             finally:
                 if self.pager is not None:
@@ -240,6 +263,7 @@ class SnapshotService:
             self.snapshots.save(f"pc-{seq}", capture)
             resumed = time.monotonic()
         except BaseException:
+            self.logged_since_base = False  # the log was taken, and the base stays
             self._recover()
             quiet.resume(False)
             self.store.discard(staging)
@@ -262,7 +286,8 @@ class SnapshotService:
         return {"name": name, "seq": seq, "paused_s": round(resumed - stopped, 6),
                 "quiesce_s": round(stopped - began, 6), "ram_s": round(timing["ram_s"], 6),
                 "total_s": round(answered - began, 6), "pages_saved": int(fig.changed),
-                "pages_present": int(fig.present), "bytes": int(fig.bytes)}
+                "pages_present": int(fig.present), "pages_read": int(fig.looked),
+                "method": timing["method"], "bytes": int(fig.bytes)}
 
     def _recover(self) -> None:
         """After a failed save: the VM goes on as it was."""
@@ -282,16 +307,18 @@ class SnapshotService:
         fig = ffi.new("struct pc_ckpt_figures *")
         err = ffi.new("char[]", 256)
         seqs, fds = self.store.page_files()
-        state = {"reverted": False}
+        state: dict[str, Any] = {"reverted": False}
 
         def revert() -> None:
             ram = os.open(self.ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             if self.pager is not None:
                 self.pager.pause()
             try:
+                changed, state["method"] = self._changes()
+                base = self.base.hashes if changed != ffi.NULL else ffi.NULL
                 rc = lib.pc_ckpt_revert(ram, self.ram_bytes, seed, hashes, loc,
                                         ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
-                                        len(fds), fig, err, 256)
+                                        len(fds), base, changed, fig, err, 256)
                 # The C code checks every page before it writes one: a failure
                 # with nothing changed leaves the VM as it was.
                 state["reverted"] = fig.changed > 0 or rc == 0
@@ -314,6 +341,7 @@ class SnapshotService:
             self.snapshots.load(ckpt.vmstate_tag, revert)
             resumed = time.monotonic()
         except BaseException as failure:
+            self.logged_since_base = False  # the log was taken, and the base stays
             if state["reverted"]:
                 # Half a rollback is no state to run on: the container stops.
                 self.log(f"rollback to {name} failed after guest RAM was rewritten: {failure}; "
@@ -331,7 +359,8 @@ class SnapshotService:
         self.base = Base(ckpt.seq, hashes, loc)
         return {"name": name, "seq": ckpt.seq, "paused_s": round(resumed - stopped, 6),
                 "total_s": round(time.monotonic() - began, 6),
-                "pages_rewritten": int(fig.changed)}
+                "pages_rewritten": int(fig.changed), "pages_read": int(fig.looked),
+                "method": state["method"]}
 
     def _quit(self) -> None:
         try:

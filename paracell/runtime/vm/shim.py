@@ -213,15 +213,21 @@ class Shim:
 
     def _serve_snapshots(self, vmm: Hypervisor) -> None:
         from paracell.runtime.snapshots.service import SnapshotService
+        from paracell.runtime.snapshots.writelog import WriteLog
         from paracell.vmm import templatestore
+        from paracell.vmm.builder import QemuChild
 
         vm = self.plan.vm
         assert vm.rootdisk is not None and vm.rootdisk.image is not None
+        writes = None
+        if vm.ram.tracked and isinstance(self.vm, QemuChild):
+            writes = WriteLog(self.vm.pid, vm.ram.path, vm.ram.size_mib << 20,
+                              self.plan.log.warning)
         self.snapshots = SnapshotService(
             self.plan.state_dir, vmm, self.plan.state_dir / CONTROL_SOCKET, vm.ram.path,
             vm.ram.size_mib << 20, templatestore.key_of(vm.builder.shape()),
             self.plan.checkpoint_limit, vm.pager.server if vm.pager else None,
-            vm.rootdisk.image, self.plan.log.warning)
+            vm.rootdisk.image, self.plan.log.warning, writes)
         self.snapshots.start()
         self._debug("checkpoints served on snap.sock")
 

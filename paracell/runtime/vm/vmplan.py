@@ -52,6 +52,7 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
     """The VM, and the typed configuration the state records: decided here,
     where each device is chosen."""
     from paracell.vmm import backends, hostclock
+    from paracell.vmm import memory as guest_memory
 
     backend = backend or backends.select(backends.DEFAULT)
     rendezvous = functools.partial(backend.rendezvous, memory_file)
@@ -76,6 +77,11 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
     if snapshot is not None and snapshot.enabled:
         # The image is built once the rootfs holds its mount points (provision).
         planned.rootdisk = vm.attach(devices.RootDisk(None, writable=not bundle.rootfs_readonly))
+        # Checkpoints read only the pages QEMU wrote, where its RAM plugin can
+        # log them: TCG's plugin, and no balloon (QEMU's own discards of guest
+        # RAM would go unlogged; the Pager's are counted, csrc/pager.h).
+        ram.track_writes = (engine == "tcg" and memory.manager != "balloon"
+                            and guest_memory.plugin_loads(qemu))
         if snapshot.host_files:
             vm.attach(devices.HostFiles(list(snapshot.host_files)))
     else:

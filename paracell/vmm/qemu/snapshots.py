@@ -48,6 +48,7 @@ class QemuSnapshots(Snapshots):
         self._fd = os.open(self.store, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         return [Command("add-fd", {"fdset-id": STORE_FDSET}, fd=self._fd),
                 Command("blockdev-add", {"driver": "qcow2", "node-name": STORE_NODE,
+                                         "cache": {"no-flush": True},
                                          "file": {"driver": "file",
                                                   "filename": f"/dev/fdset/{STORE_FDSET}"}})]
 
