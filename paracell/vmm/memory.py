@@ -33,19 +33,31 @@ def plugin_option(*options: str) -> str:
     return ",".join([f"file={str(PLUGIN).replace(',', ',,')}", *options])
 
 
+_plugin_answers: dict[tuple[int, ...], bool] = {}
+
+
 def plugin_loads(qemu: str) -> bool:
     """Whether this QEMU loads the RAM plugin (Debian's is built with plugins;
     a build without --enable-plugins is not): asked to load it with no
-    arguments, the plugin refuses in its own words, and QEMU exits at once."""
+    arguments, the plugin refuses in its own words, and QEMU exits at once.
+    Asked once per process and per pair of files (forks made at once
+    inherit the answer)."""
     import subprocess
 
     try:
-        out = subprocess.run([qemu, "-display", "none", "-nodefaults", "-M", "none",
-                              "-plugin", plugin_option()], stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        key = tuple(n for path in (qemu, PLUGIN) for st in (os.stat(path),)
+                    for n in (st.st_dev, st.st_ino, st.st_mtime_ns))
+    except OSError:
         return False
-    return "paracell ram plugin:" in out.stderr
+    if key not in _plugin_answers:
+        try:
+            out = subprocess.run([qemu, "-display", "none", "-nodefaults", "-M", "none",
+                                  "-plugin", plugin_option()], stdin=subprocess.DEVNULL,
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        _plugin_answers[key] = "paracell ram plugin:" in out.stderr
+    return _plugin_answers[key]
 
 
 def key_for(root: str, container_id: str) -> str:

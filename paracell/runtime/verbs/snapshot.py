@@ -189,11 +189,13 @@ def _load_ahead() -> None:
     for itself: the children are forked from this process and inherit it."""
     import importlib
 
-    from paracell.vmm import probe
+    from paracell.vmm import memory, probe
 
     for name in _CREATE_PATH_MODULES:
         importlib.import_module(name)
-    probe.probe_host()  # remembers QEMU's version for them
+    qemu = probe.probe_host().qemu_path  # remembers QEMU's version for them
+    if qemu is not None:
+        memory.plugin_loads(qemu)  # and whether it loads the RAM plugin
 
 
 def _reap(children: dict[int, tuple[str, int]]) -> tuple[list[str], list[str], bool]:
