@@ -179,56 +179,116 @@ static int file_of(uint32_t seq, const uint32_t *seqs, int nfiles)
     return -1;
 }
 
-/* Reads the kept page of index i into buf and checks it against want. */
-static int read_kept(uint64_t i, const uint64_t *want, const struct pc_ckpt_loc *loc,
-                     const uint32_t *seqs, const int *page_fds, int nfiles, uint64_t seed,
-                     unsigned char *buf, char *err, int errlen)
+/* The checkpoints' page files, mapped read-only once for a whole rollback:
+ * every kept page is checked, then written, straight from its file's
+ * mapping, with no read of its own. */
+struct kept {
+    const unsigned char **map;
+    uint64_t *pages;  /* pages each file holds */
+    int n;
+};
+
+static void kept_close(struct kept *k)
 {
-    int k = file_of(loc[i].seq, seqs, nfiles);
-    if (k < 0 || loc[i].slot == PC_CKPT_NO_SLOT) {
-        snprintf(err, (size_t)errlen, "checkpoint page %llu has no kept content",
-                 (unsigned long long)i);
-        return -1;
+    for (int f = 0; k->map && f < k->n; f++)
+        if (k->map[f]) munmap((void *)k->map[f], k->pages[f] * PC_CKPT_PAGE);
+    free(k->map);
+    free(k->pages);
+}
+
+static int kept_open(struct kept *k, const int *page_fds, int nfiles, char *err, int errlen)
+{
+    memset(k, 0, sizeof *k);
+    k->n = nfiles;
+    k->map = calloc((size_t)(nfiles ? nfiles : 1), sizeof *k->map);
+    k->pages = calloc((size_t)(nfiles ? nfiles : 1), sizeof *k->pages);
+    if (!k->map || !k->pages) {
+        kept_close(k);
+        return fail(err, errlen, "%s: %s", "page files", ENOMEM);
     }
-    ssize_t n = pread(page_fds[k], buf, PC_CKPT_PAGE, (off_t)loc[i].slot * PC_CKPT_PAGE);
-    if (n != PC_CKPT_PAGE || page_hash(buf, seed) != want[i]) {
-        snprintf(err, (size_t)errlen, "checkpoint page %llu is %s", (unsigned long long)i,
-                 n != PC_CKPT_PAGE ? "missing (a truncated page file)" : "corrupt (its hash differs)");
-        return -1;
+    for (int f = 0; f < nfiles; f++) {
+        struct stat st;
+        if (fstat(page_fds[f], &st) < 0) {
+            int e = errno;
+            kept_close(k);
+            return fail(err, errlen, "%s: %s", "a page file", e);
+        }
+        k->pages[f] = (uint64_t)st.st_size / PC_CKPT_PAGE;
+        if (!k->pages[f]) continue;  /* nothing kept: never mapped, never read */
+        void *m = mmap(NULL, k->pages[f] * PC_CKPT_PAGE, PROT_READ, MAP_SHARED, page_fds[f], 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            k->pages[f] = 0;
+            kept_close(k);
+            return fail(err, errlen, "%s: %s", "mapping a page file", e);
+        }
+        k->map[f] = m;
     }
     return 0;
 }
 
+/* The kept page of index i, checked against want[i]; NULL with err. */
+static const unsigned char *kept_page(const struct kept *k, uint64_t i, const uint64_t *want,
+                                      const struct pc_ckpt_loc *loc, const uint32_t *seqs,
+                                      uint64_t seed, char *err, int errlen)
+{
+    int f = file_of(loc[i].seq, seqs, k->n);
+    if (f < 0 || loc[i].slot == PC_CKPT_NO_SLOT) {
+        snprintf(err, (size_t)errlen, "checkpoint page %llu has no kept content",
+                 (unsigned long long)i);
+        return NULL;
+    }
+    if (loc[i].slot >= k->pages[f]) {
+        snprintf(err, (size_t)errlen, "checkpoint page %llu is missing (a truncated page file)",
+                 (unsigned long long)i);
+        return NULL;
+    }
+    const unsigned char *page = k->map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE;
+    if (page_hash(page, seed) != want[i]) {
+        snprintf(err, (size_t)errlen, "checkpoint page %llu is corrupt (its hash differs)",
+                 (unsigned long long)i);
+        return NULL;
+    }
+    return page;
+}
+
 /* Every page where have[] (NULL: an empty file) differs from want[]: checked
- * first, all of them, then written or punched. */
+ * first, all of them, then written or punched.  The page files are ours
+ * and no one writes them meanwhile; the second pass checks each page again
+ * all the same, from memory now (a hash costs less than the read it used
+ * to repeat). */
 static int put_back(int fd, uint64_t pages, uint64_t seed, const uint64_t *have,
                     const uint64_t *want, const struct pc_ckpt_loc *loc, const uint32_t *seqs,
                     const int *page_fds, int nfiles, struct pc_ckpt_figures *fig, char *err,
                     int errlen)
 {
-    unsigned char buf[PC_CKPT_PAGE];
-    for (int pass = 0; pass < 2; pass++) {
-        for (uint64_t i = 0; i < pages; i++) {
+    struct kept k;
+    if (kept_open(&k, page_fds, nfiles, err, errlen) < 0) return -1;
+    int rc = 0;
+    for (int pass = 0; pass < 2 && !rc; pass++) {
+        for (uint64_t i = 0; i < pages && !rc; i++) {
             uint64_t now = have ? have[i] : 0;
             if (now == want[i]) continue;
             if (!want[i]) {
                 if (pass && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
                                       (off_t)(i * PC_CKPT_PAGE), PC_CKPT_PAGE) < 0)
-                    return fail(err, errlen, "%s: %s", "punching guest RAM", errno);
+                    rc = fail(err, errlen, "%s: %s", "punching guest RAM", errno);
             } else {
-                if (read_kept(i, want, loc, seqs, page_fds, nfiles, seed, buf, err, errlen) < 0)
-                    return -1;
-                if (pass && pwrite(fd, buf, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) !=
-                                PC_CKPT_PAGE)
-                    return fail(err, errlen, "%s: %s", "writing guest RAM", errno);
+                const unsigned char *page = kept_page(&k, i, want, loc, seqs, seed, err, errlen);
+                if (!page)
+                    rc = -1;
+                else if (pass && pwrite(fd, page, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) !=
+                                     PC_CKPT_PAGE)
+                    rc = fail(err, errlen, "%s: %s", "writing guest RAM", errno);
             }
-            if (pass) {
+            if (!rc && pass) {
                 fig->changed++;
                 fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
             }
         }
     }
-    return 0;
+    kept_close(&k);
+    return rc;
 }
 
 int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
