@@ -48,20 +48,25 @@ static uint64_t page_hash(const unsigned char *page, uint64_t seed)
     return h ? h : 1;
 }
 
-/* The RAM file mapped read-only, and which pages hold data. */
+/* The RAM file mapped, and which pages hold data.  The caller's own mapping
+ * (lent), when it keeps one for its life: the pages an operation reads or
+ * writes then keep their page-table entries for the next one, where a
+ * mapping of one call's would fault each of them in again. */
 struct ram {
-    const unsigned char *map;
+    unsigned char *map;
+    int lent;
     uint64_t size, pages;
     unsigned char *data;  /* one byte per page: 1 where the file has data */
 };
 
 static void ram_close(struct ram *r)
 {
-    if (r->map && r->map != MAP_FAILED) munmap((void *)r->map, r->size);
+    if (!r->lent && r->map && r->map != MAP_FAILED) munmap(r->map, r->size);
     free(r->data);
 }
 
-static int ram_open(struct ram *r, int fd, uint64_t size, char *err, int errlen)
+static int ram_open(struct ram *r, int fd, uint64_t size, unsigned char *lent, int writable,
+                    char *err, int errlen)
 {
     memset(r, 0, sizeof *r);
     struct stat st;
@@ -74,13 +79,14 @@ static int ram_open(struct ram *r, int fd, uint64_t size, char *err, int errlen)
     r->size = size;
     r->pages = size / PC_CKPT_PAGE;
     r->data = calloc(r->pages, 1);
-    r->map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    r->lent = lent != NULL;
+    r->map = lent ? lent : mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED,
+                                fd, 0);
     if (!r->data || r->map == MAP_FAILED) {
         int e = errno;
         ram_close(r);
         return fail(err, errlen, "%s: %s", "mapping guest RAM", e);
     }
-    madvise((void *)r->map, size, MADV_SEQUENTIAL);
     /* Holes are found without touching them: reading one would allocate it. */
     off_t at = 0;
     while ((uint64_t)at < size) {
@@ -120,14 +126,15 @@ static int must_look(const struct ram *r, uint64_t i, const uint64_t *known,
     return !r->data[i] && known[i] != 0;
 }
 
-int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *prev,
-                    const struct pc_ckpt_loc *parent_loc, const uint8_t *changed, uint32_t seq,
-                    uint64_t *hashes, struct pc_ckpt_loc *loc, int out_fd,
-                    struct pc_ckpt_figures *fig, char *err, int errlen)
+int pc_ckpt_capture(int ram_fd, uint8_t *ram_map, uint64_t ram_size, uint64_t seed,
+                    const uint64_t *prev, const struct pc_ckpt_loc *parent_loc,
+                    const uint8_t *changed, uint32_t seq, uint64_t *hashes,
+                    struct pc_ckpt_loc *loc, int out_fd, struct pc_ckpt_figures *fig, char *err,
+                    int errlen)
 {
     struct ram r;
     memset(fig, 0, sizeof *fig);
-    if (ram_open(&r, ram_fd, ram_size, err, errlen) < 0) return -1;
+    if (ram_open(&r, ram_fd, ram_size, ram_map, 0, err, errlen) < 0) return -1;
     fig->pages = r.pages;
     unsigned char *batch = malloc((size_t)BATCH_PAGES * PC_CKPT_PAGE);
     if (!batch) {
@@ -252,53 +259,60 @@ static const unsigned char *kept_page(const struct kept *k, uint64_t i, const ui
     return page;
 }
 
-/* Every page where have[] (NULL: an empty file) differs from want[]: checked
- * first, all of them, then written or punched.  The page files are ours
- * and no one writes them meanwhile; the second pass checks each page again
- * all the same, from memory now (a hash costs less than the read it used
- * to repeat). */
-static int put_back(int fd, uint64_t pages, uint64_t seed, const uint64_t *have,
-                    const uint64_t *want, const struct pc_ckpt_loc *loc, const uint32_t *seqs,
-                    const int *page_fds, int nfiles, struct pc_ckpt_figures *fig, char *err,
-                    int errlen)
+/* Every page where have[] (NULL: an empty file) differs from want[]: every
+ * kept page checked against its hash first, all of them, then written
+ * through a shared mapping of the file (a copy each, no system call), or
+ * punched.  The page files are this sandbox's own, mapped read-only, and
+ * nothing writes them meanwhile: what was checked is what is written. */
+static int put_back(int fd, unsigned char *ram, uint64_t pages, uint64_t seed,
+                    const uint64_t *have, const uint64_t *want, const struct pc_ckpt_loc *loc,
+                    const uint32_t *seqs, const int *page_fds, int nfiles,
+                    struct pc_ckpt_figures *fig, char *err, int errlen)
 {
     struct kept k;
     if (kept_open(&k, page_fds, nfiles, err, errlen) < 0) return -1;
     int rc = 0;
-    for (int pass = 0; pass < 2 && !rc; pass++) {
-        for (uint64_t i = 0; i < pages && !rc; i++) {
-            uint64_t now = have ? have[i] : 0;
-            if (now == want[i]) continue;
-            if (!want[i]) {
-                if (pass && fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                                      (off_t)(i * PC_CKPT_PAGE), PC_CKPT_PAGE) < 0)
-                    rc = fail(err, errlen, "%s: %s", "punching guest RAM", errno);
-            } else {
-                const unsigned char *page = kept_page(&k, i, want, loc, seqs, seed, err, errlen);
-                if (!page)
-                    rc = -1;
-                else if (pass && pwrite(fd, page, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) !=
-                                     PC_CKPT_PAGE)
-                    rc = fail(err, errlen, "%s: %s", "writing guest RAM", errno);
-            }
-            if (!rc && pass) {
-                fig->changed++;
-                fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
-            }
+    for (uint64_t i = 0; i < pages && !rc; i++)
+        if ((have ? have[i] : 0) != want[i] && want[i] &&
+            !kept_page(&k, i, want, loc, seqs, seed, err, errlen))
+            rc = -1;
+    int own = ram == NULL;
+    if (own && !rc) {
+        ram = mmap(NULL, pages * PC_CKPT_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (ram == MAP_FAILED) {
+            ram = NULL;
+            rc = fail(err, errlen, "%s: %s", "mapping guest RAM", errno);
         }
     }
+    for (uint64_t i = 0; i < pages && !rc; i++) {
+        if ((have ? have[i] : 0) == want[i]) continue;
+        if (!want[i]) {
+            if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)(i * PC_CKPT_PAGE), PC_CKPT_PAGE) < 0)
+                rc = fail(err, errlen, "%s: %s", "punching guest RAM", errno);
+        } else {
+            int f = file_of(loc[i].seq, seqs, k.n);
+            memcpy(ram + i * PC_CKPT_PAGE, k.map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE,
+                   PC_CKPT_PAGE);
+        }
+        if (!rc) {
+            fig->changed++;
+            fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
+        }
+    }
+    if (own && ram) munmap(ram, pages * PC_CKPT_PAGE);
     kept_close(&k);
     return rc;
 }
 
-int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
-                   const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
-                   int nfiles, const uint64_t *base, const uint8_t *changed,
-                   struct pc_ckpt_figures *fig, char *err, int errlen)
+int pc_ckpt_revert(int ram_fd, uint8_t *ram_map, uint64_t ram_size, uint64_t seed,
+                   const uint64_t *want, const struct pc_ckpt_loc *loc, const uint32_t *seqs,
+                   const int *page_fds, int nfiles, const uint64_t *base,
+                   const uint8_t *changed, struct pc_ckpt_figures *fig, char *err, int errlen)
 {
     struct ram r;
     memset(fig, 0, sizeof *fig);
-    if (ram_open(&r, ram_fd, ram_size, err, errlen) < 0) return -1;
+    if (ram_open(&r, ram_fd, ram_size, ram_map, 1, err, errlen) < 0) return -1;
     fig->pages = r.pages;
     uint64_t *have = malloc(r.pages * sizeof *have);
     if (!have) {
@@ -316,9 +330,9 @@ int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t 
         fig->looked++;
         have[i] = r.data[i] ? page_hash(r.map + i * PC_CKPT_PAGE, seed) : 0;
     }
+    int rc = put_back(ram_fd, r.map, ram_size / PC_CKPT_PAGE, seed, have, want, loc, seqs,
+                      page_fds, nfiles, fig, err, errlen);
     ram_close(&r);
-    int rc = put_back(ram_fd, ram_size / PC_CKPT_PAGE, seed, have, want, loc, seqs, page_fds,
-                      nfiles, fig, err, errlen);
     free(have);
     return rc;
 }
@@ -333,8 +347,8 @@ int pc_ckpt_materialize(int out_fd, uint64_t ram_size, uint64_t seed, const uint
         return -1;
     }
     fig->pages = ram_size / PC_CKPT_PAGE;
-    return put_back(out_fd, fig->pages, seed, NULL, want, loc, seqs, page_fds, nfiles, fig, err,
-                    errlen);
+    return put_back(out_fd, NULL, fig->pages, seed, NULL, want, loc, seqs, page_fds, nfiles, fig,
+                    err, errlen);
 }
 
 void pc_ckpt_uses(const struct pc_ckpt_loc *loc, uint64_t pages, uint8_t *used, uint32_t nseq)

@@ -25,6 +25,10 @@ struct pc_ckpt_figures {
     uint64_t bytes;    /* bytes written */
 };
 
+/* ram_map, in capture and revert: the RAM file mapped shared and writable
+ * for the caller's life (its page-table entries then last from one
+ * operation to the next), or NULL: mapped for the call. */
+
 /* Hashes the pages of the RAM file into hashes[pages].  Where a page's
  * hash differs from prev[] (prev NULL: a first, full checkpoint), and it
  * has data, appends it to out_fd and points loc[] at (seq, its slot);
@@ -32,10 +36,11 @@ struct pc_ckpt_figures {
  * byte per page: written since prev[] was true, csrc/dirtylog.h, or
  * unbound by the Pager), only those pages and the ones whose having data
  * differs from prev[] are read; the rest keep prev[].  0, or -1 with err. */
-int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *prev,
-                    const struct pc_ckpt_loc *parent_loc, const uint8_t *changed, uint32_t seq,
-                    uint64_t *hashes, struct pc_ckpt_loc *loc, int out_fd,
-                    struct pc_ckpt_figures *fig, char *err, int errlen);
+int pc_ckpt_capture(int ram_fd, uint8_t *ram_map, uint64_t ram_size, uint64_t seed,
+                    const uint64_t *prev, const struct pc_ckpt_loc *parent_loc,
+                    const uint8_t *changed, uint32_t seq, uint64_t *hashes,
+                    struct pc_ckpt_loc *loc, int out_fd, struct pc_ckpt_figures *fig, char *err,
+                    int errlen);
 
 /* Makes the RAM file hold a checkpoint's pages again: every page whose
  * hash now differs from want[] is read back from its checkpoint's page
@@ -45,10 +50,10 @@ int pc_ckpt_capture(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t
  * With base[] (the hashes of the checkpoint the RAM went on from) and
  * changed[] (as for capture, since then), a page that base[] and want[]
  * agree on and that was not changed is not read. */
-int pc_ckpt_revert(int ram_fd, uint64_t ram_size, uint64_t seed, const uint64_t *want,
-                   const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
-                   int nfiles, const uint64_t *base, const uint8_t *changed,
-                   struct pc_ckpt_figures *fig, char *err, int errlen);
+int pc_ckpt_revert(int ram_fd, uint8_t *ram_map, uint64_t ram_size, uint64_t seed,
+                   const uint64_t *want, const struct pc_ckpt_loc *loc, const uint32_t *seqs,
+                   const int *page_fds, int nfiles, const uint64_t *base,
+                   const uint8_t *changed, struct pc_ckpt_figures *fig, char *err, int errlen);
 
 /* Writes a checkpoint's whole RAM into an empty file of ram_size bytes,
  * holes kept: what a fork or a restore starts from.  Checked as revert. */

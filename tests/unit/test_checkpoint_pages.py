@@ -51,7 +51,7 @@ class Capture:
                 changed_map[page] = 1
         out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            assert lib.pc_ckpt_capture(fd, PAGES * PAGE, SEED,
+            assert lib.pc_ckpt_capture(fd, ffi.NULL, PAGES * PAGE, SEED,
                                        prev.hashes if prev else ffi.NULL,
                                        prev.loc if prev else ffi.NULL, changed_map, seq,
                                        self.hashes, self.loc, out_fd, self.fig, err, 256) == 0, \
@@ -93,7 +93,7 @@ def test_a_rollback_with_a_map_rewrites_what_differs_from_its_target(ram: int,
     fig = ffi.new("struct pc_ckpt_figures *")
     err = ffi.new("char[]", 256)
     try:
-        assert lib.pc_ckpt_revert(ram, PAGES * PAGE, SEED, target.hashes, target.loc,
+        assert lib.pc_ckpt_revert(ram, ffi.NULL, PAGES * PAGE, SEED, target.hashes, target.loc,
                                   ffi.new("uint32_t[]", [1, 2]), ffi.new("int[]", fds), 2,
                                   later.hashes, changed, fig, err, 256) == 0, ffi.string(err)
     finally:

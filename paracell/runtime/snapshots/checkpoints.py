@@ -50,6 +50,7 @@ MAX_META_BYTES = 1 << 16
 # A qcow2 of device states: tens of KiB each, and the qcow2's own tables.
 MAX_VMSTATE_BYTES = 64 << 20
 DEFAULT_LIMIT = 16
+CHECKED_TABLES_KEPT = 4
 LIMIT_ANNOTATION = "io.paracell.snapshot.max-checkpoints"
 MAX_LIMIT = 256
 _TMP = ".new-"
@@ -186,6 +187,9 @@ class CheckpointStore:
 
     def __init__(self, state_dir: Path) -> None:
         self.dir = Path(state_dir) / DIR
+        # Tables this store wrote or checked, by checkpoint name: the files'
+        # identity then, and the tables (checked_tables).
+        self._checked: dict[str, tuple[tuple[int, ...], Any, Any]] = {}
 
     def ensure(self) -> None:
         self.dir.mkdir(mode=0o700, exist_ok=True)
@@ -267,9 +271,9 @@ class CheckpointStore:
                                   f"{MAX_META_BYTES} bytes")
         return parse_meta(meta_path.read_bytes(), name)
 
-    def verify(self, ckpt: Checkpoint, key: str, ram_bytes: int) -> None:
+    def verify(self, ckpt: Checkpoint, key: str, ram_bytes: int, digests: bool = True) -> None:
         """Refuses a checkpoint of another VM, or one whose files are not what
-        it wrote: sizes first, then each file's SHA-256."""
+        it wrote: sizes first, then (with `digests`) each file's SHA-256."""
         if ckpt.key != key:
             raise CheckpointError(f"checkpoint {ckpt.name} is of another VM (shape {ckpt.key}, "
                                   f"this VM's is {key}): another guest build or configuration")
@@ -283,10 +287,50 @@ class CheckpointStore:
                 raise CheckpointError(f"checkpoint {ckpt.name}: {file} is "
                                       f"{os.lstat(path).st_size} bytes, expected {size} "
                                       "(truncated or damaged)")
-        for file in (HASHES, LOC):
+        for file in (HASHES, LOC) if digests else ():
             if _sha256(self.dir / ckpt.name / file) != ckpt.sha256[file]:
                 raise CheckpointError(f"checkpoint {ckpt.name}: {file} does not match its "
                                       "digest (damaged or tampered with)")
+
+    def _identity(self, ckpt: Checkpoint) -> tuple[int, ...]:
+        """What changes with any write to the tables: a rewrite (inode),
+        a write (size, mtime) or a metadata change (ctime, which no caller
+        can set back)."""
+        found: list[int] = [ckpt.seq]
+        for file in (HASHES, LOC):
+            st = os.lstat(self.dir / ckpt.name / file)
+            found += [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        return tuple(found)
+
+    def checked_tables(self, ckpt: Checkpoint, key: str, ram_bytes: int) -> tuple[Any, Any]:
+        """`verify`, then `tables`; the digests are read again only where
+        the files changed since this store last wrote or checked them (a
+        rollback's cost is what changed in RAM, not 2 MiB of tables)."""
+        try:
+            identity = self._identity(ckpt)
+        except OSError:
+            identity = ()
+        known = self._checked.get(ckpt.name)
+        fresh = known is not None and bool(identity) and known[0] == identity
+        self.verify(ckpt, key, ram_bytes, digests=not fresh)
+        if fresh:
+            assert known is not None
+            return known[1], known[2]
+        hashes, loc = self.tables(ckpt)
+        self.remember(ckpt, hashes, loc)
+        return hashes, loc
+
+    def remember(self, ckpt: Checkpoint, hashes: Any, loc: Any) -> None:
+        """The tables of a checkpoint just written or checked; the few most
+        recent are kept (2 MiB each for a 512 MiB guest)."""
+        try:
+            identity = self._identity(ckpt)
+        except OSError:
+            return
+        self._checked.pop(ckpt.name, None)
+        self._checked[ckpt.name] = (identity, hashes, loc)
+        while len(self._checked) > CHECKED_TABLES_KEPT:
+            self._checked.pop(next(iter(self._checked)))
 
     def tables(self, ckpt: Checkpoint) -> tuple[Any, Any]:
         """Its page hashes and page locations, as the C code takes them."""

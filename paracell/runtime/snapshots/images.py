@@ -95,8 +95,8 @@ def _flatten(source: CheckpointStore, ckpt: Checkpoint, image: safefs.Dir, disk:
         flat_loc = ffi.new("struct pc_ckpt_loc[]", ckpt.pages)
         pages = image.create(PAGES)
         try:
-            if lib.pc_ckpt_capture(ram, ckpt.ram_bytes, seed, ffi.NULL, ffi.NULL, ffi.NULL,
-                                   ckpt.seq, flat_hashes, flat_loc, pages, fig, err,
+            if lib.pc_ckpt_capture(ram, ffi.NULL, ckpt.ram_bytes, seed, ffi.NULL, ffi.NULL,
+                                   ffi.NULL, ckpt.seq, flat_hashes, flat_loc, pages, fig, err,
                                    256) != 0:
                 raise CheckpointError(ffi.string(err).decode(errors="replace"))
         finally:

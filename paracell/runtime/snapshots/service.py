@@ -24,6 +24,7 @@ Requests and answers are one JSON object each, on one line (`request` and
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import socket
 import threading
@@ -120,6 +121,7 @@ class SnapshotService:
         self.ram_path, self.ram_bytes, self.key, self.limit = ram_path, ram_bytes, key, limit
         self.pager, self.log, self.rootdisk = pager, log, rootdisk
         self.writes = writes
+        self._ram_map: mmap.mmap | None = None  # guest RAM, mapped for the service's life
         self.store = CheckpointStore(state_dir)
         self.snapshots = hypervisor.snapshots(self.store.vmstate)
         self.base = Base()
@@ -133,6 +135,12 @@ class SnapshotService:
     def start(self) -> None:
         self.store.ensure()
         self.store.sweep()
+        fd = os.open(self.ram_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            self._ram_map = mmap.mmap(fd, self.ram_bytes, mmap.MAP_SHARED,
+                                      mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
         self.listener = unixsock.listen(self.state_dir / SOCKET)
         threading.Thread(target=self._serve, name="snapshots", daemon=True).start()
 
@@ -193,6 +201,17 @@ class SnapshotService:
             unixsock.unlink(self.state_dir / SOCKET)
         if self.writes is not None:
             self.writes.close()
+        if self._ram_map is not None:
+            self._ram_map.close()
+            self._ram_map = None
+
+    def _ram(self) -> Any:
+        """The service's own mapping of guest RAM, for the C code: the pages it
+        reads and writes keep their page-table entries between operations."""
+        from paracell._native import ffi
+
+        return ffi.from_buffer("uint8_t[]", self._ram_map) if self._ram_map is not None \
+            else ffi.NULL
 
     def _changes(self) -> tuple[Any, str]:
         """With the VM stopped and the Pager paused: the pages that may
@@ -242,8 +261,8 @@ class SnapshotService:
                 changed, timing["method"] = self._changes()
                 prev = self.base.hashes if self.base.seq else ffi.NULL
                 parent = self.base.loc if self.base.seq else ffi.NULL
-                if lib.pc_ckpt_capture(ram, self.ram_bytes, seed, prev, parent, changed, seq,
-                                       hashes, loc, out, fig, err, 256) != 0:
+                if lib.pc_ckpt_capture(ram, self._ram(), self.ram_bytes, seed, prev, parent,
+                                       changed, seq, hashes, loc, out, fig, err, 256) != 0:
                     raise ParacellError(ffi.string(err).decode(errors="replace"))
             finally:
                 if self.pager is not None:
@@ -282,6 +301,7 @@ class SnapshotService:
         except BaseException:
             self.store.discard(staging)
             raise
+        self.store.remember(ckpt, hashes, loc)
         self.base = Base(seq, hashes, loc)
         return {"name": name, "seq": seq, "paused_s": round(resumed - stopped, 6),
                 "quiesce_s": round(stopped - began, 6), "ram_s": round(timing["ram_s"], 6),
@@ -301,8 +321,7 @@ class SnapshotService:
 
         began = time.monotonic()
         ckpt = self.store.load(name)
-        self.store.verify(ckpt, self.key, self.ram_bytes)
-        hashes, loc = self.store.tables(ckpt)
+        hashes, loc = self.store.checked_tables(ckpt, self.key, self.ram_bytes)
         seed = self.store.seed()
         fig = ffi.new("struct pc_ckpt_figures *")
         err = ffi.new("char[]", 256)
@@ -314,11 +333,13 @@ class SnapshotService:
             if self.pager is not None:
                 self.pager.pause()
             try:
+                reverting = time.monotonic()
                 changed, state["method"] = self._changes()
                 base = self.base.hashes if changed != ffi.NULL else ffi.NULL
-                rc = lib.pc_ckpt_revert(ram, self.ram_bytes, seed, hashes, loc,
+                rc = lib.pc_ckpt_revert(ram, self._ram(), self.ram_bytes, seed, hashes, loc,
                                         ffi.new("uint32_t[]", seqs), ffi.new("int[]", fds),
                                         len(fds), base, changed, fig, err, 256)
+                state["ram_s"] = time.monotonic() - reverting
                 # The C code checks every page before it writes one: a failure
                 # with nothing changed leaves the VM as it was.
                 state["reverted"] = fig.changed > 0 or rc == 0
@@ -359,8 +380,8 @@ class SnapshotService:
         self.base = Base(ckpt.seq, hashes, loc)
         return {"name": name, "seq": ckpt.seq, "paused_s": round(resumed - stopped, 6),
                 "total_s": round(time.monotonic() - began, 6),
-                "pages_rewritten": int(fig.changed), "pages_read": int(fig.looked),
-                "method": state["method"]}
+                "ram_s": round(state["ram_s"], 6), "pages_rewritten": int(fig.changed),
+                "pages_read": int(fig.looked), "method": state["method"]}
 
     def _quit(self) -> None:
         try:
