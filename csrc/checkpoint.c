@@ -1,9 +1,9 @@
 /* Guest RAM for incremental checkpoints: see checkpoint.h.
  *
- * The VM is stopped while these run.  Dirty pages are found by content, not
- * by write tracking: this host kernel has no soft-dirty bits
- * (CONFIG_MEM_SOFT_DIRTY), QEMU saves no RAM with x-ignore-shared, and a
- * hash per page costs nothing while the sandbox runs.  The hash is XXH3
+ * The VM is stopped while these run.  A changed page is found by its
+ * content's hash; which pages are hashed is every page, or, given a map of
+ * the pages that may have changed (QEMU's log of writes, csrc/dirtylog.h,
+ * and the Pager's unbound and ring pages), only those.  The hash is XXH3
  * (Debian's libxxhash) seeded per container, so a guest cannot aim a
  * collision at it; an accidental one among 2^64 values is what is left. */
 #define _GNU_SOURCE
@@ -114,11 +114,12 @@ static int write_all(int fd, const unsigned char *p, size_t n)
 }
 
 /* Whether page i may differ from what known[] (the hashes of the RAM the VM
- * went on from) says, so that it must be hashed: every page without a log
- * of changes, else a page QEMU wrote or the Pager unbound since (changed[]).
- * Nothing else writes the file while the VM runs: the Pager's binds fill
- * holes with zeros, which hash as holes.  A hole where known[] has data
- * costs nothing to look at (no read), so it is looked at all the same. */
+ * went on from) says, so that it must be hashed: every page without a map
+ * of changes, else a page in changed[]: QEMU wrote it, or the Pager in the
+ * shim unbound it or wrote it (its rings' consumer indices).  Nothing else
+ * writes the file while the VM runs: the Pager's binds fill holes with
+ * zeros, which hash as holes.  A hole where known[] has data costs nothing
+ * to look at (no read), so it is looked at all the same. */
 static int must_look(const struct ram *r, uint64_t i, const uint64_t *known,
                      const uint8_t *changed)
 {
@@ -260,14 +261,17 @@ static const unsigned char *kept_page(const struct kept *k, uint64_t i, const ui
 }
 
 /* Every page where have[] (NULL: an empty file) differs from want[]: every
- * kept page checked against its hash first, all of them, then written
- * through a shared mapping of the file (a copy each, no system call), or
- * punched.  The page files are this sandbox's own, mapped read-only, and
- * nothing writes them meanwhile: what was checked is what is written. */
-static int put_back(int fd, unsigned char *ram, uint64_t pages, uint64_t seed,
-                    const uint64_t *have, const uint64_t *want, const struct pc_ckpt_loc *loc,
-                    const uint32_t *seqs, const int *page_fds, int nfiles,
-                    struct pc_ckpt_figures *fig, char *err, int errlen)
+ * kept page checked against its hash first, all of them, then written or
+ * punched.  A page that holds data (data[], NULL: none) is overwritten
+ * through a shared mapping of the file, a copy with no system call; a hole
+ * is filled with pwrite, which needs a new page and so says ENOSPC where
+ * a store through the mapping would die of SIGBUS.  The page files are
+ * this sandbox's own, mapped read-only, and nothing writes them meanwhile:
+ * what was checked is what is written. */
+static int put_back(int fd, unsigned char *ram, const unsigned char *data, uint64_t pages,
+                    uint64_t seed, const uint64_t *have, const uint64_t *want,
+                    const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
+                    int nfiles, struct pc_ckpt_figures *fig, char *err, int errlen)
 {
     struct kept k;
     if (kept_open(&k, page_fds, nfiles, err, errlen) < 0) return -1;
@@ -276,7 +280,7 @@ static int put_back(int fd, unsigned char *ram, uint64_t pages, uint64_t seed,
         if ((have ? have[i] : 0) != want[i] && want[i] &&
             !kept_page(&k, i, want, loc, seqs, seed, err, errlen))
             rc = -1;
-    int own = ram == NULL;
+    int own = ram == NULL && data != NULL;
     if (own && !rc) {
         ram = mmap(NULL, pages * PC_CKPT_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (ram == MAP_FAILED) {
@@ -292,8 +296,11 @@ static int put_back(int fd, unsigned char *ram, uint64_t pages, uint64_t seed,
                 rc = fail(err, errlen, "%s: %s", "punching guest RAM", errno);
         } else {
             int f = file_of(loc[i].seq, seqs, k.n);
-            memcpy(ram + i * PC_CKPT_PAGE, k.map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE,
-                   PC_CKPT_PAGE);
+            const unsigned char *page = k.map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE;
+            if (data && data[i])
+                memcpy(ram + i * PC_CKPT_PAGE, page, PC_CKPT_PAGE);
+            else if (pwrite(fd, page, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) != PC_CKPT_PAGE)
+                rc = fail(err, errlen, "%s: %s", "writing guest RAM", errno ? errno : EIO);
         }
         if (!rc) {
             fig->changed++;
@@ -330,8 +337,8 @@ int pc_ckpt_revert(int ram_fd, uint8_t *ram_map, uint64_t ram_size, uint64_t see
         fig->looked++;
         have[i] = r.data[i] ? page_hash(r.map + i * PC_CKPT_PAGE, seed) : 0;
     }
-    int rc = put_back(ram_fd, r.map, ram_size / PC_CKPT_PAGE, seed, have, want, loc, seqs,
-                      page_fds, nfiles, fig, err, errlen);
+    int rc = put_back(ram_fd, r.map, r.data, ram_size / PC_CKPT_PAGE, seed, have, want, loc,
+                      seqs, page_fds, nfiles, fig, err, errlen);
     ram_close(&r);
     free(have);
     return rc;
@@ -347,8 +354,8 @@ int pc_ckpt_materialize(int out_fd, uint64_t ram_size, uint64_t seed, const uint
         return -1;
     }
     fig->pages = ram_size / PC_CKPT_PAGE;
-    return put_back(out_fd, NULL, fig->pages, seed, NULL, want, loc, seqs, page_fds, nfiles, fig,
-                    err, errlen);
+    return put_back(out_fd, NULL, NULL, fig->pages, seed, NULL, want, loc, seqs, page_fds, nfiles,
+                    fig, err, errlen);
 }
 
 void pc_ckpt_uses(const struct pc_ckpt_loc *loc, uint64_t pages, uint8_t *used, uint32_t nseq)

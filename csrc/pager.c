@@ -547,4 +547,8 @@ void pc_pager_take_unbound(struct pc_pager *p, uint8_t *changed)
     for (uint64_t i = 0; i < pages; i++)
         changed[i] |= p->unbound[i];
     memset(p->unbound, 0, pages);
+    /* The rings: this thread stores the consumer indices there, through its
+     * own mapping, which QEMU's log of writes never sees. */
+    memset(changed + PC_PAGER_RING_GPA / PC_PAGER_PAGE_SIZE, 1,
+           PC_PAGER_SHM_SIZE / PC_PAGER_PAGE_SIZE);
 }

@@ -103,9 +103,11 @@ void pc_pager_pause(struct pc_pager *p);
  * back the rings of its checkpoint. */
 void pc_pager_resume(struct pc_pager *p, int reattach);
 /* ORs into changed[] (a byte per page of guest RAM) every page unbound since
- * the last call, and forgets them.  A checkpoint that knows which pages QEMU
- * wrote (csrc/dirtylog.h) must look at these too: a punched page that BIND
- * refills reads zeros that QEMU never wrote.  Called with the thread paused. */
+ * the last call, and forgets them, and the rings' pages.  A checkpoint that
+ * knows which pages QEMU wrote (csrc/dirtylog.h) must look at these too: a
+ * punched page that BIND refills reads zeros that QEMU never wrote, and
+ * this thread writes the rings' consumer indices itself.  Called with the
+ * thread paused. */
 void pc_pager_take_unbound(struct pc_pager *p, uint8_t *changed);
 /* Stops the thread and releases every fd and mapping it owns (after
  * pc_pager_adopt, guest RAM and the eventfds are lent, and stay). Idempotent. */

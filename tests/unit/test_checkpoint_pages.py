@@ -104,3 +104,13 @@ def test_a_rollback_with_a_map_rewrites_what_differs_from_its_target(ram: int,
     for page in range(4):
         assert os.pread(ram, PAGE, page * PAGE) == bytes([0x20 + page]) * PAGE
     assert os.pread(ram, PAGE, 9 * PAGE) == bytes(PAGE)
+
+
+def test_a_host_that_swaps_turns_the_log_of_writes_off(tmp_path: Path):
+    from paracell.runtime.snapshots import writelog
+
+    swaps = tmp_path / "swaps"
+    swaps.write_text("Filename\tType\tSize\tUsed\tPriority\n")
+    assert not writelog._swap_in_use(str(swaps))
+    swaps.write_text("Filename\tType\tSize\tUsed\tPriority\n/dev/vdb partition 1048572 0 -2\n")
+    assert writelog._swap_in_use(str(swaps))

@@ -291,3 +291,19 @@ def test_the_thread_serves_doorbells_and_close_releases_everything(tmp_path: Pat
         lib.pc_pager_close(p)  # idempotent
         ram.unlink()
     assert open_fds() == before
+
+
+def test_a_checkpoint_learns_what_was_unbound_and_the_rings(server: Server) -> None:
+    """What a checkpoint with QEMU's log of writes adds to it
+    (pc_pager_take_unbound): every page unbound since the last call, and the
+    rings' pages, which this server writes itself; then it starts afresh."""
+    pages = RAM // PAGE
+    changed = ffi.new("uint8_t[]", pages)
+    server.unbind((0, 2 * PAGE), (8 * PAGE, PAGE))
+    assert server.wake() == lib.PC_PAGER_OK
+    lib.pc_pager_take_unbound(server.p, changed)
+    rings = set(range(RING // PAGE, RING_END // PAGE))
+    assert {i for i in range(pages) if changed[i]} == {0, 1, 8} | rings
+    again = ffi.new("uint8_t[]", pages)
+    lib.pc_pager_take_unbound(server.p, again)
+    assert {i for i in range(pages) if again[i]} == rings

@@ -17,11 +17,13 @@ can hold), each file's size, the tables' SHA-256, and (in C, before any
 page is written back) each page against its hash. The root disk is named
 by its content digest, never by a path (paracell/images/rootdisk.py).
 A checkpoint that fails these checks is skipped by listings, with one
-warning, and refused by name.
+warning, and refused by name. A checkpoint's fork RAM is made from pages so
+checked, and mapped by forks as it is: it is the store's own file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -30,7 +32,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -365,47 +367,60 @@ class CheckpointStore:
             for fd in fds:
                 os.close(fd)
 
+    @contextlib.contextmanager
+    def held(self, name: str) -> Iterator[int]:
+        """The checkpoint's directory, opened without following a link and
+        locked (flock): the maker of its fork RAM and its removal take turns."""
+        try:
+            dir_fd = os.open(self.dir / check_name(name),
+                             os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            raise CheckpointError(f"checkpoint {name}: {err.strerror}") from None
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+            yield dir_fd
+        finally:
+            os.close(dir_fd)
+
     def fork_ram(self, ckpt: Checkpoint) -> Path:
         """The checkpoint's RAM in one file that forks map copy-on-write
         (paracell/runtime/snapshots/forking.py): made at the first fork that
-        asks, under a lock on the checkpoint's directory, renamed into place
-        read-only, and never written again; it goes with the checkpoint."""
+        asks, from its pages, each checked against its hash, renamed into
+        place read-only, and never written again; it goes with the
+        checkpoint. Later forks map it as it is: it is this store's own
+        file, in a directory only its owner writes."""
         self.verify(ckpt, ckpt.key, ckpt.ram_bytes)
         where = self.dir / ckpt.name
-        try:
-            dir_fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as err:
-            raise CheckpointError(f"checkpoint {ckpt.name}: {err.strerror}") from None
-        try:
-            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        with self.held(ckpt.name) as dir_fd:
             try:
-                st = os.stat(FORK_RAM, dir_fd=dir_fd, follow_symlinks=False)
-            except FileNotFoundError:
-                st = None
-            if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == ckpt.ram_bytes:
-                return where / FORK_RAM
-            if st is not None:  # not what this code makes: never used, never followed
-                os.unlink(FORK_RAM, dir_fd=dir_fd)
-            for left in os.listdir(dir_fd):  # what a killed maker left: the lock is ours
-                if left.startswith(f".{FORK_RAM}-"):
-                    os.unlink(left, dir_fd=dir_fd)
-            tmp = f".{FORK_RAM}-{os.getpid()}"
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o400, dir_fd=dir_fd)
-            try:
-                self.materialize(ckpt, fd)
-                os.rename(tmp, FORK_RAM, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
-                os.unlink(tmp, dir_fd=dir_fd)
-                raise
-            finally:
-                os.close(fd)
-            return where / FORK_RAM
-        except OSError as err:
-            raise CheckpointError(f"checkpoint {ckpt.name}: its RAM for forks: "
-                                  f"{err.strerror}") from None
-        finally:
-            os.close(dir_fd)
+                if os.lstat(where).st_ino != os.fstat(dir_fd).st_ino:
+                    raise FileNotFoundError(2, "removed meanwhile")
+                try:
+                    st = os.stat(FORK_RAM, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    st = None
+                if st is not None and stat.S_ISREG(st.st_mode) and st.st_size == ckpt.ram_bytes:
+                    return where / FORK_RAM
+                if st is not None:  # not what this code makes: never used, never followed
+                    os.unlink(FORK_RAM, dir_fd=dir_fd)
+                for left in os.listdir(dir_fd):  # what a killed maker left: the lock is ours
+                    if left.startswith(f".{FORK_RAM}-"):
+                        os.unlink(left, dir_fd=dir_fd)
+                tmp = f".{FORK_RAM}-{os.getpid()}"
+                fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o400, dir_fd=dir_fd)
+                try:
+                    self.materialize(ckpt, fd)
+                    os.rename(tmp, FORK_RAM, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                except BaseException:
+                    os.unlink(tmp, dir_fd=dir_fd)
+                    raise
+                finally:
+                    os.close(fd)
+            except OSError as err:
+                raise CheckpointError(f"checkpoint {ckpt.name}: its RAM for forks: "
+                                      f"{err.strerror}") from None
+        return where / FORK_RAM
 
     def retained(self) -> list[tuple[int, Path]]:
         """Page files of removed checkpoints that others still build on."""

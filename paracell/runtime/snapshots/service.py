@@ -125,8 +125,11 @@ class SnapshotService:
         self.store = CheckpointStore(state_dir)
         self.snapshots = hypervisor.snapshots(self.store.vmstate)
         self.base = Base()
-        # Whether the log has seen every write since the RAM was self.base.
+        # Whether the log has seen every write since the RAM was self.base;
+        # and whether it has since the operation in progress took it (which
+        # becomes the former only once that operation has moved the base).
         self.logged_since_base = False
+        self._logged_since_take = False
         self.listener: socket.socket | None = None
         self.lock = threading.Lock()
 
@@ -199,11 +202,18 @@ class SnapshotService:
         if self.listener is not None:
             self.listener.close()
             unixsock.unlink(self.state_dir / SOCKET)
-        if self.writes is not None:
-            self.writes.close()
-        if self._ram_map is not None:
-            self._ram_map.close()
-            self._ram_map = None
+        with self.lock:  # after the operation in progress, which uses both
+            if self.writes is not None:
+                self.writes.close()
+            if self._ram_map is not None:
+                self._ram_map.close()
+                self._ram_map = None
+
+    def _moved_base(self, base: Base) -> None:
+        """The operation made the RAM `base`'s: the log taken during it
+        counts from there."""
+        self.base = base
+        self.logged_since_base = self._logged_since_take
 
     def _ram(self) -> Any:
         """The service's own mapping of guest RAM, for the C code: the pages it
@@ -225,7 +235,11 @@ class SnapshotService:
         if self.pager is not None:
             self.pager.take_unbound(changed)
         whole = logged and self.logged_since_base and bool(self.base.seq)
-        self.logged_since_base = logged
+        # What was written before this take is in `changed` only: until the
+        # base moves (_moved_base), a failed operation leaves a base the log
+        # no longer covers, and the next one reads every page.
+        self.logged_since_base = False
+        self._logged_since_take = logged
         return (changed, WRITTEN_PAGES) if whole else (ffi.NULL, EVERY_PAGE)
 
     # ---- the operations ----
@@ -282,7 +296,6 @@ class SnapshotService:
             self.snapshots.save(f"pc-{seq}", capture)
             resumed = time.monotonic()
         except BaseException:
-            self.logged_since_base = False  # the log was taken, and the base stays
             self._recover()
             quiet.resume(False)
             self.store.discard(staging)
@@ -302,7 +315,7 @@ class SnapshotService:
             self.store.discard(staging)
             raise
         self.store.remember(ckpt, hashes, loc)
-        self.base = Base(seq, hashes, loc)
+        self._moved_base(Base(seq, hashes, loc))
         return {"name": name, "seq": seq, "paused_s": round(resumed - stopped, 6),
                 "quiesce_s": round(stopped - began, 6), "ram_s": round(timing["ram_s"], 6),
                 "total_s": round(answered - began, 6), "pages_saved": int(fig.changed),
@@ -361,8 +374,8 @@ class SnapshotService:
             stopped = time.monotonic()
             self.snapshots.load(ckpt.vmstate_tag, revert)
             resumed = time.monotonic()
+            self._moved_base(Base(ckpt.seq, hashes, loc))  # RAM and devices are its now
         except BaseException as failure:
-            self.logged_since_base = False  # the log was taken, and the base stays
             if state["reverted"]:
                 # Half a rollback is no state to run on: the container stops.
                 self.log(f"rollback to {name} failed after guest RAM was rewritten: {failure}; "
@@ -377,7 +390,6 @@ class SnapshotService:
             for fd in fds:
                 os.close(fd)
         quiet.resume(True)
-        self.base = Base(ckpt.seq, hashes, loc)
         return {"name": name, "seq": ckpt.seq, "paused_s": round(resumed - stopped, 6),
                 "total_s": round(time.monotonic() - began, 6),
                 "ram_s": round(state["ram_s"], 6), "pages_rewritten": int(fig.changed),
@@ -404,7 +416,8 @@ class SnapshotService:
         except ParacellError as err:
             self.log(f"checkpoint {name}: its device state was not deleted: {err}")
         kept = self.store.dir / f"{KEPT}{ckpt.seq}"
-        os.rename(self.store.dir / name, kept)
+        with self.store.held(name):  # no fork's RAM file is being made in it
+            os.rename(self.store.dir / name, kept)
         for file in ("meta.json", HASHES, LOC, FORK_RAM):
             (kept / file).unlink(missing_ok=True)
         freed = self._collect()

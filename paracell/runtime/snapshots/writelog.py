@@ -50,6 +50,11 @@ class WriteLog:
 
         if self.fd < 0:
             return False
+        if _swap_in_use():
+            # A page the host swaps out leaves QEMU's page tables, and with
+            # it the mark that it was written: the log would miss it.
+            self._off("the host swaps (/proc/swaps)")
+            return False
         if lib.pc_dirty_take(self.fd, self.va, self.ram_bytes, changed) != 0:
             self._off(f"QEMU's written pages could not be read: {os.strerror(ffi.errno)}")
             return False
@@ -59,3 +64,11 @@ class WriteLog:
         if self.fd >= 0:
             os.close(self.fd)
         self.fd, self.va = -1, 0
+
+
+def _swap_in_use(path: str = "/proc/swaps") -> bool:
+    try:
+        with open(path, "rb") as swaps:
+            return len(swaps.read(4096).splitlines()) > 1  # a header, then one line a device
+    except OSError:
+        return False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import time
 from typing import Any
 
@@ -73,6 +74,7 @@ def listing(ctx: Context, container_id: str, fmt: str) -> str:
 
 FORK_MAX = 64
 FAILURE_MAX = 1024  # bytes of a fork's failure, read back from its create
+MADE, RUNNING = b"+", b"!"  # what a fork's create child says as it goes
 
 
 def fork(ctx: Context, container_id: str, name: str | None, count: int,
@@ -129,47 +131,86 @@ def _create_together(ctx: Context, detached: Context, bundle: str,
     """Every fork's create at once, each in a child of this process (forked,
     not exec'd: nothing to import again), so their VMs start in parallel.
     All of them or none: if one fails, the ones made go too, and the first
-    failure is raised."""
+    failure is raised. SIGINT is held here meanwhile: a Ctrl-C reaches the
+    children too (one process group), each ends its own create, and this
+    process notes it, removes what was made, and only then takes it."""
     from paracell.runtime.verbs import lifecycle
 
     _load_ahead()
-    children: dict[int, tuple[str, int]] = {}
-    spawn_error: BaseException | None = None
-    for src in sources:
-        try:
-            read_end, write_end = os.pipe()
-            pid = os.fork()
-        except BaseException as err:
-            spawn_error = err
-            break
-        if pid == 0:
-            os.close(read_end)
-            code, why = 0, ""
-            try:
-                lifecycle.create(detached, src.container_id, bundle, None, None, fork=src)
-                mark_running(ctx, src.container_id)
-            except BaseException as err:  # never a return into the caller's code
-                code, why = 1, str(err) or type(err).__name__
-            finally:
-                with contextlib.suppress(OSError):
-                    os.write(write_end, why.encode()[:FAILURE_MAX])
-                os._exit(code)
-        os.close(write_end)
-        children[pid] = (src.container_id, read_end)
-    made, failures, interrupted = _reap(children)
-    if spawn_error is not None or interrupted or len(made) != len(sources):
-        # Every id was free before: whatever exists under one now is ours,
-        # also a fork whose create child died after making it.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        children: dict[int, tuple[str, int]] = {}
+        spawn_error: OSError | None = None
         for src in sources:
-            if ctx.store.is_container_dir(src.container_id):
-                with contextlib.suppress(ParacellError):
-                    lifecycle.delete(ctx, src.container_id, force=True)
-        if spawn_error is not None:
-            raise spawn_error
-        if interrupted:
-            raise KeyboardInterrupt
-        raise ParacellError(failures[0])
-    return made
+            try:
+                pid, read_end = _spawn_create(ctx, detached, bundle, src, held)
+            except OSError as err:
+                spawn_error = err
+                break
+            children[pid] = (src.container_id, read_end)
+        said = _reap(children)
+        interrupted = signal.SIGINT in signal.sigpending()
+        running = [fid for fid, words in said.items() if words.startswith(MADE + RUNNING)]
+        if spawn_error is not None or interrupted or len(running) != len(sources):
+            for fid, words in said.items():
+                if words.startswith(MADE):  # this child made it: no one else's
+                    with contextlib.suppress(ParacellError):
+                        lifecycle.delete(ctx, fid, force=True)
+            if spawn_error is not None:
+                raise ParacellError(f"starting the forks' creates: {spawn_error.strerror}")
+            if not interrupted:
+                fid, words = next((f, w) for f, w in said.items() if f not in running)
+                why = words.lstrip(MADE + RUNNING).decode(errors="replace")
+                raise ParacellError(f"fork {fid}: {why or 'its create ended without a word'}")
+        return [src.container_id for src in sources]
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is taken here
+
+
+def _spawn_create(ctx: Context, detached: Context, bundle: str, src: Any,
+                  mask: set[signal.Signals]) -> tuple[int, int]:
+    """One fork's create in a child: (its pid, the read end of its pipe).
+    The child writes MADE once the container exists, RUNNING once it runs,
+    or why it failed, and never returns into the caller's code."""
+    from paracell.runtime.verbs import lifecycle
+
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        raise
+    if pid != 0:
+        os.close(write_end)
+        return pid, read_end
+    try:
+        try:
+            os.close(read_end)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            lifecycle.create(detached, src.container_id, bundle, None, None, fork=src)
+            os.write(write_end, MADE)
+            mark_running(ctx, src.container_id)
+            os.write(write_end, RUNNING)
+        except BaseException as err:
+            os.write(write_end, (str(err) or type(err).__name__).encode()[:FAILURE_MAX])
+    finally:
+        os._exit(0)
+
+
+def _reap(children: dict[int, tuple[str, int]]) -> dict[str, bytes]:
+    """What each create child said, read to its end (the child's exit), and
+    the child reaped; with SIGINT held, nothing here is cut short."""
+    said = {}
+    for pid, (fid, read_end) in children.items():
+        words = b""
+        with os.fdopen(read_end, "rb") as pipe:
+            while len(words) <= FAILURE_MAX + 2 and (chunk := pipe.read(FAILURE_MAX)):
+                words += chunk
+        with contextlib.suppress(ChildProcessError):  # a caller's own reaper took it
+            os.waitpid(pid, 0)
+        said[fid] = words
+    return said
 
 
 # What each fork's create and its shim import on their way (asyncio and the
@@ -196,28 +237,6 @@ def _load_ahead() -> None:
     qemu = probe.probe_host().qemu_path  # remembers QEMU's version for them
     if qemu is not None:
         memory.plugin_loads(qemu)  # and whether it loads the RAM plugin
-
-
-def _reap(children: dict[int, tuple[str, int]]) -> tuple[list[str], list[str], bool]:
-    """Waits for every create child, also through a Ctrl-C (each ends its own
-    create, which removes what it made): the ids made, the failures' lines,
-    and whether the caller was interrupted."""
-    made, failures = [], []
-    interrupted = False
-    for pid, (fid, read_end) in children.items():
-        while True:
-            try:
-                _, status_word = os.waitpid(pid, 0)
-                break
-            except KeyboardInterrupt:
-                interrupted = True
-        with os.fdopen(read_end, "rb") as pipe:
-            why = pipe.read(FAILURE_MAX).decode(errors="replace")
-        if os.waitstatus_to_exitcode(status_word) == 0:
-            made.append(fid)
-        else:
-            failures.append(f"fork {fid}: {why or 'its create ended without a word'}")
-    return made, failures, interrupted
 
 
 def mark_running(ctx: Context, container_id: str) -> None:
