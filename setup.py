@@ -8,7 +8,7 @@ from setuptools.command.build_ext import build_ext
 
 # csrc/ramplugin.c: loaded by QEMU (-plugin) for copy-on-write guest RAM, never imported.
 PLUGIN = "paracell/_qemu_ram_plugin.so"
-PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c"]
+PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c", "csrc/dirtylog.c"]
 # csrc/relayexec.c: what exec and pod-member proxies exec into once their
 # process runs (paracell/runtime/agent/channel.py: exec_relay).
 # csrc/vmshimexec.c: what a VM's shim execs into once its container's process

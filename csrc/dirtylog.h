@@ -41,6 +41,16 @@ struct pc_page_region { uint64_t start, end, categories; };
 #define PC_PM_SCAN_CHECK_WPASYNC (1ULL << 1)
 #define PC_PAGE_IS_WRITTEN (1ULL << 1)
 
+/* Arms the log over [addr, addr + len) of this process's own memory:
+ * asynchronous userfaultfd write-protection, all of it protected.  Returns
+ * the userfaultfd, which must stay open for as long as the log is wanted,
+ * or -1 with errno (a kernel before 6.7 has no asynchronous mode). */
+int pc_dirty_arm(void *addr, uint64_t len);
+
+/* Whether this host can keep such a log: arms a few pages of a memfd of its
+ * own, writes one, and reads the log back.  0, or the errno that stops it. */
+int pc_dirty_probe(void);
+
 /* Marks changed[i] = 1 for every page of [va, va + size) in the process
  * whose pagemap is pagemap_fd that was written since the last call, and
  * write-protects them again in the same walk.  0, or -1 with errno: EPERM

@@ -42,9 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dirtylog.h"
@@ -143,18 +141,9 @@ static void die(const char *why)
  * shim's scan then fails and its checkpoints hash every page. */
 static void track_writes(uint8_t *ram, uint64_t size)
 {
-    int uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK | PC_UFFD_USER_MODE_ONLY);
-    struct pc_uffdio_api api = {.api = PC_UFFD_API, .features = PC_UFFD_WP_FEATURES};
-    struct pc_uffdio_register reg = {.range = {(uintptr_t)ram, size},
-                                     .mode = PC_UFFDIO_REGISTER_MODE_WP};
-    struct pc_uffdio_writeprotect wp = {.range = {(uintptr_t)ram, size},
-                                        .mode = PC_UFFDIO_WRITEPROTECT_MODE_WP};
-    if (uffd < 0 || ioctl(uffd, PC_UFFDIO_API, &api) < 0 ||
-        ioctl(uffd, PC_UFFDIO_REGISTER, &reg) < 0 || ioctl(uffd, PC_UFFDIO_WRITEPROTECT, &wp) < 0) {
+    if (pc_dirty_arm(ram, size) < 0)
         fprintf(stderr, "paracell ram plugin: write tracking unavailable (%s): checkpoints "
                         "hash every page\n", strerror(errno));
-        if (uffd >= 0) close(uffd);
-    }
 }
 
 /* The machine, and so guest RAM, exists once a vCPU does; the guest runs

@@ -38,6 +38,7 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
     report["xgates"] = {"supported": xgates.supported, "reason": xgates.reason}
     report["shim_v2"] = shim_v2()
     report["relays"] = relays()
+    report["checkpoints"] = checkpoint_method()
     for backend in daemons or []:
         try:
             report[backend.name] = backend.report(facts.qemu_path, chosen)
@@ -73,6 +74,31 @@ def relays() -> dict[str, bool]:
 
     return {str(path): path.is_file() and os.access(path, os.X_OK)
             for path in (RELAY_EXEC, VMSHIM_EXEC)}
+
+
+def checkpoint_method() -> dict[str, object]:
+    """How a snapshot-mode VM's checkpoints find the pages that changed here
+    (docs/snapshots.md): QEMU's log of writes where this kernel keeps one
+    (tried on a few pages of this process's own), else a hash of every page."""
+    import os
+
+    from paracell._native import lib
+    from paracell.runtime.snapshots import writelog
+
+    failed = lib.pc_dirty_probe()
+    if failed:
+        return {"method": writelog.EVERY_PAGE, "detail": f"no log of writes: {os.strerror(failed)} "
+                "(asynchronous userfaultfd write-protection and PAGEMAP_SCAN need Linux 6.7)"}
+    if writelog.swap_in_use():
+        return {"method": writelog.EVERY_PAGE, "detail": "the host swaps, which loses the log"}
+    return {"method": writelog.WRITTEN_PAGES,
+            "detail": "QEMU logs the pages it writes: userfaultfd and PAGEMAP_SCAN"}
+
+
+def _checkpoints_line(found: dict[str, object]) -> str:
+    if found.get("method") == "written pages":
+        return f"ckpts:   read only the written pages ({found['detail']})"
+    return f"ckpts:   hash every page ({found['detail']})"
 
 
 def _relays_line(found: dict[str, bool]) -> str:
@@ -142,6 +168,9 @@ def render(report: dict[str, object], as_json: bool, daemons: list[Backend]) -> 
     built = report.get("relays")
     if isinstance(built, dict):
         lines.append(_relays_line(built))
+    method = report.get("checkpoints")
+    if isinstance(method, dict):
+        lines.append(_checkpoints_line(method))
     shim = report.get("shim_v2")
     if isinstance(shim, dict):
         lines.append(_shim_v2_line(shim))

@@ -111,6 +111,23 @@ def test_a_host_that_swaps_turns_the_log_of_writes_off(tmp_path: Path):
 
     swaps = tmp_path / "swaps"
     swaps.write_text("Filename\tType\tSize\tUsed\tPriority\n")
-    assert not writelog._swap_in_use(str(swaps))
+    assert not writelog.swap_in_use(str(swaps))
     swaps.write_text("Filename\tType\tSize\tUsed\tPriority\n/dev/vdb partition 1048572 0 -2\n")
-    assert writelog._swap_in_use(str(swaps))
+    assert writelog.swap_in_use(str(swaps))
+
+
+def test_this_host_keeps_a_log_of_writes_and_check_says_so():
+    """The log QEMU's RAM plugin arms (csrc/dirtylog.c), tried on pages of
+    this process's own: one page written, exactly that page reported."""
+    from paracell import hostcheck
+
+    kernel = tuple(int(part) for part in os.uname().release.split(".")[:2])
+    if kernel < (6, 7):
+        pytest.skip(f"Linux {os.uname().release} has no asynchronous write-protection or "
+                    "PAGEMAP_SCAN (6.7): checkpoints hash every page there")
+    assert lib.pc_dirty_probe() == 0, os.strerror(lib.pc_dirty_probe())
+    found = hostcheck.checkpoint_method()
+    line = hostcheck._checkpoints_line(found)
+    swaps = Path("/proc/swaps").read_text().count("\n") > 1
+    assert line.startswith("ckpts:   hash every page" if swaps else
+                           "ckpts:   read only the written pages"), line

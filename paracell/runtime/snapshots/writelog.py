@@ -50,7 +50,7 @@ class WriteLog:
 
         if self.fd < 0:
             return False
-        if _swap_in_use():
+        if swap_in_use():
             # A page the host swaps out leaves QEMU's page tables, and with
             # it the mark that it was written: the log would miss it.
             self._off("the host swaps (/proc/swaps)")
@@ -66,7 +66,7 @@ class WriteLog:
         self.fd, self.va = -1, 0
 
 
-def _swap_in_use(path: str = "/proc/swaps") -> bool:
+def swap_in_use(path: str = "/proc/swaps") -> bool:
     try:
         with open(path, "rb") as swaps:
             return len(swaps.read(4096).splitlines()) > 1  # a header, then one line a device
