@@ -158,10 +158,11 @@ def _create_together(ctx: Context, detached: Context, bundle: str,
                         lifecycle.delete(ctx, fid, force=True)
             if spawn_error is not None:
                 raise ParacellError(f"starting the forks' creates: {spawn_error.strerror}")
-            if not interrupted:
-                fid, words = next((f, w) for f, w in said.items() if f not in running)
-                why = words.lstrip(MADE + RUNNING).decode(errors="replace")
-                raise ParacellError(f"fork {fid}: {why or 'its create ended without a word'}")
+            if interrupted:
+                raise KeyboardInterrupt
+            fid, words = next((f, w) for f, w in said.items() if f not in running)
+            why = words.lstrip(MADE + RUNNING).decode(errors="replace")
+            raise ParacellError(f"fork {fid}: {why or 'its create ended without a word'}")
         return [src.container_id for src in sources]
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is taken here
