@@ -46,6 +46,7 @@ BOOT_TIMEOUT_S = 60.0
 # in this long is broken, and gives way to a cold boot.
 RESTORED_ATTACH_TIMEOUT_S = 15.0
 POWEROFF_GRACE_S = 5.0
+POWEROFF_ROOM_WAIT_MS = 1000
 EXIT_VM_DIED = exit_status_for_signal(signal.SIGKILL)
 EXIT_RUNTIME_ERROR = standin.EXIT_RUNTIME_ERROR
 # csrc/vmshimexec.c, built beside paracell-relay by setup.py.
@@ -336,6 +337,16 @@ class Shim:
             return (EXIT_VM_DIED if code == -signal.SIGKILL else EXIT_RUNTIME_ERROR), message
         return EXIT_RUNTIME_ERROR, end.message
 
+    def _agent_takes_a_frame(self) -> bool:
+        """Whether the channel has room within a second: a guest that stopped
+        reading would otherwise hold the shim, and so its QEMU, in the send
+        (paracell-vmshim bounds its POWEROFF the same way)."""
+        import select
+
+        waiter = select.poll()
+        waiter.register(self._agent_fd(), select.POLLOUT)
+        return bool(waiter.poll(POWEROFF_ROOM_WAIT_MS))
+
     def shutdown(self) -> None:
         """Powers the VM off and removes what only a live VM needs."""
         from paracell._native import lib
@@ -346,7 +357,7 @@ class Shim:
         if self.snapshots is not None:
             self.snapshots.close()
         if self.plan.vm.agent.host_end is not None and self.vm is not None \
-                and not self.untrusted:
+                and not self.untrusted and self._agent_takes_a_frame():
             try:
                 channel.send(self._agent_fd(), lib.PC_POWEROFF)
             except ParacellError:
