@@ -376,6 +376,33 @@ def test_checkpoints_read_only_the_written_pages_and_miss_none(runtime, make_bun
     runtime.assert_no_leaks()
 
 
+def test_a_ctrl_c_while_forks_are_made_leaves_none_of_them(runtime, make_bundle,
+                                                           memfill_rootfs: Path,
+                                                           tmp_path: Path):
+    """SIGINT to the `fork` process's group, as a terminal's Ctrl-C sends it,
+    once the first fork's create has begun: every create ends, the forks
+    made are deleted, and the verb fails."""
+    started(runtime, make_bundle, memfill_rootfs, "ck-int")
+    checkpoint(runtime, "ck-int", "seed")
+    with open(tmp_path / "out", "wb") as out:
+        proc = subprocess.Popen([PARACELL, "--root", str(runtime.root), "sandbox", "fork",
+                                 "--count", "6", "--id-prefix", "ck-x", "ck-int", "seed"],
+                                env=runtime.env, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith("ck-x") for p in runtime.root.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                (tmp_path / "out").read_text()
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(120) != 0, (tmp_path / "out").read_text()
+    left = [p.name for p in runtime.root.iterdir() if p.name.startswith("ck-x")]
+    assert left == [], left
+    assert report(runtime, "ck-int")["mem"] == "ok"  # the parent runs on
+    runtime("delete", "--force", "ck-int", check=True)
+    runtime.assert_no_leaks()
+
+
 def test_a_fork_from_now_and_bad_fork_requests(runtime, make_bundle, memfill_rootfs: Path):
     started(runtime, make_bundle, memfill_rootfs, "ck-now")
     result = runtime("sandbox", "fork", "ck-now")

@@ -74,7 +74,7 @@ def listing(ctx: Context, container_id: str, fmt: str) -> str:
 
 FORK_MAX = 64
 FAILURE_MAX = 1024  # bytes of a fork's failure, read back from its create
-MADE, RUNNING = b"+", b"!"  # what a fork's create child says as it goes
+RUNNING = b"!"  # what a fork's create child says when its fork runs
 
 
 def fork(ctx: Context, container_id: str, name: str | None, count: int,
@@ -149,11 +149,14 @@ def _create_together(ctx: Context, detached: Context, bundle: str,
                 break
             children[pid] = (src.container_id, read_end)
         said = _reap(children)
+        # What a child stopped halfway through its create left (its
+        # directory, before the rename that names it): the children are gone.
+        ctx.store.sweep_abandoned()
         interrupted = signal.SIGINT in signal.sigpending()
-        running = [fid for fid, words in said.items() if words.startswith(MADE + RUNNING)]
+        running = [fid for fid, words in said.items() if words == RUNNING]
         if spawn_error is not None or interrupted or len(running) != len(sources):
-            for fid, words in said.items():
-                if words.startswith(MADE):  # this child made it: no one else's
+            for pid, (fid, _) in children.items():
+                if _made_by(ctx, fid, pid):
                     with contextlib.suppress(ParacellError):
                         lifecycle.delete(ctx, fid, force=True)
             if spawn_error is not None:
@@ -161,18 +164,29 @@ def _create_together(ctx: Context, detached: Context, bundle: str,
             if interrupted:
                 raise KeyboardInterrupt
             fid, words = next((f, w) for f, w in said.items() if f not in running)
-            why = words.lstrip(MADE + RUNNING).decode(errors="replace")
+            why = words.decode(errors="replace")
             raise ParacellError(f"fork {fid}: {why or 'its create ended without a word'}")
         return [src.container_id for src in sources]
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is taken here
 
 
+def _made_by(ctx: Context, container_id: str, pid: int) -> bool:
+    """Whether the container is there and that create child made it: its
+    state names its creator, so a container another caller made under the
+    id meanwhile is never taken for a fork (nor one whose child was stopped
+    between making it and saying so)."""
+    try:
+        return ctx.store.load(container_id).creator_pid == pid
+    except ParacellError:
+        return False
+
+
 def _spawn_create(ctx: Context, detached: Context, bundle: str, src: Any,
                   mask: set[signal.Signals]) -> tuple[int, int]:
     """One fork's create in a child: (its pid, the read end of its pipe).
-    The child writes MADE once the container exists, RUNNING once it runs,
-    or why it failed, and never returns into the caller's code."""
+    The child writes RUNNING once its fork runs, or why it failed, and never
+    returns into the caller's code."""
     from paracell.runtime.verbs import lifecycle
 
     read_end, write_end = os.pipe()
@@ -190,7 +204,6 @@ def _spawn_create(ctx: Context, detached: Context, bundle: str, src: Any,
             os.close(read_end)
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             lifecycle.create(detached, src.container_id, bundle, None, None, fork=src)
-            os.write(write_end, MADE)
             mark_running(ctx, src.container_id)
             os.write(write_end, RUNNING)
         except BaseException as err:
@@ -206,7 +219,7 @@ def _reap(children: dict[int, tuple[str, int]]) -> dict[str, bytes]:
     for pid, (fid, read_end) in children.items():
         words = b""
         with os.fdopen(read_end, "rb") as pipe:
-            while len(words) <= FAILURE_MAX + 2 and (chunk := pipe.read(FAILURE_MAX)):
+            while len(words) <= FAILURE_MAX + 1 and (chunk := pipe.read(FAILURE_MAX)):
                 words += chunk
         with contextlib.suppress(ChildProcessError):  # a caller's own reaper took it
             os.waitpid(pid, 0)

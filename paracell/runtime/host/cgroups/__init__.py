@@ -18,6 +18,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,22 +304,30 @@ def reclaim(recorded: list[dict[str, Any]]) -> None:
     the directories, and the parents this create made if they are empty.
     A cgroup that was there before create is only removed if empty."""
     dirs = from_facts(recorded)
-    # Only in a cgroup this create made: one that existed before (refused
-    # because busy, say) holds processes that are not the container's.
-    for d in (d for d in dirs if d.made_from):
-        for pid in _procs(d):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    for d in dirs:
+        _kill_all(d)
     for d in dirs:
         _remove(d)
 
 
+def _kill_all(d: CgroupDir) -> None:
+    """Only in a cgroup this create made: one that existed before (refused
+    because busy, say) holds processes that are not the container's."""
+    if not d.made_from:
+        return
+    for pid in _procs(d):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _remove(d: CgroupDir) -> None:
     """The leaf, then the levels this create made, up to the first that is
-    not empty: another container's cgroup lives there."""
-    if not _rmdir(d.path, wait_busy=True):
+    not empty: another container's cgroup lives there. While the leaf is
+    busy, what is in it is killed again: a create interrupted as its shim
+    starts has a shim, and then a QEMU, that join after the first kill."""
+    if not _rmdir(d.path, wait_busy=True, meanwhile=lambda: _kill_all(d)):
         return
     if d.made_from:
         cur = os.path.dirname(d.path)
@@ -334,7 +343,7 @@ def _remove(d: CgroupDir) -> None:
 _NOT_A_LEVEL = (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG)
 
 
-def _rmdir(path: str, wait_busy: bool) -> bool:
+def _rmdir(path: str, wait_busy: bool, meanwhile: Callable[[], None] | None = None) -> bool:
     """Whether the level is gone (or never was), so the one above may go too."""
     deadline = time.monotonic() + RMDIR_WAIT_S
     while True:
@@ -347,4 +356,6 @@ def _rmdir(path: str, wait_busy: bool) -> bool:
             # EBUSY while the killed processes finish exiting.
             if not wait_busy or err.errno != errno.EBUSY or time.monotonic() > deadline:
                 return False
+            if meanwhile is not None:
+                meanwhile()
             time.sleep(0.02)
