@@ -262,12 +262,12 @@ static const unsigned char *kept_page(const struct kept *k, uint64_t i, const ui
 
 /* Every page where have[] (NULL: an empty file) differs from want[]: every
  * kept page checked against its hash first, all of them, then written or
- * punched.  A page that holds data (data[], NULL: none) is overwritten
- * through a shared mapping of the file, a copy with no system call; a hole
- * is filled with pwrite, which needs a new page and so says ENOSPC where
- * a store through the mapping would die of SIGBUS.  The page files are
- * this sandbox's own, mapped read-only, and nothing writes them meanwhile:
- * what was checked is what is written. */
+ * punched.  A page that holds data (data[]) is overwritten through ram, a
+ * shared writable mapping of the file: a copy with no system call; a hole
+ * (every page where data is NULL) is filled with pwrite, which needs a new
+ * page and so says ENOSPC where a store through a mapping would die of
+ * SIGBUS.  The page files are this sandbox's own, mapped read-only, and
+ * nothing writes them meanwhile: what was checked is what is written. */
 static int put_back(int fd, unsigned char *ram, const unsigned char *data, uint64_t pages,
                     uint64_t seed, const uint64_t *have, const uint64_t *want,
                     const struct pc_ckpt_loc *loc, const uint32_t *seqs, const int *page_fds,
@@ -280,14 +280,6 @@ static int put_back(int fd, unsigned char *ram, const unsigned char *data, uint6
         if ((have ? have[i] : 0) != want[i] && want[i] &&
             !kept_page(&k, i, want, loc, seqs, seed, err, errlen))
             rc = -1;
-    int own = ram == NULL && data != NULL;
-    if (own && !rc) {
-        ram = mmap(NULL, pages * PC_CKPT_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (ram == MAP_FAILED) {
-            ram = NULL;
-            rc = fail(err, errlen, "%s: %s", "mapping guest RAM", errno);
-        }
-    }
     for (uint64_t i = 0; i < pages && !rc; i++) {
         if ((have ? have[i] : 0) == want[i]) continue;
         if (!want[i]) {
@@ -307,7 +299,6 @@ static int put_back(int fd, unsigned char *ram, const unsigned char *data, uint6
             fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
         }
     }
-    if (own && ram) munmap(ram, pages * PC_CKPT_PAGE);
     kept_close(&k);
     return rc;
 }

@@ -18,7 +18,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from paracell import settings
+from paracell import fileanswers, settings
 from paracell.linux import MNT_DETACH, libc
 
 TMPFS_OPTIONS = b"huge=within_size,mode=0700,size=100%"
@@ -33,31 +33,24 @@ def plugin_option(*options: str) -> str:
     return ",".join([f"file={str(PLUGIN).replace(',', ',,')}", *options])
 
 
-_plugin_answers: dict[tuple[int, ...], bool] = {}
-
-
 def plugin_loads(qemu: str) -> bool:
     """Whether this QEMU loads the RAM plugin (Debian's is built with plugins;
     a build without --enable-plugins is not): asked to load it with no
     arguments, the plugin refuses in its own words, and QEMU exits at once.
-    Asked once per process and per pair of files (forks made at once
-    inherit the answer)."""
+    Asked once per process and per version of the two files
+    (paracell/fileanswers.py)."""
     import subprocess
 
-    try:
-        key = tuple(n for path in (qemu, PLUGIN) for st in (os.stat(path),)
-                    for n in (st.st_dev, st.st_ino, st.st_mtime_ns))
-    except OSError:
-        return False
-    if key not in _plugin_answers:
+    def ask() -> bool:
         try:
             out = subprocess.run([qemu, "-display", "none", "-nodefaults", "-M", "none",
                                   "-plugin", plugin_option()], stdin=subprocess.DEVNULL,
                                  capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return False
-        _plugin_answers[key] = "paracell ram plugin:" in out.stderr
-    return _plugin_answers[key]
+        return "paracell ram plugin:" in out.stderr
+
+    return bool(fileanswers.once("loads the RAM plugin", (qemu, str(PLUGIN)), ask))
 
 
 def key_for(root: str, container_id: str) -> str:

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from paracell import settings
+from paracell import fileanswers, settings
 from paracell.errors import ParacellError
 
 ENGINES = settings.ENGINES
@@ -61,25 +61,18 @@ def classify_kvm(flags: set[str], modules: set[str], dev_kvm: bool) -> tuple[str
     return "none", "/dev/kvm exists but the CPU shows no vmx/svm"
 
 
-_versions: dict[tuple[str, int, int], str | None] = {}
-
-
 def qemu_version(path: str) -> str | None:
-    """Asked of the binary once per process and per file (a QEMU upgraded
-    meanwhile is a new inode): forks made at once inherit the answer."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    key = (path, st.st_ino, st.st_mtime_ns)
-    if key not in _versions:
+    """Asked of the binary once per process and per version of the file
+    (paracell/fileanswers.py)."""
+    def ask() -> str | None:
         try:
             out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
         except (OSError, subprocess.TimeoutExpired):
             return None
         match = re.search(r"version (\S+)", out.stdout)
-        _versions[key] = match.group(1) if match else None
-    return _versions[key]
+        return match.group(1) if match else None
+
+    return fileanswers.once("version", (path,), ask)
 
 
 def probe_host(
