@@ -619,6 +619,23 @@ def bench_snapshot(rounds: int, sizes: str, output: str) -> None:
     click.echo(bench_snapshot_mod.run(_ctx(), rounds, output, chosen))
 
 
+@bench.command("agent")
+@click.option("--branching", default=2, show_default=True, type=click.IntRange(1, 4),
+              help="children of every node")
+@click.option("--depth", default=3, show_default=True, type=click.IntRange(1, 5))
+@click.option("--output", "-o", default="bench-results/agent.json")
+def bench_agent(branching: int, depth: int, output: str) -> None:
+    """A tree search over a Python project: ParaCell's checkpoints vs a whole-VM
+    save and runc + CRIU (DeltaBox's workload)."""
+    from paracell.bench import agent as bench_agent_mod
+
+    nodes = len(bench_agent_mod.tree(branching, depth))
+    if nodes > bench_agent_mod.MAX_NODES:
+        raise ParacellError(f"paracell bench agent: --branching {branching} --depth {depth} "
+                            f"makes {nodes} nodes; at most {bench_agent_mod.MAX_NODES}")
+    click.echo(bench_agent_mod.run(_ctx(), branching, depth, output))
+
+
 @bench.command("cli")
 @click.option("--runs", default=30, show_default=True)
 @click.option("--output", "-o", default="bench-results/cli.json")

@@ -9,7 +9,7 @@ packages=(
     iproute2 nftables conntrack socat bindfs fuse3
     mmdebstrap wrk redis-tools
     libvirt-daemon-system libvirt-dev pkg-config
-    e2fsprogs libxxhash-dev qemu-utils criu
+    e2fsprogs libxxhash-dev qemu-utils criu libpython3.11-testsuite
 )
 missing=()
 for p in "${packages[@]}"; do

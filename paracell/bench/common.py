@@ -76,6 +76,16 @@ def summarize(samples: list[float], unit: str = "s") -> dict[str, float]:
     }
 
 
+def median_p95(values: list[float]) -> dict[str, float]:
+    """Latencies as the benches report them: median, 95th percentile (the
+    nearest rank) and count; zeros for none."""
+    if not values:
+        return {"median": 0.0, "p95": 0.0, "n": 0}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"median": statistics.median(ordered), "p95": p95, "n": len(ordered)}
+
+
 def paracell_executable() -> str:
     """The `paracell` next to this interpreter: benchmarks time the real CLI."""
     import sys

@@ -42,15 +42,6 @@ ANCHORS = {
 }
 
 
-def _p95(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "p95": _p95(values), "n": len(values)}
-
-
 class Box:
     """One sandbox of the bench, driven through the CLI and the Python API."""
 
@@ -205,19 +196,20 @@ def _one_size(base: Path, env: dict[str, str], mib: int, rounds: int) -> dict[st
                 rb_cli.append(box.cli_time("rollback", box.cid, "base") * 1e3)
             box.generation = 0  # the workload is back at the first checkpoint
         out.update(_forks(box, rounds))
+        stats = common.median_p95
         out.update({
-            "checkpoint_paused_ms": _stats(ck_paused), "checkpoint_api_ms": _stats(ck_api),
-            "checkpoint_cli_ms": _stats(ck_cli), "checkpoint_bytes": _stats(sizes),
-            "baseline_full_save_ms": _stats(full),
+            "checkpoint_paused_ms": stats(ck_paused), "checkpoint_api_ms": stats(ck_api),
+            "checkpoint_cli_ms": stats(ck_cli), "checkpoint_bytes": stats(sizes),
+            "baseline_full_save_ms": stats(full),
             "checkpoint_vs_full_save": statistics.median(ck_paused) / statistics.median(full),
-            "rollback_paused_ms": _stats(rb_paused), "rollback_api_ms": _stats(rb_api),
-            "rollback_cli_ms": _stats(rb_cli)})
+            "rollback_paused_ms": stats(rb_paused), "rollback_api_ms": stats(rb_api),
+            "rollback_cli_ms": stats(rb_cli)})
     finally:
         box.delete()
     return out
 
 
-def _host_bytes(box: Box, cid: str) -> int:
+def host_bytes(root: Path, cid: str) -> int:
     """What a sandbox holds on the host: the guest-RAM file's allocated blocks
     (a private fork's copied pages are there before QEMU maps any of them, so
     its PSS alone would not show them) plus the PSS of everything else its
@@ -226,7 +218,7 @@ def _host_bytes(box: Box, cid: str) -> int:
     once, whole, for all of them."""
     import psutil
 
-    state = json.loads((box.root / cid / "state.json").read_text())
+    state = json.loads((root / cid / "state.json").read_text())
     ram = state["vm"]["config"]["ram_file"]
     total = os.stat(ram).st_blocks * 512 if not state["vm"].get("shares_memory_of") else 0
     for pid in common.process_tree(state["shim_pid"]):
@@ -242,7 +234,7 @@ def _forks(box: Box, rounds: int) -> dict[str, Any]:
     """Forks of the first checkpoint: one at a time through the CLI; then ten
     at once through the Python API, sharing the checkpoint's memory and with
     a private copy each, rounds interleaved, and ten shared through the CLI;
-    the host memory of the ten (`_host_bytes`) against the parent's."""
+    the host memory of the ten (`host_bytes`) against the parent's."""
     one = []
     for r in range(max(2, rounds // 3)):
         common.progress("snapshot", f"{box.cid}: fork 1, round {r + 1}")
@@ -251,7 +243,7 @@ def _forks(box: Box, rounds: int) -> dict[str, Any]:
         box.delete(f"{box.cid}-one{r}-1")
     ten: dict[str, list[float]] = {mode: [] for mode in FORK_MODES}
     memory: dict[str, float] = {}
-    parent = _host_bytes(box, box.cid)
+    parent = host_bytes(box.root, box.cid)
     for r in range(FORK_ROUNDS):
         for mode in FORK_MODES:
             common.progress("snapshot", f"{box.cid}: 10 forks at once, memory {mode}, "
@@ -261,7 +253,7 @@ def _forks(box: Box, rounds: int) -> dict[str, Any]:
                 ten[mode].append(took * 1e3)
                 if mode not in memory:
                     time.sleep(2)  # let each fork's Pager settle what the restore left
-                    memory[mode] = sum(_host_bytes(box, fid) for fid in ids)
+                    memory[mode] = sum(host_bytes(box.root, fid) for fid in ids)
                     shared = box.root / box.cid / "checkpoints" / "base" / FORK_RAM
                     if mode == "shared" and shared.exists():  # the RAM they map: once, whole
                         memory[mode] += min(shared.stat().st_blocks * 512, shared.stat().st_size)
@@ -273,8 +265,8 @@ def _forks(box: Box, rounds: int) -> dict[str, Any]:
                            "base") * 1e3
     for i in range(1, 11):
         box.delete(f"{box.cid}-cli-{i}")
-    return {"fork_1_ms": _stats(one), "fork_10_cli_ms": cli_ten,
-            **{f"fork_10_{mode}_api_ms": _stats(ten[mode]) for mode in FORK_MODES},
+    return {"fork_1_ms": common.median_p95(one), "fork_10_cli_ms": cli_ten,
+            **{f"fork_10_{mode}_api_ms": common.median_p95(ten[mode]) for mode in FORK_MODES},
             "parent_host_mib": parent / 2**20,
             **{f"forks_10_{mode}_host_mib": memory[mode] / 2**20 for mode in FORK_MODES},
             **{f"forks_10_{mode}_vs_one": memory[mode] / parent for mode in FORK_MODES}}

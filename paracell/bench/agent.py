@@ -1,0 +1,501 @@
+"""`paracell bench agent`: DeltaBox's workload (arXiv 2605.22781), a tree
+search over a sandbox that holds a real Python project, by each way of
+saving and going back to a state, in one run.
+
+The project is CPython's `json` package with its own test suite, both from
+Debian's packages (python3.11 and libpython3.11-testsuite), in /project of a
+Debian python3 userland (userland.py). The container's process is the
+snapshot bench's workload: it holds MEMORY_MIB of memory and rewrites
+CHANGE_MIB of it on SIGUSR1, its generation in /gen.
+
+Every node of the tree, in depth-first order: go back to its parent's state
+if the sandbox is elsewhere (a rollback), check that the files and the
+process's memory are the parent's (the node's first step fails otherwise),
+change a source file, write a file of its own and have the process rewrite
+its memory, run the tests, and save the state (a checkpoint). Siblings thus
+each start from a rollback to their parent. The methods, each its own
+sandbox on the same bundle, take their turn at every node (their order
+rotates), so a noisy moment of the host falls on all of them:
+
+- `paracell`: ParaCell's checkpoints and rollbacks, through the SDK
+  (paracell.sandbox.Sandbox): what changed since the last one is saved,
+  what differs is put back (docs/snapshots.md);
+- `whole-vm`: the whole VM saved to an image directory and restored from it,
+  through the runc-compatible verbs (`checkpoint --image-path
+  --leave-running`; `delete` then `restore --image-path`), in this process:
+  every page is written, and going back starts a new VM from the image;
+- `runc+criu`: runc with Debian's CRIU. Before anything, `criu check` must
+  pass; where it fails (on this project's hosts: CRIU 3.17 cannot read the
+  kernel's vDSO), the method is reported as not run, with CRIU's words.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from paracell.bench import common, userland
+from paracell.bench.snapshot import WORKLOAD, host_bytes
+from paracell.errors import ParacellError
+from paracell.runtime.context import Context
+
+GUEST_MIB = 512
+MEMORY_MIB = 64
+CHANGE_MIB = 4
+NODE_FILE_KIB = 256   # the file each node writes into the project
+TEST_TIMEOUT_S = 300
+# The tests each node runs: the json package's own, without test_tool
+# (subprocesses of python -m json.tool) and test_recursion (deep recursion,
+# seconds under TCG): 108 tests.
+TESTS = ("test_decode", "test_dump", "test_fail", "test_float", "test_indent", "test_pass1",
+         "test_separators", "test_unicode", "test_speedups", "test_scanstring")
+PROJECT = "/project"
+# A checkpoint per node, and the root's, within a sandbox's limit
+# (checkpoints.MAX_LIMIT); about 10 s per node per method under TCG.
+MAX_NODES = 120
+METHODS = ("paracell", "whole-vm", "runc+criu")
+# Published figures to set beside ours.
+DELTABOX = {"source": "DeltaBox, arXiv 2605.22781", "checkpoint_ms": 14, "rollback_ms": 5,
+            "rollback_v2_ms": 1.86}
+
+
+def stdlib_dir() -> Path:
+    return Path(f"/usr/lib/python{sys.version_info.major}.{sys.version_info.minor}")
+
+
+# ---- the tree
+
+
+@dataclass(frozen=True)
+class Node:
+    path: tuple[int, ...]  # () is the root
+
+    @property
+    def name(self) -> str:
+        return "n" + "-".join(str(i) for i in self.path) if self.path else "root"
+
+    @property
+    def parent(self) -> Node:
+        return Node(self.path[:-1])
+
+
+def tree(branching: int, depth: int) -> list[Node]:
+    """Every node below the root, depth first: a node's subtree before its
+    next sibling, as a search that goes deep first explores."""
+    order: list[Node] = []
+
+    def visit(node: Node) -> None:
+        for i in range(branching):
+            child = Node((*node.path, i))
+            order.append(child)
+            if len(child.path) < depth:
+                visit(child)
+
+    visit(Node(()))
+    return order
+
+
+def node_script(node: Node) -> str:
+    """One node's work in the sandbox, as the agent's one command: check that
+    it starts from its parent, change the project and the process's memory,
+    run the tests. Exit codes above 2 say which check failed."""
+    gen_before, gen_after = len(node.path) - 1, len(node.path)
+    tests = " ".join(f"test.test_json.{t}" for t in TESTS)
+    return f"""
+cd {PROJECT} || exit 3
+[ "$(cat NODE)" = "{node.parent.name}" ] || {{ echo "files: NODE is $(cat NODE), not \
+{node.parent.name}"; exit 4; }}
+[ "$(cat /gen)" = "{gen_before}" ] || {{ echo "memory: generation $(cat /gen), not \
+{gen_before}"; exit 5; }}
+kill -USR1 1
+echo "NODE_{node.name.replace('-', '_')} = '{node.name}'" >> json/__init__.py
+head -c {NODE_FILE_KIB * 1024} /dev/urandom > data-{node.name}.bin
+echo {node.name} > NODE
+i=0
+while [ "$(cat /gen)" != "{gen_after}" ]; do
+    i=$((i + 1)); [ $i -lt 400 ] || {{ echo "memory: the process did not change it"; exit 6; }}
+    sleep 0.05
+done
+{userland.PYTHON.resolve()} -B -m unittest -q {tests} > /tmp/tests.out 2>&1 || \
+{{ tail -5 /tmp/tests.out; exit 7; }}
+tail -1 /tmp/tests.out
+"""
+
+
+# ---- the bundle
+
+
+def _project(rootfs: Path) -> None:
+    """CPython's json package and its tests, with test.support, into the
+    userland's /project, and the root's NODE mark."""
+    stdlib = stdlib_dir()
+    tests = stdlib / "test" / "test_json"
+    if not tests.is_dir():
+        raise ParacellError(f"paracell bench agent needs {tests}: Debian's "
+                            f"libpython{sys.version_info.major}.{sys.version_info.minor}-testsuite "
+                            "(make deps installs it)")
+    project = rootfs / PROJECT.lstrip("/")
+    shutil.rmtree(project, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(stdlib / "json", project / "json", ignore=skip)
+    (project / "test").mkdir()
+    shutil.copy2(stdlib / "test" / "__init__.py", project / "test" / "__init__.py")
+    for sub in ("support", "test_json"):
+        shutil.copytree(stdlib / "test" / sub, project / "test" / sub, ignore=skip)
+    (project / "NODE").write_text("root\n")
+
+
+def bundle(base: Path, checkpoints: int) -> Path:
+    from paracell.runtime.bundle import defaultspec
+    from paracell.runtime.snapshots.checkpoints import LIMIT_ANNOTATION
+
+    rootfs = userland.rootfs()
+    (rootfs / "usr" / "local" / "bin" / WORKLOAD.name).write_bytes(WORKLOAD.read_bytes())
+    _project(rootfs)
+    path = base / "bundle"
+    path.mkdir()
+    config = defaultspec.default_config([str(userland.PYTHON.resolve()), "-B",
+                                         f"/usr/local/bin/{WORKLOAD.name}", str(MEMORY_MIB),
+                                         str(CHANGE_MIB)])
+    config["root"] = {"path": str(rootfs), "readonly": False}
+    config["annotations"] = {"io.paracell.snapshot": "on", LIMIT_ANNOTATION: str(checkpoints)}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+# ---- the methods
+
+
+class Method(ABC):
+    """One way to save a sandbox's state and go back to it."""
+
+    name: str
+
+    @abstractmethod
+    def start(self) -> None:
+        """The sandbox runs, its process has touched its memory."""
+
+    @abstractmethod
+    def run(self, script: str) -> tuple[int, str]:
+        """The exit code and output of a shell script in the sandbox."""
+
+    @abstractmethod
+    def checkpoint(self, node: Node) -> None: ...
+
+    @abstractmethod
+    def rollback(self, node: Node) -> None: ...
+
+    @abstractmethod
+    def host_bytes(self) -> int:
+        """The sandbox's processes and guest RAM on the host now."""
+
+    @abstractmethod
+    def saved_bytes(self) -> int:
+        """What its saved states hold on disk or tmpfs."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def _ctx(root: Path) -> Context:
+    from paracell.log import RuntimeLog
+
+    return Context(root=str(root), log=RuntimeLog(None, "text", False))
+
+
+def _tree_bytes(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+    return total
+
+
+class _ParacellSandbox(Method):
+    """What both ParaCell methods share: the sandbox, its commands through the SDK."""
+
+    def __init__(self, root: Path, bundle_dir: Path, cid: str) -> None:
+        self.root, self.bundle_dir, self.cid = root, bundle_dir, cid
+
+    def start(self) -> None:
+        from paracell.sandbox import Sandbox
+
+        Sandbox.create(str(self.bundle_dir), self.cid, str(self.root))
+        self._wait_for_workload()
+
+    def _wait_for_workload(self) -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            code, out = self.run("cat /gen")
+            if code == 0 and out.strip() == "0":
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"bench agent: {self.cid}: the workload never touched its memory")
+
+    def run(self, script: str) -> tuple[int, str]:
+        from paracell.sandbox import Sandbox
+
+        done = Sandbox(self.cid, str(self.root)).run(["/bin/sh", "-c", script],
+                                                     timeout=TEST_TIMEOUT_S)
+        return done.exit_code, (done.stdout + done.stderr).decode(errors="replace")
+
+    def host_bytes(self) -> int:
+        return host_bytes(self.root, self.cid)
+
+    def close(self) -> None:
+        from paracell.runtime.verbs import lifecycle
+
+        with contextlib.suppress(ParacellError):
+            lifecycle.delete(_ctx(self.root), self.cid, force=True)
+
+
+class ParacellCheckpoints(_ParacellSandbox):
+    name = "paracell"
+
+    def checkpoint(self, node: Node) -> None:
+        from paracell.sandbox import Sandbox
+
+        Sandbox(self.cid, str(self.root)).checkpoint(node.name)
+
+    def rollback(self, node: Node) -> None:
+        from paracell.sandbox import Sandbox
+
+        Sandbox(self.cid, str(self.root)).rollback(node.name)
+
+    def saved_bytes(self) -> int:
+        return _tree_bytes(self.root / self.cid / "checkpoints")
+
+
+class WholeVm(_ParacellSandbox):
+    """runc's checkpoint and restore verbs, which ParaCell serves with a whole
+    VM in an image directory (docs/snapshots.md, "runc and podman")."""
+
+    name = "whole-vm"
+
+    def __init__(self, root: Path, bundle_dir: Path, cid: str, images: Path) -> None:
+        super().__init__(root, bundle_dir, cid)
+        self.images = images
+
+    def checkpoint(self, node: Node) -> None:
+        from paracell.runtime.verbs import snapshot
+
+        snapshot.runc_checkpoint(_ctx(self.root), self.cid, str(self.images / node.name), None,
+                                 leave_running=True)
+
+    def rollback(self, node: Node) -> None:
+        from paracell.runtime.verbs import lifecycle, snapshot
+
+        ctx = _ctx(self.root)
+        lifecycle.delete(ctx, self.cid, force=True)
+        snapshot.runc_restore(ctx, self.cid, str(self.images / node.name), None,
+                              str(self.bundle_dir), True, None)
+
+    def saved_bytes(self) -> int:
+        return _tree_bytes(self.images)
+
+
+def criu_refusal() -> str:
+    """Why runc + CRIU cannot run here, or "": CRIU's own check of the
+    kernel, which every dump and restore of it starts with."""
+    criu, runc = shutil.which("criu"), shutil.which("runc")
+    if criu is None or runc is None:
+        return "Debian's criu and runc are not installed"
+    try:
+        done = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return "`criu check` did not finish in 60 s"
+    if done.returncode == 0:
+        return ""
+    errors = [line for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
+    return f"`criu check` fails on this kernel: {(errors or ['no reason given'])[-1][:300]}"
+
+
+# ---- the run
+
+
+@dataclass
+class Tally:
+    checkpoint_ms: list[float]
+    rollback_ms: list[float]
+    tests_ms: list[float]
+    node_ms: list[float]
+    first_checkpoint_ms: float = 0.0
+    host_mib: float = 0.0
+    saved_mib: float = 0.0
+
+    @classmethod
+    def empty(cls) -> Tally:
+        return cls([], [], [], [])
+
+    def report(self) -> dict[str, Any]:
+        minutes = sum(self.node_ms) / 60e3
+        return {"ran": True, "nodes": len(self.node_ms),
+                "nodes_per_minute": len(self.node_ms) / minutes if minutes else 0.0,
+                "checkpoint_ms": common.median_p95(self.checkpoint_ms),
+                "rollback_ms": common.median_p95(self.rollback_ms),
+                "tests_ms": common.median_p95(self.tests_ms),
+                "first_checkpoint_ms": self.first_checkpoint_ms,
+                "host_mib": self.host_mib, "saved_mib": self.saved_mib}
+
+
+def _timed(fn: Any, *args: Any) -> float:
+    began = time.perf_counter()
+    fn(*args)
+    return (time.perf_counter() - began) * 1e3
+
+
+def _one_node(method: Method, node: Node, at: Node, tally: Tally) -> None:
+    began = time.perf_counter()
+    if at != node.parent:
+        tally.rollback_ms.append(_timed(method.rollback, node.parent))
+    tests_began = time.perf_counter()
+    code, out = method.run(node_script(node))
+    tally.tests_ms.append((time.perf_counter() - tests_began) * 1e3)
+    if code != 0 or not out.strip().endswith("OK"):
+        raise RuntimeError(f"bench agent: {method.name}, node {node.name}: exit {code}: "
+                           f"{out.strip()[-300:]}")
+    tally.checkpoint_ms.append(_timed(method.checkpoint, node))
+    tally.node_ms.append((time.perf_counter() - began) * 1e3)
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """The bench's settings for the verbs it calls in this process."""
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def search(methods: list[Method], nodes: list[Node]) -> dict[str, Tally]:
+    tallies = {m.name: Tally.empty() for m in methods}
+    at = {m.name: Node(()) for m in methods}
+    for m in methods:
+        common.progress("agent", f"{m.name}: starting its sandbox")
+        m.start()
+        tallies[m.name].first_checkpoint_ms = _timed(m.checkpoint, Node(()))
+    for k, node in enumerate(nodes):
+        common.progress("agent", f"node {k + 1}/{len(nodes)} ({node.name})")
+        turn = methods[k % len(methods):] + methods[:k % len(methods)]
+        for m in turn:
+            _one_node(m, node, at[m.name], tallies[m.name])
+            at[m.name] = node
+    for m in methods:
+        tallies[m.name].host_mib = m.host_bytes() / 2**20
+        tallies[m.name].saved_mib = m.saved_bytes() / 2**20
+    return tallies
+
+
+def goals(report: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
+    ours = report["paracell"]
+    return [
+        ("nodes per minute for all three methods (ParaCell, whole-VM save and restore, "
+         "runc + CRIU), from one run", all(r["ran"] for r in report.values())),
+        ("ParaCell's checkpoint <= 20 ms (p50, through the SDK) on this workload",
+         ours["checkpoint_ms"]["median"] <= 20),
+        ("ParaCell's rollback <= 15 ms (p50, through the SDK) on this workload",
+         ours["rollback_ms"]["median"] <= 15),
+    ]
+
+
+def run(ctx: Context, branching: int, depth: int, output: str) -> str:
+    nodes = tree(branching, depth)
+    base = Path(tempfile.mkdtemp(prefix="paracell-agentbench-"))
+    env = {"PARACELL_GUEST_MEMORY_MIB": str(GUEST_MIB),
+           "PARACELL_TEMPLATES": str(base / "templates")}
+    common.progress("agent", f"state under {base}")
+    refusal = criu_refusal()
+    if refusal:
+        common.progress("agent", f"runc+criu: not run: {refusal}")
+    methods: list[Method] = []
+    try:
+        with common.sigterm_as_interrupt(), _environment(env):
+            bundle_dir = bundle(base, len(nodes) + 1)
+            root = base / "root"
+            methods = [ParacellCheckpoints(root, bundle_dir, "agent-paracell"),
+                       WholeVm(root, bundle_dir, "agent-wholevm", base / "images")]
+            tallies = search(methods, nodes)
+    finally:
+        for m in methods:
+            m.close()
+        shutil.rmtree(base, ignore_errors=True)
+    report: dict[str, dict[str, Any]] = {name: t.report() for name, t in tallies.items()}
+    report["runc+criu"] = {"ran": bool(not refusal), "why_not": refusal}
+    checked = goals(report)
+    png = _plot(report, Path(output).with_suffix(".png"))
+    common.write_result(output, {
+        "benchmark": "agent", "guest_mib": GUEST_MIB, "memory_mib": MEMORY_MIB,
+        "change_mib": CHANGE_MIB, "branching": branching, "depth": depth,
+        "nodes": len(nodes), "tests": [f"test.test_json.{t}" for t in TESTS],
+        "methods": report, "deltabox": DELTABOX,
+        "goals": {name: met for name, met in checked}, "plot": str(png)})
+    return "\n".join([*_table(report), *(f"goal {'met' if met else 'NOT met'}: {name}"
+                                         for name, met in checked),
+                      f"wrote {output} and {png}"])
+
+
+def _table(report: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [f"{'method':<10} {'nodes/min':>9} {'ckpt p50':>9} {'p95':>7} {'rollback':>9} "
+             f"{'p95':>7} {'tests':>7} {'host MiB':>9} {'saved MiB':>9}"]
+    for name in METHODS:
+        r = report[name]
+        if not r["ran"]:
+            lines.append(f"{name:<10} not run: {r['why_not']}")
+            continue
+        lines.append(f"{name:<10} {r['nodes_per_minute']:9.1f} "
+                     f"{r['checkpoint_ms']['median']:9.1f} {r['checkpoint_ms']['p95']:7.1f} "
+                     f"{r['rollback_ms']['median']:9.1f} {r['rollback_ms']['p95']:7.1f} "
+                     f"{r['tests_ms']['median']:7.0f} {r['host_mib']:9.1f} "
+                     f"{r['saved_mib']:9.1f}")
+    lines.append(f"{'DeltaBox':<10} {'':>9} {DELTABOX['checkpoint_ms']:9.1f} {'':>7} "
+                 f"{DELTABOX['rollback_ms']:9.1f} {'':>7}   (published: {DELTABOX['source']}; "
+                 f"its second version rolls back in {DELTABOX['rollback_v2_ms']} ms)")
+    return lines
+
+
+def _plot(report: dict[str, dict[str, Any]], output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from paracell.bench.plot import save_figure
+
+    ran = [name for name in METHODS if report[name]["ran"]]
+    fig, (lat, rate) = plt.subplots(1, 2, figsize=(10, 4.5))
+    xs = range(len(ran))
+    for k, key in enumerate(("checkpoint_ms", "rollback_ms")):
+        lat.bar([x + (k - 0.5) * 0.4 for x in xs],
+                [report[n][key]["median"] for n in ran], 0.4, label=key.split("_")[0])
+    lat.axhline(DELTABOX["checkpoint_ms"], color="gray", ls=":", lw=1)
+    lat.axhline(DELTABOX["rollback_ms"], color="gray", ls="--", lw=1)
+    lat.text(len(ran) - 0.5, DELTABOX["checkpoint_ms"] * 1.1, "DeltaBox checkpoint / rollback",
+             fontsize=7, ha="right")
+    lat.set_xticks(list(xs), ran)
+    lat.set_yscale("log")
+    lat.set_ylabel("ms (median, log scale)")
+    lat.legend(fontsize=8)
+    rate.bar(list(xs), [report[n]["nodes_per_minute"] for n in ran])
+    rate.set_xticks(list(xs), ran)
+    rate.set_ylabel("nodes explored per minute")
+    missing = [n for n in METHODS if not report[n]["ran"]]
+    fig.suptitle("Tree search over CPython's json project under TCG"
+                 + (f" ({', '.join(missing)}: could not run here)" if missing else ""))
+    return save_figure(fig, output)
+
