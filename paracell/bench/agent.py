@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,7 @@ PROJECT = "/project"
 # (checkpoints.MAX_LIMIT); about 10 s per node per method under TCG.
 MAX_NODES = 120
 METHODS = ("paracell", "whole-vm", "runc+criu")
+ERROR_PREFIX = re.compile(r"^Error \([^)]*\): ")
 # Published figures to set beside ours.
 DELTABOX = {"source": "DeltaBox, arXiv 2605.22781", "checkpoint_ms": 14, "rollback_ms": 5,
             "rollback_v2_ms": 1.86}
@@ -191,10 +193,11 @@ class Method(ABC):
         """The exit code and output of a shell script in the sandbox."""
 
     @abstractmethod
-    def checkpoint(self, node: Node) -> None: ...
+    def checkpoint(self, node: Node) -> dict[str, Any]:
+        """What the method says of the checkpoint it took ({}: nothing)."""
 
     @abstractmethod
-    def rollback(self, node: Node) -> None: ...
+    def rollback(self, node: Node) -> dict[str, Any]: ...
 
     @abstractmethod
     def host_bytes(self) -> int:
@@ -264,15 +267,15 @@ class _ParacellSandbox(Method):
 class ParacellCheckpoints(_ParacellSandbox):
     name = "paracell"
 
-    def checkpoint(self, node: Node) -> None:
+    def checkpoint(self, node: Node) -> dict[str, Any]:
         from paracell.sandbox import Sandbox
 
-        Sandbox(self.cid, str(self.root)).checkpoint(node.name)
+        return Sandbox(self.cid, str(self.root)).checkpoint(node.name)
 
-    def rollback(self, node: Node) -> None:
+    def rollback(self, node: Node) -> dict[str, Any]:
         from paracell.sandbox import Sandbox
 
-        Sandbox(self.cid, str(self.root)).rollback(node.name)
+        return Sandbox(self.cid, str(self.root)).rollback(node.name)
 
     def saved_bytes(self) -> int:
         return _tree_bytes(self.root / self.cid / "checkpoints")
@@ -288,19 +291,22 @@ class WholeVm(_ParacellSandbox):
         super().__init__(root, bundle_dir, cid)
         self.images = images
 
-    def checkpoint(self, node: Node) -> None:
+    def checkpoint(self, node: Node) -> dict[str, Any]:
         from paracell.runtime.verbs import snapshot
 
-        snapshot.runc_checkpoint(_ctx(self.root), self.cid, str(self.images / node.name), None,
+        image = self.images / node.name
+        snapshot.runc_checkpoint(_ctx(self.root), self.cid, str(image), None,
                                  leave_running=True)
+        return {"bytes": _tree_bytes(image)}
 
-    def rollback(self, node: Node) -> None:
+    def rollback(self, node: Node) -> dict[str, Any]:
         from paracell.runtime.verbs import lifecycle, snapshot
 
         ctx = _ctx(self.root)
         lifecycle.delete(ctx, self.cid, force=True)
         snapshot.runc_restore(ctx, self.cid, str(self.images / node.name), None,
                               str(self.bundle_dir), True, None)
+        return {}
 
     def saved_bytes(self) -> int:
         return _tree_bytes(self.images)
@@ -319,8 +325,10 @@ def criu_refusal() -> str:
         return "`criu check` did not finish in 60 s"
     if done.returncode == 0:
         return ""
-    errors = [line for line in (done.stderr + done.stdout).splitlines() if "Error" in line]
-    return f"`criu check` fails on this kernel: {(errors or ['no reason given'])[-1][:300]}"
+    # The first error is the cause; those after it are what gave up because of it.
+    errors = [ERROR_PREFIX.sub("", line) for line in (done.stderr + done.stdout).splitlines()
+              if ERROR_PREFIX.match(line)]
+    return f"`criu check` fails on this kernel: {(errors or ['no reason given'])[0][:300]}"
 
 
 # ---- the run
@@ -332,13 +340,14 @@ class Tally:
     rollback_ms: list[float]
     tests_ms: list[float]
     node_ms: list[float]
+    said: dict[str, list[dict[str, Any]]]  # "checkpoint", "rollback": the method's words
     first_checkpoint_ms: float = 0.0
     host_mib: float = 0.0
     saved_mib: float = 0.0
 
     @classmethod
     def empty(cls) -> Tally:
-        return cls([], [], [], [])
+        return cls([], [], [], [], {"checkpoint": [], "rollback": []})
 
     def report(self) -> dict[str, Any]:
         minutes = sum(self.node_ms) / 60e3
@@ -347,27 +356,41 @@ class Tally:
                 "checkpoint_ms": common.median_p95(self.checkpoint_ms),
                 "rollback_ms": common.median_p95(self.rollback_ms),
                 "tests_ms": common.median_p95(self.tests_ms),
+                **{f"{op}_said": _medians(words) for op, words in self.said.items()},
                 "first_checkpoint_ms": self.first_checkpoint_ms,
                 "host_mib": self.host_mib, "saved_mib": self.saved_mib}
 
 
-def _timed(fn: Any, *args: Any) -> float:
+def _medians(said: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of every number a method said of its operations, and
+    every word it used (a checkpoint's "method")."""
+    out: dict[str, Any] = {}
+    for key in sorted({k for words in said for k in words}):
+        values = [w[key] for w in said if key in w]
+        if all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out[key] = common.median_p95([float(v) for v in values])["median"]
+        elif all(isinstance(v, str) for v in values):
+            out[key] = sorted(set(values))
+    return out
+
+
+def _timed(tally: Tally, op: str, fn: Any, node: Node) -> float:
     began = time.perf_counter()
-    fn(*args)
+    tally.said[op].append(fn(node))
     return (time.perf_counter() - began) * 1e3
 
 
 def _one_node(method: Method, node: Node, at: Node, tally: Tally) -> None:
     began = time.perf_counter()
     if at != node.parent:
-        tally.rollback_ms.append(_timed(method.rollback, node.parent))
+        tally.rollback_ms.append(_timed(tally, "rollback", method.rollback, node.parent))
     tests_began = time.perf_counter()
     code, out = method.run(node_script(node))
     tally.tests_ms.append((time.perf_counter() - tests_began) * 1e3)
     if code != 0 or not out.strip().endswith("OK"):
         raise RuntimeError(f"bench agent: {method.name}, node {node.name}: exit {code}: "
                            f"{out.strip()[-300:]}")
-    tally.checkpoint_ms.append(_timed(method.checkpoint, node))
+    tally.checkpoint_ms.append(_timed(tally, "checkpoint", method.checkpoint, node))
     tally.node_ms.append((time.perf_counter() - began) * 1e3)
 
 
@@ -389,7 +412,9 @@ def search(methods: list[Method], nodes: list[Node]) -> dict[str, Tally]:
     for m in methods:
         common.progress("agent", f"{m.name}: starting its sandbox")
         m.start()
-        tallies[m.name].first_checkpoint_ms = _timed(m.checkpoint, Node(()))
+        began = time.perf_counter()
+        m.checkpoint(Node(()))
+        tallies[m.name].first_checkpoint_ms = (time.perf_counter() - began) * 1e3
     for k, node in enumerate(nodes):
         common.progress("agent", f"node {k + 1}/{len(nodes)} ({node.name})")
         turn = methods[k % len(methods):] + methods[:k % len(methods)]
@@ -452,7 +477,7 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
 
 def _table(report: dict[str, dict[str, Any]]) -> list[str]:
     lines = [f"{'method':<10} {'nodes/min':>9} {'ckpt p50':>9} {'p95':>7} {'rollback':>9} "
-             f"{'p95':>7} {'tests':>7} {'host MiB':>9} {'saved MiB':>9}"]
+             f"{'p95':>7} {'tests':>7} {'host MiB':>9} {'saved MiB':>9} {'per ckpt':>9}"]
     for name in METHODS:
         r = report[name]
         if not r["ran"]:
@@ -462,7 +487,8 @@ def _table(report: dict[str, dict[str, Any]]) -> list[str]:
                      f"{r['checkpoint_ms']['median']:9.1f} {r['checkpoint_ms']['p95']:7.1f} "
                      f"{r['rollback_ms']['median']:9.1f} {r['rollback_ms']['p95']:7.1f} "
                      f"{r['tests_ms']['median']:7.0f} {r['host_mib']:9.1f} "
-                     f"{r['saved_mib']:9.1f}")
+                     f"{r['saved_mib']:9.1f} "
+                     f"{r['checkpoint_said'].get('bytes', 0) / 2**20:9.1f}")
     lines.append(f"{'DeltaBox':<10} {'':>9} {DELTABOX['checkpoint_ms']:9.1f} {'':>7} "
                  f"{DELTABOX['rollback_ms']:9.1f} {'':>7}   (published: {DELTABOX['source']}; "
                  f"its second version rolls back in {DELTABOX['rollback_v2_ms']} ms)")
