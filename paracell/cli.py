@@ -271,14 +271,19 @@ def sandbox_rollback(container_id: str, name: str, fmt: str) -> None:
               "(default: ID-fork-)")
 @click.option("--private-memory", is_flag=True, help="each fork gets a copy of the "
               "checkpoint's memory, and can itself be checkpointed (default: forks share it)")
+@click.option("--netns", "netns_paths", multiple=True, metavar="PATH",
+              help="a network namespace for the next fork, once per fork (a CRI or podman "
+              "sandbox's): its VM takes the interfaces there; without, a fork of a sandbox "
+              "with interfaces has loopback only")
 @click.argument("container_id")
 @click.argument("name", required=False)
 def sandbox_fork(container_id: str, name: str | None, count: int, id_prefix: str | None,
-                 private_memory: bool) -> None:
+                 private_memory: bool, netns_paths: tuple[str, ...]) -> None:
     """Start COUNT sandboxes that go on from checkpoint NAME (or from now)."""
     from paracell.runtime.verbs import snapshot
 
-    for fid in snapshot.fork(_ctx(), container_id, name, count, id_prefix, private_memory):
+    for fid in snapshot.fork(_ctx(), container_id, name, count, id_prefix, private_memory,
+                             list(netns_paths)):
         click.echo(fid)
 
 

@@ -141,9 +141,10 @@ class Server:
         self.sock.close()
 
 
-def http_get(ns: Netns | None, address: str, port: int, timeout: float = 60) -> bytes:
-    """GET / from address:port, retried until it answers or `timeout` passes
-    (the container may still be booting); its socket is made inside `ns`."""
+def http_get(ns: Netns | None, address: str, port: int, timeout: float = 60,
+             path: str = "/") -> bytes:
+    """GET path from address:port, retried until it answers or `timeout`
+    passes (the container may still be booting); its socket is made inside `ns`."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     deadline = time.monotonic() + timeout
     last: Exception | None = None
@@ -152,7 +153,7 @@ def http_get(ns: Netns | None, address: str, port: int, timeout: float = 60) -> 
             with socket.socket(family, socket.SOCK_STREAM) as sock:
                 sock.settimeout(5)
                 sock.connect((address, port))
-                sock.sendall(b"GET / HTTP/1.0\r\nHost: test\r\n\r\n")
+                sock.sendall(f"GET {path} HTTP/1.0\r\nHost: test\r\n\r\n".encode())
                 chunks = []
                 while chunk := sock.recv(65536):
                     chunks.append(chunk)

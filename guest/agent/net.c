@@ -5,7 +5,11 @@
  * device is found by its MAC and given the interface's name, MTU, addresses
  * and routes: from inside, the container sees what runc would have shown it.
  * Every netlink exchange is bounded in size, count and time (SO_RCVTIMEO):
- * PID 1 must never hang on it. */
+ * PID 1 must never hang on it.
+ *
+ * A fork (net_fork) is another machine on another wire: every link but
+ * loopback is reset, and the fork's interfaces are put on the VM's devices
+ * by their place, which the agent keeps from when it configured them. */
 #define _GNU_SOURCE
 #include "net.h"
 
@@ -30,6 +34,10 @@
 #define FIND_WAIT_MS 2000
 #define FIND_POLL_MS 10
 #define LINKS_MAX 64
+/* Addresses read per dump when a fork drops them, and dumps at most. */
+#define ADDRS_MAX 128
+#define ADDR_ROUNDS 16
+#define SLOTS_MAX (PC_NET_MAX_IFACES + PC_NET_MAX_SPARES)
 /* Reads of one answer; each read is bounded by the socket's timeout. */
 #define MAX_READS 256
 #define RECV_TIMEOUT_S 2
@@ -47,10 +55,35 @@ struct req {
 
 struct link {
     int index;
+    unsigned flags;
     char name[IF_NAMESIZE];
     unsigned char mac[6];
     int has_mac;
 };
+
+struct addr {
+    int index;
+    unsigned char family, prefixlen;
+    unsigned char local[16], address[16];
+    int has_local, has_address;
+};
+
+/* What an exchange keeps of a dump: links or addresses, at most max. */
+struct dump {
+    struct link *links;
+    struct addr *addrs;
+    int max, count;
+};
+
+/* The VM's virtio-net devices in the host's order (the SANDBOX's interfaces,
+ * then its spares), as this agent configured them: a fork's interfaces take
+ * them by place.  parked: in the spares' namespace (make_park). */
+static struct {
+    int index;
+    int parked;
+    unsigned char mac[6];
+} slots[SLOTS_MAX];
+static int nslots;
 
 static int nl = -1;
 static unsigned nl_seq;
@@ -84,6 +117,7 @@ static void read_link(struct nlmsghdr *m, struct link *l)
     int len = (int)IFLA_PAYLOAD(m);
     memset(l, 0, sizeof *l);
     l->index = ifi->ifi_index;
+    l->flags = ifi->ifi_flags;
     for (struct rtattr *a = IFLA_RTA(ifi); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
         size_t n = RTA_PAYLOAD(a);
         if (a->rta_type == IFLA_IFNAME && n > 0 && n <= IF_NAMESIZE) {
@@ -96,10 +130,44 @@ static void read_link(struct nlmsghdr *m, struct link *l)
     }
 }
 
-/* Sends r on sock and reads what answers it: an RTM_NEWLINK goes into out
- * (at most max, counted in *count), NLMSG_DONE ends a dump, NLMSG_ERROR
- * ends a request (its error; 0 is the ACK).  0 or -errno. */
-static int exchange(int sock, struct req *r, struct link *out, int max, int *count)
+static void read_addr(struct nlmsghdr *m, struct addr *a)
+{
+    struct ifaddrmsg *ifa = NLMSG_DATA(m);
+    int len = (int)IFA_PAYLOAD(m);
+    size_t want = ifa->ifa_family == AF_INET ? 4 : 16;
+    memset(a, 0, sizeof *a);
+    a->index = (int)ifa->ifa_index;
+    a->family = ifa->ifa_family;
+    a->prefixlen = ifa->ifa_prefixlen;
+    for (struct rtattr *at = IFA_RTA(ifa); RTA_OK(at, len); at = RTA_NEXT(at, len)) {
+        if (RTA_PAYLOAD(at) != want)
+            continue;
+        if (at->rta_type == IFA_LOCAL) {
+            memcpy(a->local, RTA_DATA(at), want);
+            a->has_local = 1;
+        } else if (at->rta_type == IFA_ADDRESS) {
+            memcpy(a->address, RTA_DATA(at), want);
+            a->has_address = 1;
+        }
+    }
+}
+
+static void keep(struct nlmsghdr *m, struct dump *d)
+{
+    if (!d || d->count >= d->max)
+        return;
+    if (d->links && m->nlmsg_type == RTM_NEWLINK &&
+        m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifinfomsg)))
+        read_link(m, &d->links[d->count++]);
+    else if (d->addrs && m->nlmsg_type == RTM_NEWADDR &&
+             m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifaddrmsg)))
+        read_addr(m, &d->addrs[d->count++]);
+}
+
+/* Sends r on sock and reads what answers it: the links or addresses of a
+ * dump go into d (at most d->max), NLMSG_DONE ends a dump, NLMSG_ERROR ends
+ * a request (its error; 0 is the ACK).  0 or -errno. */
+static int exchange(int sock, struct req *r, struct dump *d)
 {
     static char buf[32768];
     if (send(sock, r, r->h.nlmsg_len, 0) < 0)
@@ -121,9 +189,7 @@ static int exchange(int sock, struct req *r, struct link *out, int max, int *cou
                 return m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct nlmsgerr))
                            ? ((struct nlmsgerr *)NLMSG_DATA(m))->error
                            : -EIO;
-            if (m->nlmsg_type == RTM_NEWLINK && out && *count < max &&
-                m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifinfomsg)))
-                read_link(m, &out[(*count)++]);
+            keep(m, d);
         }
     }
     return -EIO;
@@ -133,7 +199,7 @@ static int exchange(int sock, struct req *r, struct link *out, int max, int *cou
 static int talk_on(int sock, struct req *r)
 {
     r->h.nlmsg_flags |= NLM_F_ACK;
-    return exchange(sock, r, NULL, 0, NULL);
+    return exchange(sock, r, NULL);
 }
 
 static int talk(struct req *r)
@@ -146,11 +212,22 @@ static int talk(struct req *r)
 static int dump_links(int sock, struct link *out, int max)
 {
     struct req r;
-    int count = 0;
+    struct dump d = {.links = out, .max = max};
     start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
     r.u.ifi.ifi_family = AF_UNSPEC;
-    int rc = exchange(sock, &r, out, max, &count);
-    return rc ? rc : count;
+    int rc = exchange(sock, &r, &d);
+    return rc ? rc : d.count;
+}
+
+/* Every address of sock's namespace, at most max: the count, or -errno. */
+static int dump_addrs(int sock, struct addr *out, int max)
+{
+    struct req r;
+    struct dump d = {.addrs = out, .max = max};
+    start(&r, RTM_GETADDR, NLM_F_DUMP, sizeof(struct ifaddrmsg));
+    r.u.ifa.ifa_family = AF_UNSPEC;
+    int rc = exchange(sock, &r, &d);
+    return rc ? rc : d.count;
 }
 
 /* The ifindex of the device with each of the n MACs in sock's namespace,
@@ -208,7 +285,8 @@ static int find_devices(const struct net_spec *n, int *index, char *err, size_t 
     return 0;
 }
 
-/* RTM_NEWLINK on index (or, with index 0, on the link called name). */
+/* RTM_NEWLINK on index (or, with index 0, on the link called name);
+ * up: 1 up, -1 down, 0 as it is. */
 static int set_link(int index, const char *name, const unsigned char *mac, unsigned mtu, int up)
 {
     struct req r;
@@ -222,9 +300,23 @@ static int set_link(int index, const char *name, const unsigned char *mac, unsig
     if (mtu)
         attr(&r, IFLA_MTU, &mtu, sizeof mtu);
     if (up) {
-        r.u.ifi.ifi_flags = IFF_UP;
+        r.u.ifi.ifi_flags = up > 0 ? IFF_UP : 0;
         r.u.ifi.ifi_change = IFF_UP;
     }
+    return talk(&r);
+}
+
+/* Down, and out of any bridge or bond a container put it in: a fork's link
+ * carries nothing of its parent's. */
+static int reset_link(int index)
+{
+    struct req r;
+    uint32_t none = 0;
+    start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
+    r.u.ifi.ifi_family = AF_UNSPEC;
+    r.u.ifi.ifi_index = index;
+    r.u.ifi.ifi_change = IFF_UP;
+    attr(&r, IFLA_MASTER, &none, sizeof none);
     return talk(&r);
 }
 
@@ -287,14 +379,15 @@ static const char *ip_text(int family, const unsigned char *a, char *buf, size_t
     return inet_ntop(family, a, buf, (socklen_t)len) ? buf : "?";
 }
 
-static int configure(const struct net_spec *n, char *err, size_t errlen)
+/* The interfaces n names onto the devices index[] names: renamed, MAC
+ * (set_mac: always; else only where a spare takes an interface's), MTU, up,
+ * addresses, routes. */
+static int apply_links(const struct net_spec *n, const int *index, int set_mac, char *err,
+                       size_t errlen)
 {
-    int index[PC_NET_MAX_IFACES];
     char tmp[IF_NAMESIZE], text[INET6_ADDRSTRLEN];
     int rc;
 
-    if (find_devices(n, index, err, errlen))
-        return -1;
     /* Two passes: the kernel already named the devices eth0, eth1..., and
      * the names they are to get may be each other's. */
     for (int i = 0; i < n->nifaces; i++) {
@@ -306,7 +399,7 @@ static int configure(const struct net_spec *n, char *err, size_t errlen)
     }
     for (int i = 0; i < n->nifaces; i++) {
         const struct net_iface *f = &n->ifaces[i];
-        const unsigned char *mac = f->has_dev_mac ? f->mac : NULL;
+        const unsigned char *mac = set_mac || f->has_dev_mac ? f->mac : NULL;
         if ((rc = set_link(index[i], f->name, mac, f->mtu, 0)) ||
             (rc = set_link(index[i], NULL, NULL, 0, 1))) {
             snprintf(err, errlen, "net: %s (MTU %u): %s", f->name, f->mtu, strerror(-rc));
@@ -330,6 +423,13 @@ static int configure(const struct net_spec *n, char *err, size_t errlen)
         }
     }
     return 0;
+}
+
+/* Each interface's device found by its MAC, then configured: index[] says
+ * which device each took. */
+static int configure(const struct net_spec *n, int *index, char *err, size_t errlen)
+{
+    return find_devices(n, index, err, errlen) || apply_links(n, index, 0, err, errlen) ? -1 : 0;
 }
 
 static int open_netlink(int *sock, char *err, size_t errlen)
@@ -375,9 +475,10 @@ static int make_park(char *err, size_t errlen)
     return 0;
 }
 
-/* Moves the device with each MAC from the namespace sock lives in to ns_fd. */
+/* Moves the device with each MAC from the namespace sock lives in to ns_fd,
+ * where dest_sock lives: moved[] gets their ifindex there. */
 static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_fd,
-                        char *err, size_t errlen)
+                        int dest_sock, int *moved, char *err, size_t errlen)
 {
     int index[PC_NET_MAX_IFACES], missing = 0, rc;
     rc = find_macs(sock, macs, n, index, &missing);
@@ -394,17 +495,28 @@ static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_
         attr(&r, IFLA_NET_NS_FD, &fd, sizeof fd);
         rc = talk_on(sock, &r);
     }
-    if (rc) {
-        snprintf(err, errlen, "net: move spare device: %s", strerror(-rc));
+    if (rc || (rc = find_macs(dest_sock, macs, n, moved, &missing)) != 0) {
+        snprintf(err, errlen, "net: move spare device: %s", rc > 0 ? "lost" : strerror(-rc));
         return -1;
     }
     return 0;
+}
+
+static void add_slot(int index, int parked, const unsigned char *mac)
+{
+    if (nslots == SLOTS_MAX)
+        return;
+    slots[nslots].index = index;
+    slots[nslots].parked = parked;
+    memcpy(slots[nslots].mac, mac, 6);
+    nslots++;
 }
 
 static int lo_up, configured;
 
 int net_configure(const struct net_spec *n, char *err, size_t errlen)
 {
+    int index[PC_NET_MAX_IFACES], spare[PC_NET_MAX_SPARES];
     int rc;
 
     if (lo_up && !n->nifaces && !n->nspares)
@@ -425,10 +537,14 @@ int net_configure(const struct net_spec *n, char *err, size_t errlen)
     }
     if (n->nspares && (make_park(err, errlen) ||
                        move_devices(nl, (const unsigned char (*)[6])n->spares, n->nspares,
-                                    park_ns, err, errlen)))
+                                    park_ns, park_nl, spare, err, errlen)))
         return -1;
-    if (n->nifaces && configure(n, err, errlen))
+    if (n->nifaces && configure(n, index, err, errlen))
         return -1;
+    for (int i = 0; i < n->nifaces; i++)
+        add_slot(index[i], 0, n->ifaces[i].mac);
+    for (int i = 0; i < n->nspares; i++)
+        add_slot(spare[i], 1, n->spares[i]);
     configured = n->nifaces || n->nspares;
     return 0;
 }
@@ -436,7 +552,7 @@ int net_configure(const struct net_spec *n, char *err, size_t errlen)
 int net_start(const struct net_spec *n, char *err, size_t errlen)
 {
     unsigned char macs[PC_NET_MAX_IFACES][6];
-    int nmacs = 0;
+    int nmacs = 0, index[PC_NET_MAX_IFACES];
     if (!n->nifaces)
         return 0;
     for (int i = 0; i < n->nifaces; i++)
@@ -447,7 +563,113 @@ int net_start(const struct net_spec *n, char *err, size_t errlen)
         return -1;
     }
     if (nmacs && move_devices(park_nl, (const unsigned char (*)[6])macs, nmacs, root_ns,
-                              err, errlen))
+                              nl, index, err, errlen))
         return -1;
-    return configure(n, err, errlen);
+    if (configure(n, index, err, errlen))
+        return -1;
+    /* The spares these took are in the VM's namespace now, with their MACs. */
+    for (int i = 0; i < n->nifaces; i++)
+        for (int s = 0; s < nslots; s++)
+            if (n->ifaces[i].has_dev_mac && slots[s].parked &&
+                !memcmp(slots[s].mac, n->ifaces[i].dev_mac, 6)) {
+                slots[s].index = index[i];
+                slots[s].parked = 0;
+                memcpy(slots[s].mac, n->ifaces[i].mac, 6);
+            }
+    return 0;
+}
+
+/* Every address of a link that is not loopback, deleted: a dump at a time,
+ * so that no count of addresses a container made escapes it. */
+static int drop_addresses(const struct link *links, int nlinks, char *err, size_t errlen)
+{
+    static struct addr addrs[ADDRS_MAX];
+    for (int round = 0; round < ADDR_ROUNDS; round++) {
+        int count = dump_addrs(nl, addrs, ADDRS_MAX), dropped = 0;
+        if (count < 0) {
+            snprintf(err, errlen, "net: list addresses: %s", strerror(-count));
+            return -1;
+        }
+        for (int i = 0; i < count; i++) {
+            const struct addr *a = &addrs[i];
+            int loopback = 0;
+            for (int k = 0; k < nlinks; k++)
+                if (links[k].index == a->index && (links[k].flags & IFF_LOOPBACK))
+                    loopback = 1;
+            if (loopback || (a->family != AF_INET && a->family != AF_INET6))
+                continue;
+            struct req r;
+            start(&r, RTM_DELADDR, 0, sizeof(struct ifaddrmsg));
+            r.u.ifa.ifa_family = a->family;
+            r.u.ifa.ifa_prefixlen = a->prefixlen;
+            r.u.ifa.ifa_index = (unsigned)a->index;
+            if (a->has_local)
+                attr(&r, IFA_LOCAL, a->local, addr_len(a->family));
+            if (a->has_address)
+                attr(&r, IFA_ADDRESS, a->address, addr_len(a->family));
+            int rc = talk(&r);
+            /* Gone already: IPv6 addresses leave with the link's down. */
+            if (rc && rc != -EADDRNOTAVAIL && rc != -ENODEV) {
+                snprintf(err, errlen, "net: drop address: %s", strerror(-rc));
+                return -1;
+            }
+            dropped++;
+        }
+        if (count < ADDRS_MAX && !dropped)
+            return 0;
+    }
+    snprintf(err, errlen, "net: addresses keep coming back");
+    return -1;
+}
+
+int net_fork(const struct net_spec *n, char *err, size_t errlen)
+{
+    static struct link links[LINKS_MAX];
+    int index[PC_NET_MAX_IFACES], rc;
+
+    if (n->nifaces > nslots) {
+        snprintf(err, errlen, "net: %d interfaces for the fork, and this VM has %d network "
+                 "devices", n->nifaces, nslots);
+        return -1;
+    }
+    if (nl < 0 && open_netlink(&nl, err, errlen))
+        return -1;
+    /* A spare a fork's interface takes comes out of hiding first. */
+    for (int i = 0; i < n->nifaces; i++) {
+        if (!slots[i].parked)
+            continue;
+        if (park_nl < 0) {
+            snprintf(err, errlen, "net: a spare device, and no namespace it waits in");
+            return -1;
+        }
+        if (move_devices(park_nl, (const unsigned char (*)[6]) & slots[i].mac, 1, root_ns, nl,
+                         &slots[i].index, err, errlen))
+            return -1;
+        slots[i].parked = 0;
+    }
+    int count = dump_links(nl, links, LINKS_MAX);
+    if (count < 0 || count == LINKS_MAX) {
+        snprintf(err, errlen, "net: list links: %s",
+                 count < 0 ? strerror(-count) : "too many links to reset");
+        return -1;
+    }
+    /* Down first: the routes through a link, and its neighbours, go with it. */
+    for (int k = 0; k < count; k++) {
+        if (links[k].flags & IFF_LOOPBACK)
+            continue;
+        if ((rc = reset_link(links[k].index))) {
+            snprintf(err, errlen, "net: reset %s: %s", links[k].name, strerror(-rc));
+            return -1;
+        }
+    }
+    if (drop_addresses(links, count, err, errlen))
+        return -1;
+    for (int i = 0; i < n->nifaces; i++)
+        index[i] = slots[i].index;
+    if (n->nifaces && apply_links(n, index, 1, err, errlen))
+        return -1;
+    for (int i = 0; i < n->nifaces; i++)
+        memcpy(slots[i].mac, n->ifaces[i].mac, 6);
+    configured = 1;
+    return 0;
 }

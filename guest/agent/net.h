@@ -15,5 +15,10 @@ int net_configure(const struct net_spec *n, char *err, size_t errlen);
 /* For START with network records: interfaces that appeared on the host
  * after create, each taking over a spare device.  0, or -1 with err set. */
 int net_start(const struct net_spec *n, char *err, size_t errlen);
+/* For FORKED: every link but loopback down, out of its master, without
+ * addresses (and so routes); then the interfaces n names, the i-th on the
+ * VM's i-th network device (the host's order), with their MACs, addresses
+ * and routes.  0, or -1 with err set. */
+int net_fork(const struct net_spec *n, char *err, size_t errlen);
 
 #endif

@@ -222,6 +222,14 @@ int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
         snprintf(err, errlen, "fork: needs container, hostname, entropy and machineid only");
         return -1;
     }
+    /* Its interfaces go on the VM's devices by place: no spare, no device MAC. */
+    int dev_mac = 0;
+    for (int i = 0; i < f.net.nifaces; i++)
+        dev_mac |= f.net.ifaces[i].has_dev_mac;
+    if (f.net.nspares || dev_mac) {
+        snprintf(err, errlen, "fork: net.spare and device MACs are not a fork's");
+        return -1;
+    }
     if (f.has_clock && clock_settime(CLOCK_REALTIME, &f.clock) < 0) {
         snprintf(err, errlen, "fork: clock: %s", strerror(errno));
         return -1;
@@ -240,7 +248,9 @@ int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
         return -1;
     if (write_machine_id(f.machine_id, err, errlen) < 0)
         return -1;
-    logmsg("forked: now container %s", f.container);
+    if (net_fork(&f.net, err, errlen) < 0)
+        return -1;
+    logmsg("forked: now container %s, %d network interface(s)", f.container, f.net.nifaces);
     return 0;
 }
 

@@ -11,6 +11,12 @@ need no such care: they vanish with the last fd, which QEMU holds.
 In a namespace of its own (the spec's `network` entry has no path), the VM
 also gets a spare device: `ctr run --cni` adds the container's veth to the
 shim's namespace only between create and start (paracell/net/late.py).
+
+A fork's VM loads its parent's device state, so it has its parent's devices,
+counted in the parent's record (`Record.devices`), whatever the fork's own
+namespace holds: that namespace's interfaces go onto the first devices, in
+order, and the rest get a TAP that leads nowhere. The guest's agent moves
+its addresses over on FORKED (docs/snapshots.md, "Forks and the network").
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class Record:
     spares: list[Spare] = field(default_factory=list)
     # Persistent TAPs of a libvirt domain (paracell/net/lent.py), by name.
     lent: list[str] = field(default_factory=list)
+    # The VM's virtio-net devices (interfaces, spares), which its forks must
+    # have too; None in a record written before forks could have a network.
+    devices: tuple[int, int] | None = None
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -67,9 +76,22 @@ class Record:
                      if isinstance(v, int) and not isinstance(v, bool) and v > 0]
             spares = [Spare(str(s["tap"]), str(s["mac"])) for s in data["spares"]]
             lent_taps = [n for n in data.get("lent", []) if lent.valid_name(n)]
+            devices = _device_counts(data.get("devices"))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
-        return cls(veths, spares, lent_taps)
+        return cls(veths, spares, lent_taps, devices)
+
+
+def _device_counts(value: Any) -> tuple[int, int] | None:
+    from paracell._native import lib
+
+    bounds = (lib.PC_NET_MAX_IFACES, lib.PC_NET_MAX_SPARES)
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    if not all(type(v) is int and 0 <= v <= bound for v, bound in zip(value, bounds,
+                                                                      strict=True)):
+        return None
+    return value[0], value[1]
 
 
 def netlink_error(err: Exception) -> ParacellError:
@@ -96,16 +118,21 @@ def new_mac() -> str:
 class NetworkInterfaces(Device):
     kind = "net"
 
-    def __init__(self, state_dir: Path, netns_path: str, tap_prefix: str = "") -> None:
+    def __init__(self, state_dir: Path, netns_path: str, tap_prefix: str = "",
+                 fork_devices: tuple[int, int] | None = None) -> None:
         """netns_path: the namespace the shim joins; "" for a new one of its own.
         tap_prefix: for a VMM that is not our child (libvirt), which opens
         each TAP by name in its own namespace, the TAPs are persistent, named
-        from this prefix, and lent to that namespace until QEMU holds them."""
+        from this prefix, and lent to that namespace until QEMU holds them.
+        fork_devices: a fork's, its parent's (interfaces, spares)."""
         self.record = state_dir / RECORD_FILE
         self.netns_path = netns_path
         self.tap_prefix = tap_prefix
+        self.fork_devices = fork_devices
         self.interfaces: list[discover.Interface] = []
         self.spares: list[Spare] = []
+        # A fork's devices that no interface of its namespace takes: their MACs.
+        self.idle: list[str] = []
         self.taps: list[tuple[int, str]] = []  # (fd, name): the interfaces', then the spares'
         self._veths: list[int] = []
         # libvirt: the VMM's namespace, where the TAPs are lent until QEMU holds them.
@@ -118,10 +145,13 @@ class NetworkInterfaces(Device):
     def shape(self) -> dict[str, Any]:
         """How many virtio-net devices: the namespace's interfaces now (the
         shim is inside it), and the spares a namespace of our own gets."""
+        nics, spares = self.fork_devices or (discover.ethernet_count(), self._spare_count())
+        return {"nics": nics, "spares": spares}
+
+    def _spare_count(self) -> int:
         from paracell._native import lib
 
-        return {"nics": discover.ethernet_count(),
-                "spares": 0 if self.netns_path else lib.PC_NET_MAX_SPARES}
+        return 0 if self.netns_path else lib.PC_NET_MAX_SPARES
 
     def tap_names(self) -> list[str]:
         return [name for _, name in self.taps]
@@ -129,7 +159,7 @@ class NetworkInterfaces(Device):
     def macs(self) -> list[str]:
         """The devices' MACs as the guest sees them, in order."""
         return self.device_macs or ([i.mac for i in self.interfaces]
-                                    + [s.mac for s in self.spares])
+                                    + [s.mac for s in self.spares] + self.idle)
 
     def facts(self) -> dict[str, Any]:
         return {"netns": self.netns_path, "record": str(self.record)}
@@ -142,11 +172,12 @@ class NetworkInterfaces(Device):
 
         def work() -> tuple[tuple[Any, ...], list[int]]:
             self._prepare()
-            found = (self.interfaces, self._veths, self.spares, self.tap_names())
+            found = (self.interfaces, self._veths, self.spares, self.idle, self.tap_names())
             return found, [fd for fd, _ in self.taps if fd >= 0] + \
                 ([self._vmm_netns] if self._vmm_netns >= 0 else [])
 
-        (self.interfaces, self._veths, self.spares, names), fds = netlinkchild.run(work)
+        (self.interfaces, self._veths, self.spares, self.idle, names), fds = \
+            netlinkchild.run(work)
         if self.tap_prefix:
             self.taps = [(-1, name) for name in names]
             self._vmm_netns = fds[0] if fds else -1
@@ -161,15 +192,18 @@ class NetworkInterfaces(Device):
             with IPRoute() as ipr:
                 self.interfaces = discover.interfaces(ipr)
                 self._check_restored_macs()
+                self._check_fork_devices()
                 for iface in self.interfaces:
                     mirror.check_free(ipr, iface.index, iface.name)
                 self._veths = [i.index for i in self.interfaces]
-                Record(self._veths).write(self.record)
+                self._write_record()
                 for iface in self.interfaces:
                     index = self._tap(ipr, iface.mtu)
                     if not self.tap_prefix:  # a lent TAP is mirrored once it is back
                         mirror.connect(ipr, iface.index, index)
-                if not self.netns_path:
+                if self.fork_devices is not None:
+                    self._add_idle(ipr)
+                elif not self.netns_path:
                     self._add_spares(ipr)
             if self.tap_prefix:
                 self._vmm_netns = lent.open_vmm_netns()
@@ -182,12 +216,30 @@ class NetworkInterfaces(Device):
             raise
 
     def _check_restored_macs(self) -> None:
-        from paracell._native import lib
-
-        spares = 0 if self.netns_path else lib.PC_NET_MAX_SPARES
+        spares = self._spare_count()
         if self.device_macs is not None and len(self.device_macs) != len(self.interfaces) + spares:
             raise ParacellError("the network namespace changed while its VM was being made: "
                                 f"{len(self.interfaces)} interfaces now")
+
+    def _check_fork_devices(self) -> None:
+        if self.fork_devices is not None and len(self.interfaces) > sum(self.fork_devices):
+            raise ParacellError(f"network namespace {self.netns_path}: "
+                                f"{len(self.interfaces)} interfaces, and the fork's VM has "
+                                f"{sum(self.fork_devices)} network devices (its parent's)")
+
+    def _add_idle(self, ipr: Any) -> None:
+        """A fork's devices beyond its namespace's interfaces: a TAP each,
+        connected to nothing; the agent keeps them down."""
+        assert self.fork_devices is not None
+        for _ in range(sum(self.fork_devices) - len(self.interfaces)):
+            self._tap(ipr, 1500)
+            self.idle.append(new_mac())
+
+    def _write_record(self, lent_names: list[str] | None = None) -> None:
+        # The devices the VM is given: what it was shaped from, found again.
+        devices = self.fork_devices or (len(self.interfaces), self._spare_count())
+        Record(self._veths, self.spares, self._lent() if lent_names is None else lent_names,
+               devices).write(self.record)
 
     def _tap(self, ipr: Any, mtu: int) -> int:
         """A new TAP, up: its ifindex."""
@@ -212,18 +264,23 @@ class NetworkInterfaces(Device):
         for n in range(lib.PC_NET_MAX_SPARES):
             self._tap(ipr, 1500)
             self.spares.append(Spare(self.taps[-1][1], given[n] if given else new_mac()))
-        Record(self._veths, self.spares, self._lent()).write(self.record)
+        self._write_record()
 
     def _lent(self) -> list[str]:
         return self.tap_names() if self.tap_prefix else []
 
     def _record_lent(self, names: list[str]) -> None:
-        Record(self._veths, self.spares, names).write(self.record)
+        self._write_record(names)
 
     def sandbox_records(self) -> list[tuple[str, str]]:
         device_macs = self.device_macs[:len(self.interfaces)] if self.device_macs else None
         return [*guestconfig.records(self.interfaces, device_macs),
                 *((K.NET_SPARE, s.mac) for s in self.spares)]
+
+    def fork_records(self) -> list[tuple[str, str]]:
+        """FORKED's records: the namespace's interfaces, the n-th on the VM's
+        n-th device, each with its own MAC, which the agent gives the device."""
+        return guestconfig.records(self.interfaces)
 
     def pass_fds(self) -> tuple[int, ...]:
         return tuple(fd for fd, _ in self.taps if fd >= 0)
@@ -332,4 +389,6 @@ def summary(nics: NetworkInterfaces | None) -> str:
     pairs = [f"{i.name} ({i.mac}) via {name}"
              for i, (_, name) in zip(nics.interfaces, nics.taps, strict=False)]
     pairs += [f"spare ({s.mac}) via {s.tap}" for s in nics.spares]
+    pairs += [f"idle ({mac}) via {name}" for mac, (_, name) in
+              zip(nics.idle, nics.taps[len(nics.interfaces):], strict=False)]
     return f"network: {', '.join(pairs)}" if pairs else "no network interface"

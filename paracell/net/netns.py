@@ -43,6 +43,13 @@ T = TypeVar("T")
 class NetworkPlan:
     mode: str  # HOST, NEW or JOIN
     path: str = ""
+    # A fork's (paracell/runtime/snapshots/forking.py): its VM loads its
+    # parent's device state, so it has the parent's virtio-net devices
+    # (interfaces, spares) whatever its own namespace holds.
+    devices: tuple[int, int] | None = None
+    # A fork's namespace as `fork` checked it (st_dev, st_ino): the shim joins
+    # that namespace or none, whatever the path names by then.
+    identity: tuple[int, int] | None = None
 
 
 def plan(namespaces: dict[str, str], in_pods_network: bool) -> NetworkPlan:
@@ -69,21 +76,81 @@ def plan(namespaces: dict[str, str], in_pods_network: bool) -> NetworkPlan:
     return NetworkPlan(JOIN, path)
 
 
-def join(path: str) -> None:
-    """setns(2) into the network namespace at path. The calling thread moves;
-    the shim calls it while it is the only thread, before QEMU exists, so
-    QEMU and every later thread start inside."""
+def join(path: str, identity: tuple[int, int] | None = None) -> None:
+    """setns(2) into the network namespace at path (and, with `identity`,
+    only if it is still that namespace). The calling thread moves; the shim
+    calls it while it is the only thread, before QEMU exists, so QEMU and
+    every later thread start inside."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as err:
         raise ParacellError(f"network namespace {path}: {err.strerror}") from None
     try:
+        if identity is not None and _identity(os.fstat(fd)) != identity:
+            raise ParacellError(f"network namespace {path}: it is another namespace than "
+                                "the one checked before (the path was replaced)")
         if libc().setns(fd, CLONE_NEWNET) != 0:
             err = ctypes.get_errno()
             raise ParacellError(f"joining network namespace {path}: {os.strerror(err)}"
                                 + (" (not a network namespace)" if err == 22 else ""))
     finally:
         os.close(fd)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def identity_of(path: str) -> tuple[int, int] | None:
+    """The namespace a live path names (a process's /proc/PID/ns/net), or None."""
+    try:
+        return _identity(os.stat(path))
+    except OSError:
+        return None
+
+
+def check_given(path: str) -> tuple[int, int]:
+    """A network namespace file handed to us by a caller (a fork's --netns),
+    as hostile input: an absolute path whose last component is no symbolic
+    link, a regular file (nsfs; a FIFO or device is never opened for
+    reading), that is a network namespace and not this process's own. Its
+    identity, which the shim checks again when it joins."""
+    import fcntl
+
+    from paracell.linux import NS_GET_NSTYPE
+
+    shown = path[:200]
+    if not path or not os.path.isabs(path) or "\0" in path:
+        raise ParacellError(f"network namespace {shown!r}: not an absolute path")
+    try:
+        seen = os.lstat(path)
+    except OSError as err:
+        raise ParacellError(f"network namespace {shown}: {err.strerror}") from None
+    if stat.S_ISLNK(seen.st_mode):
+        raise ParacellError(f"network namespace {shown}: a symbolic link; give the "
+                            "namespace file itself")
+    if not stat.S_ISREG(seen.st_mode):
+        raise ParacellError(f"network namespace {shown}: not a namespace file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as err:
+        raise ParacellError(f"network namespace {shown}: {err.strerror}") from None
+    try:
+        opened = os.fstat(fd)
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            kind = -1
+    finally:
+        os.close(fd)
+    if _identity(opened) != _identity(seen):
+        raise ParacellError(f"network namespace {shown}: it changed while it was checked")
+    if kind != CLONE_NEWNET:
+        raise ParacellError(f"network namespace {shown}: not a network namespace")
+    if _identity(opened) == identity_of("/proc/self/ns/net"):
+        raise ParacellError(f"network namespace {shown}: the runtime's own (the host's "
+                            "network), which a VM cannot be given")
+    return _identity(opened)
 
 
 def unshare() -> None:
@@ -102,7 +169,7 @@ def enter(network: NetworkPlan) -> None:
     if network.mode in (JOIN, NEW) and not _left:
         _left.append(os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
     if network.mode in (JOIN, POD):
-        join(network.path)
+        join(network.path, network.identity)
     elif network.mode == NEW:
         unshare()
 

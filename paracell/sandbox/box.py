@@ -210,14 +210,21 @@ class Sandbox:
             return snapshot.rollback(self._ctx(), self.id, name)
 
     def fork(self, name: str | None = None, count: int = 1,
-             id_prefix: str | None = None, private_memory: bool = False) -> list[Sandbox]:
+             id_prefix: str | None = None, private_memory: bool = False,
+             netns: Sequence[str] = ()) -> list[Sandbox]:
         """COUNT new sandboxes that go on from the checkpoint (or from now),
         made at once. They share its memory copy-on-write and cannot be
-        checkpointed themselves, unless `private_memory`."""
+        checkpointed themselves, unless `private_memory`. netns: one network
+        namespace path per fork (a CRI or podman sandbox's), whose interfaces
+        its VM takes; without, a fork of a sandbox with interfaces has
+        loopback only."""
         from paracell.runtime.verbs import snapshot
 
+        if isinstance(netns, str):  # one path would otherwise read as its characters
+            raise errors.SandboxError("netns: a list of paths, one per fork")
         with _typed(self.id):
-            ids = snapshot.fork(self._ctx(), self.id, name, count, id_prefix, private_memory)
+            ids = snapshot.fork(self._ctx(), self.id, name, count, id_prefix, private_memory,
+                                list(netns))
         return [Sandbox(i, self.root) for i in ids]
 
     def checkpoints(self) -> list[dict[str, Any]]:

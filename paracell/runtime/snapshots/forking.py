@@ -31,6 +31,7 @@ from paracell.runtime.snapshots.checkpoints import CheckpointError, CheckpointSt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from paracell.net.netns import NetworkPlan
     from paracell.vmm.builder import Vm
     from paracell.vmm.config import VmConfig
     from paracell.vmm.devices import GuestRam
@@ -48,6 +49,8 @@ class ForkSource:
     rootdisk: str     # the cached image of the checkpoint's root disk digest
     wanted_hostname: str = ""  # a restore's: its bundle's; a fork's: its id
     shared_ram: str = ""  # the checkpoint's RAM file it maps copy-on-write; "": a copy
+    # Where its VM sits (`network_plans`); None: where its bundle says (a restore).
+    network: NetworkPlan | None = None
 
     def shares_memory_of(self) -> str:
         """For its state (VmRecord.shares_memory_of): whose pages it maps, or ""."""
@@ -62,11 +65,11 @@ class ForkSource:
 
 
 def source(parent_dir: Path, checkpoint: str, container_ids: list[str],
-           share_memory: bool) -> list[ForkSource]:
+           share_memory: bool, networks: list[NetworkPlan] | None = None) -> list[ForkSource]:
     """Checks that the checkpoint exists and can be read, finds its root disk
     in the cache by content, and with `share_memory` makes its RAM file for
     forks; the rest is checked against each fork's own VM when its shim
-    loads it."""
+    loads it. networks: each fork's (network_plans)."""
     from paracell.images import rootdisk
 
     store = CheckpointStore(parent_dir)
@@ -75,8 +78,50 @@ def source(parent_dir: Path, checkpoint: str, container_ids: list[str],
     if disk is None:
         raise CheckpointError(f"checkpoint {checkpoint}: its root disk is gone from the cache")
     shared = str(store.fork_ram(ckpt)) if share_memory else ""
-    return [ForkSource(str(parent_dir), checkpoint, fid, str(disk), shared_ram=shared)
-            for fid in container_ids]
+    plans = networks or [None] * len(container_ids)
+    return [ForkSource(str(parent_dir), checkpoint, fid, str(disk), shared_ram=shared,
+                       network=plan)
+            for fid, plan in zip(container_ids, plans, strict=True)]
+
+
+def network_plans(parent_net: str, parent_record: str, parent_netns: str, count: int,
+                  paths: list[str]) -> list[NetworkPlan]:
+    """Where each of COUNT forks' VMs sits, from `fork --netns` (one path per
+    fork, or none), all checked before anything is made:
+    - a parent with network devices: a fork with a path joins that namespace,
+      whose interfaces its devices take; one without sits in a new, empty
+      namespace (loopback only). Never the parent's namespace (parent_netns:
+      its shim's), never one namespace for two forks;
+    - a parent without: the host's, as it was, and no path is taken.
+    parent_net: the parent's network mode; parent_record: its net.json."""
+    from paracell.net import device, netns
+
+    if paths and len(paths) != count:
+        raise ParacellError(f"--netns was given {len(paths)} times for {count} forks: "
+                            "give one namespace per fork, or none")
+    if parent_net not in (netns.JOIN, netns.NEW):
+        if paths:
+            raise ParacellError("the parent has no network device (it was created without a "
+                                "network namespace of its own): its forks cannot take one")
+        return [netns.NetworkPlan(netns.HOST)] * count
+    devices = device.Record.read(Path(parent_record)).devices if parent_record else None
+    if devices is None:
+        raise ParacellError("the parent's network record does not say how many network "
+                            "devices its VM has: it cannot be forked")
+    if not paths:
+        return [netns.NetworkPlan(netns.NEW, devices=devices)] * count
+    plans = []
+    parent_identity = netns.identity_of(parent_netns) if parent_netns else None
+    for path in paths:
+        identity = netns.check_given(path)
+        if identity == parent_identity:
+            raise ParacellError(f"network namespace {path[:200]}: the parent's own (two VMs "
+                                "cannot hold one namespace's interfaces)")
+        if any(p.identity == identity for p in plans):
+            raise ParacellError(f"network namespace {path[:200]}: given to two forks (a "
+                                "network namespace serves one VM)")
+        plans.append(netns.NetworkPlan(netns.JOIN, path, devices, identity))
+    return plans
 
 
 def may_share_memory(config: VmConfig) -> str:
@@ -103,14 +148,17 @@ def may_share_memory(config: VmConfig) -> str:
     return ""
 
 
-def identity_payload(fork: ForkSource) -> bytes:
+def identity_payload(fork: ForkSource, network: list[tuple[str, str]]) -> bytes:
+    """FORKED's records. network: the interfaces of the fork's namespace
+    (NetworkInterfaces.fork_records), which the agent puts on the VM's
+    devices in place of the parent's; with none, it keeps only lo."""
     from paracell import speckeys as K
     from paracell.runtime.agent.sandboxspec import ENTROPY_BYTES, clock_record
 
     return K.encode([(K.CONTAINER, fork.container_id), (K.HOSTNAME, fork.hostname()),
-                           (K.MACHINE_ID, uuid.uuid4().hex),
-                           (K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()),
-                           clock_record(time.time_ns())])
+                     (K.MACHINE_ID, uuid.uuid4().hex),
+                     (K.ENTROPY, os.urandom(ENTROPY_BYTES).hex()),
+                     clock_record(time.time_ns()), *network])
 
 
 class ForkRestore:
@@ -193,13 +241,15 @@ class ForkRestore:
         return fd
 
 
-def identify(agent_fd: int, fork: ForkSource, timeout_s: float) -> None:
-    """The guest's new identity, then its RESUME: it wakes as it was at the
-    checkpoint, quiesced, with its parent's exec sessions, which it drops."""
+def identify(agent_fd: int, fork: ForkSource, timeout_s: float,
+             network: list[tuple[str, str]]) -> None:
+    """The guest's new identity and network, then its RESUME: it wakes as
+    it was at the checkpoint, quiesced, with its parent's exec sessions,
+    which it drops, and its parent's addresses, which FORKED replaces."""
     from paracell._native import lib
     from paracell.runtime.agent import channel
 
-    channel.send(agent_fd, lib.PC_FORKED, 0, identity_payload(fork))
+    channel.send(agent_fd, lib.PC_FORKED, 0, identity_payload(fork, network))
     answer = channel.recv(agent_fd, timeout_s, "FORKED")
     if answer.type != lib.PC_ATTACHED:
         why = channel.printable(answer.payload) if answer.type == lib.PC_ERROR else \

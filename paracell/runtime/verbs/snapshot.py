@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from paracell.errors import ParacellError
@@ -78,14 +79,17 @@ RUNNING = b"!"  # what a fork's create child says when its fork runs
 
 
 def fork(ctx: Context, container_id: str, name: str | None, count: int,
-         prefix: str | None, private_memory: bool = False) -> list[str]:
+         prefix: str | None, private_memory: bool = False,
+         netns_paths: Sequence[str] = ()) -> list[str]:
     """COUNT new sandboxes that go on from a checkpoint (taken now without
     NAME), each its own container, made at the same time: their ids, in
     order. They share the checkpoint's memory unless `private_memory` or the
-    host cannot (forking.may_share_memory)."""
+    host cannot (forking.may_share_memory). netns_paths: one network
+    namespace per fork, whose interfaces its VM takes; without, a fork of a
+    parent with interfaces has loopback only (docs/snapshots.md)."""
     import dataclasses
 
-    from paracell.net import netns
+    from paracell.procfs import process_start_time
     from paracell.runtime.snapshots import forking
     from paracell.runtime.state.ids import check_id
     from paracell.vmm import backends
@@ -95,9 +99,13 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
     parent = ctx.store.load(container_id)
     status.transition("checkpoint", parent.status, container_id)
     _refuse_shared_fork(parent)
-    if parent.vm.config.network in (netns.JOIN, netns.NEW):
-        raise ParacellError(f"container {container_id} has network interfaces: forking such a "
-                            "sandbox is not supported yet (two forks would share its addresses)")
+    shim_alive = parent.shim_pid > 0 and process_start_time(parent.shim_pid) == parent.shim_start
+    try:
+        networks = forking.network_plans(
+            parent.vm.config.network, parent.vm.config.net_record,
+            f"/proc/{parent.shim_pid}/ns/net" if shim_alive else "", count, list(netns_paths))
+    except ParacellError as err:
+        raise ParacellError(f"fork of {container_id}: {err}") from None
     if not backends.capabilities_of(parent.vm.config).snapshots:
         raise ParacellError(f"container {container_id}: its backend ({parent.vm.config.vmm}) "
                             "cannot fork a VM")
@@ -120,7 +128,7 @@ def fork(ctx: Context, container_id: str, name: str | None, count: int,
                             f"checkpoint's memory: {why}")
     if name is None:
         name = checkpoint(ctx, container_id, None)["name"]
-    sources = forking.source(ctx.store.dir(container_id), name, ids, share)
+    sources = forking.source(ctx.store.dir(container_id), name, ids, share, networks)
     detached = dataclasses.replace(ctx, no_template=True)
     with _StdioToDevnull():
         return _create_together(ctx, detached, parent.bundle, sources)

@@ -128,7 +128,10 @@ class OwnVm:
         if facts.qemu_path is None:
             raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
         choice = probe.choose_engine(ctx.engine, facts)
-        network = netns.plan(bundle.namespaces, pod_role.in_pods_network)
+        # A fork's namespace is the one `fork` was given for it, or a new one:
+        # never its parent's, which the bundle names.
+        network = fork.network if fork is not None and fork.network is not None \
+            else netns.plan(bundle.namespaces, pod_role.in_pods_network)
         snapshot = snapshotmode.plan(bundle, pod_sandbox)
         backend = ctx.backend(bundle.annotations)
         if snapshot.enabled and not backend.capabilities.snapshots:

@@ -202,8 +202,12 @@ class Shim:
                                       templatestore.key_of(plan.vm.builder.shape()), vmm,
                                       lambda: self._launch(False, paused=True), self._debug)
         self.vm = restore.restore()
-        forking.identify(self._agent_fd(), plan.fork, BOOT_TIMEOUT_S)
+        self._debug(f"qemu: {net_device.summary(plan.vm.nics)}")
+        network = plan.vm.nics.fork_records() if plan.vm.nics is not None else []
+        forking.identify(self._agent_fd(), plan.fork, BOOT_TIMEOUT_S, network)
         self._debug(f"fork {plan.fork.container_id} took its identity")
+        # As a create's: the fork's namespace's loopback leads into its guest.
+        self.forward = portforward.start(plan.network, plan.log)
         signal.pthread_sigmask(signal.SIG_BLOCK, signals.FORWARDED)
         if plan.checkpoint_limit:
             self._serve_snapshots(vmm)

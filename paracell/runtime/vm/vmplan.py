@@ -95,7 +95,8 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         # A VMM that gets no fds opens TAPs by name, lent to its namespace.
         planned.nics = vm.attach(NetworkInterfaces(
             state_dir, network.path,
-            tap_prefix="" if backend.capabilities.passes_fds else memory_file.stem[:8]))
+            tap_prefix="" if backend.capabilities.passes_fds else memory_file.stem[:8],
+            fork_devices=network.devices))
         config.net_record = str(planned.nics.record)
     # Last: the record is reclaimed last-made first, and a VMM that is a
     # daemon's must be gone before the VM's RAM file and sockets are.
