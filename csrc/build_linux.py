@@ -28,8 +28,8 @@ NAMES = {
                     "BPF_CGROUP_DEVICE BPF_F_ALLOW_MULTI BPF_DEVCG_DEV_BLOCK BPF_DEVCG_DEV_CHAR "
                     "BPF_DEVCG_ACC_MKNOD BPF_DEVCG_ACC_READ BPF_DEVCG_ACC_WRITE"),
     "linux/if_tun.h": "TUNSETIFF TUNSETPERSIST IFF_TAP IFF_NO_PI IFF_VNET_HDR",
-    "net/if.h": "IFNAMSIZ",
-    "linux/sockios.h": "SIOCGIFHWADDR",
+    "net/if.h": "IFNAMSIZ IFF_UP",
+    "linux/sockios.h": "SIOCGIFHWADDR SIOCGIFFLAGS SIOCSIFFLAGS",
 }
 
 ffibuilder = FFI()

@@ -97,10 +97,14 @@ IFF_TAP = int(_abi.IFF_TAP)
 IFF_NO_PI = int(_abi.IFF_NO_PI)
 IFF_VNET_HDR = int(_abi.IFF_VNET_HDR)
 
-# <net/if.h>: interface names
+# <net/if.h>: interface names, and the flag of an interface that is up
 IFNAMSIZ = int(_abi.IFNAMSIZ)
-# <linux/sockios.h>: an interface's hardware address, whose family is its ARPHRD type
+IFF_UP = int(_abi.IFF_UP)
+# <linux/sockios.h>: an interface's hardware address, whose family is its ARPHRD
+# type; its flags, read and set without rtnetlink
 SIOCGIFHWADDR = int(_abi.SIOCGIFHWADDR)
+SIOCGIFFLAGS = int(_abi.SIOCGIFFLAGS)
+SIOCSIFFLAGS = int(_abi.SIOCSIFFLAGS)
 
 
 _libc: ctypes.CDLL | None = None

@@ -15,8 +15,9 @@ shim's namespace only between create and start (paracell/net/late.py).
 A fork's VM loads its parent's device state, so it has its parent's devices,
 counted in the parent's record (`Record.devices`), whatever the fork's own
 namespace holds: that namespace's interfaces go onto the first devices, in
-order, and the rest get a TAP that leads nowhere. The guest's agent moves
-its addresses over on FORKED (docs/snapshots.md, "Forks and the network").
+order, and the rest get a TAP that leads nowhere. The TAPs stay down until
+the guest's agent has dropped its parent's addresses and taken the fork's
+on FORKED (docs/snapshots.md, "Forks and the network").
 """
 
 from __future__ import annotations
@@ -242,7 +243,7 @@ class NetworkInterfaces(Device):
                devices).write(self.record)
 
     def _tap(self, ipr: Any, mtu: int) -> int:
-        """A new TAP, up: its ifindex."""
+        """A new TAP, up (a fork's: down, until `fork_ready`): its ifindex."""
         if self.tap_prefix:
             name = lent.name_for(self.tap_prefix, len(self.taps))
             # Recorded before it exists: a persistent TAP outlives everyone.
@@ -254,8 +255,21 @@ class NetworkInterfaces(Device):
             self.taps.append((fd, name))
         tap.disable_ipv6(name)
         index = ipr.link_lookup(ifname=name)[0]
-        ipr.link("set", index=index, mtu=mtu, state="up")
+        if self.fork_devices is None:
+            ipr.link("set", index=index, mtu=mtu, state="up")
+        else:
+            # A fork's guest runs with its parent's addresses until FORKED
+            # has reset them: a TAP that is down drops what it sends (and
+            # mirred drops what the veth sends it) until then.
+            ipr.link("set", index=index, mtu=mtu)
         return index
+
+    def fork_ready(self) -> None:
+        """Once the fork's guest holds only its own addresses: the wire of
+        each of its namespace's interfaces is connected (the idle devices'
+        TAPs stay down). In the shim, in the namespace; no netlink."""
+        for _, name in self.taps[:len(self.interfaces)]:
+            tap.bring_up(name)
 
     def _add_spares(self, ipr: Any) -> None:
         from paracell._native import lib

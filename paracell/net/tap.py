@@ -12,7 +12,17 @@ import os
 import struct
 
 from paracell.errors import ParacellError
-from paracell.linux import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, IFNAMSIZ, TUNSETIFF, TUNSETPERSIST
+from paracell.linux import (
+    IFF_NO_PI,
+    IFF_TAP,
+    IFF_UP,
+    IFF_VNET_HDR,
+    IFNAMSIZ,
+    SIOCGIFFLAGS,
+    SIOCSIFFLAGS,
+    TUNSETIFF,
+    TUNSETPERSIST,
+)
 from paracell.net.discover import TAP_PREFIX
 
 # QEMU finds IFF_VNET_HDR on the fd and then passes checksum and segmentation
@@ -58,3 +68,18 @@ def disable_ipv6(name: str) -> None:
             f.write("1")
     except FileNotFoundError:
         pass  # a host kernel without IPv6
+
+
+def bring_up(name: str) -> None:
+    """IFF_UP on an interface of the current namespace, with an ioctl: the
+    shim does it itself, without a netlink child (paracell/net/netlinkchild.py)."""
+    import socket
+
+    ifreq = struct.Struct(f"{IFNAMSIZ}sH22x")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            raw = name.encode()[:IFNAMSIZ - 1]
+            flags = ifreq.unpack(fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, ifreq.pack(raw, 0)))[1]
+            fcntl.ioctl(sock.fileno(), SIOCSIFFLAGS, ifreq.pack(raw, flags | IFF_UP))
+    except OSError as err:
+        raise ParacellError(f"bringing TAP {name} up: {err.strerror}") from None

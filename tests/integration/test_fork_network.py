@@ -57,7 +57,7 @@ def show(runtime, cid: str) -> str:
 
 
 def fork(runtime, parent: str, prefix: str, *netns_args: str) -> list[str]:
-    count = max(1, len(netns_args) // 2)
+    count = max(1, netns_args.count("--netns"))
     result = runtime("sandbox", "fork", "--count", str(count), "--id-prefix", prefix,
                      *netns_args, parent)
     assert result.returncode == 0, result.stderr
@@ -176,4 +176,37 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
         held.close()
         listener.close()
         assert_nothing_left(pns)
+        runtime.assert_no_leaks()
+
+
+def test_a_fork_takes_its_parents_hidden_spare_and_forks_again(
+        runtime, make_bundle, writable_rootfs):
+    """A parent in a namespace of its own (`network` without a path) has a
+    spare device, hidden from its containers: a fork given a namespace
+    takes it; that fork, with memory of its own, forks into another."""
+    with netns() as ans, netns() as apeer, netns() as bns, netns() as bpeer:
+        wired(ans, apeer, 86)
+        wired(bns, bpeer, 87, name="eth5")
+
+        def mutate(config: dict) -> None:
+            config["annotations"] = SNAPSHOT
+            config["linux"]["namespaces"].append({"type": "network"})
+        bundle = make_bundle(["sh", "-c", SERVE], rootfs=writable_rootfs, readonly=False,
+                             mutate=mutate)
+        runtime("run", "--detach", "--bundle", str(bundle), "nf-new", check=True)
+        wait_status(runtime, "nf-new", "running")
+        assert [ln for ln in show(runtime, "nf-new").splitlines() if ln.startswith("link ")] \
+            == ["link lo 00:00:00:00:00:00 65536 1"]
+        [child] = fork(runtime, "nf-new", "nf-n", "--private-memory", "--netns", ans.path)
+        assert whoami(apeer, "10.86.0.2") == child
+        [grandchild] = fork(runtime, child, "nf-nn", "--netns", bns.path)
+        assert whoami(bpeer, "10.87.0.2") == grandchild
+        seen = show(runtime, grandchild)
+        assert f"link eth5 {bns.link('eth5')['mac']} 1500 1" in seen, seen
+        assert "10.86." not in seen and "link eth0" not in seen, seen
+        assert whoami(apeer, "10.86.0.2") == child  # its parent runs on, on its own
+        for cid in (grandchild, child, "nf-new"):
+            runtime("delete", "--force", cid, check=True)
+        for ns in (ans, bns):
+            assert_nothing_left(ns)
         runtime.assert_no_leaks()

@@ -111,6 +111,10 @@ def test_the_shim_joins_only_the_namespace_that_was_checked():
                                 lambda: netns.join(a.path, checked)) is None
 
 
+def up(ns, name: str) -> bool:
+    return ns.ipr(lambda ipr: bool(ipr.get_links(ifname=name)[0]["flags"] & 1))
+
+
 def test_a_forks_nics_keep_the_parents_device_count(tmp_path):
     with make_netns() as ns, make_netns() as peer:
         veth(ns, "eth0", peer, "p0", a_addrs=("10.9.0.2/24",))
@@ -127,6 +131,11 @@ def test_a_forks_nics_keep_the_parents_device_count(tmp_path):
             assert [k for k, _ in dev.fork_records()] == ["net.if", "net.addr"]
             # Its own forks have the same devices: the record says so.
             assert device.Record.read(tmp_path / device.RECORD_FILE).devices == (1, 1)
+            # Down until the guest has dropped its parent's addresses, then
+            # only the wire of the namespace's interface comes up.
+            assert [up(ns, t) for t in taps] == [False, False]
+            ns.run(dev.fork_ready)
+            assert [up(ns, t) for t in taps] == [True, False]
         finally:
             ns.run(dev.release)
         assert ns.ingress_qdiscs() == []

@@ -205,6 +205,8 @@ class Shim:
         self._debug(f"qemu: {net_device.summary(plan.vm.nics)}")
         network = plan.vm.nics.fork_records() if plan.vm.nics is not None else []
         forking.identify(self._agent_fd(), plan.fork, BOOT_TIMEOUT_S, network)
+        if plan.vm.nics is not None:
+            plan.vm.nics.fork_ready()
         self._debug(f"fork {plan.fork.container_id} took its identity")
         # As a create's: the fork's namespace's loopback leads into its guest.
         self.forward = portforward.start(plan.network, plan.log)
