@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 
 import pytest
@@ -85,6 +86,9 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
         def mutate(config: dict) -> None:
             config["annotations"] = SNAPSHOT
             config["linux"]["namespaces"].append({"type": "network", "path": pns.path})
+            # So that it can add addresses, routes and a bridge of its own.
+            for caps in config["process"]["capabilities"].values():
+                caps.append("CAP_NET_ADMIN")
 
         def listen() -> socket.socket:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -103,6 +107,12 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
         held, _ = listener.accept()
         assert whoami(ppeer, "10.81.0.2") == "paracell"  # the bundle's hostname
         assert tcp_to(runtime, "nf-parent", "10.81.0.1", port) == ["01"]
+        # What the container adds goes in a fork too: the agent resets every
+        # link, not only what it configured.
+        runtime("exec", "nf-parent", "sh", "-c",
+                "ip addr add 10.81.0.9/24 dev eth0 && ip route add 10.99.0.0/16 via 10.81.0.1 "
+                "&& brctl addbr br0 && ip addr add 10.81.5.1/24 dev br0 && ip link set br0 up",
+                check=True)
 
         # Refused in one line, before anything is made.
         link = tmp_path / "link"
@@ -136,7 +146,8 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
             for address in (f"10.{net}.0.2", f"fd{net}::2"):
                 assert whoami(peer, address) == fid
             seen = show(runtime, fid)
-            assert "10.81." not in seen and "fd81:" not in seen, seen
+            assert "10.81." not in seen and "fd81:" not in seen and "10.99." not in seen, seen
+            assert "link br0 " in seen and " 0\n" in seen.split("link br0 ", 1)[1], seen
             assert f"inet 10.{net}.0.2/24" in seen and f"inet6 fd{net}::2/64" in seen, seen
             assert f"default via 10.{net}.0.1" in seen, seen
             # The parent's connection is there, established, and dead (docs).
@@ -152,6 +163,12 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
         # The parent keeps its own, and only it answers there.
         assert whoami(ppeer, "10.81.0.2") == "paracell"  # the bundle's hostname
         assert "inet 10.81.0.2/24" in show(runtime, "nf-parent")
+        # A fork's shim killed: nothing of it cleans up, so delete takes the
+        # qdisc off its namespace's veth from the record.
+        shim = json.loads(runtime("state", "nf-f2", check=True).stdout)["pid"]
+        os.kill(shim, signal.SIGKILL)
+        wait_status(runtime, "nf-f2", "stopped")
+        assert "net1" in bns.ingress_qdiscs()
         for fid in forks:
             runtime("delete", "--force", fid, check=True)
         for ns in (ans, bns):
@@ -162,9 +179,11 @@ def test_forks_take_their_own_namespaces_and_never_the_parents_addresses(
         [alone] = fork(runtime, "nf-parent", "nf-lo")
         seen = show(runtime, alone)
         links = sorted(ln for ln in seen.splitlines() if ln.startswith("link "))
-        assert links[0].startswith("link eth0 ") and links[0].endswith(" 0"), links
-        assert links[1] == "link lo 00:00:00:00:00:00 65536 1", links
-        assert "10.81." not in seen and "fd81:" not in seen and "default" not in seen, seen
+        # Every link but lo down: the device, and the container's bridge.
+        assert [ln.split()[1] for ln in links] == ["br0", "eth0", "lo"], links
+        assert [ln.split()[-1] for ln in links] == ["0", "0", "1"], links
+        assert "10.81." not in seen and "fd81:" not in seen and "default" not in seen \
+            and "10.99." not in seen, seen
         assert "inet 127.0.0.1/8" in seen, seen
         qemu = json.loads((runtime.root / alone / "state.json").read_text())["vm"]["qemu_pid"]
         where = os.stat(f"/proc/{qemu}/ns/net")
