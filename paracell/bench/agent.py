@@ -24,9 +24,13 @@ rotates), so a noisy moment of the host falls on all of them:
   through the runc-compatible verbs (`checkpoint --image-path
   --leave-running`; `delete` then `restore --image-path`), in this process:
   every page is written, and going back starts a new VM from the image;
-- `runc+criu`: runc with Debian's CRIU. Before anything, `criu check` must
-  pass; where it fails (on this project's hosts: CRIU 3.17 cannot read the
-  kernel's vDSO), the method is reported as not run, with CRIU's words.
+- `runc+criu`: runc with CRIU, which saves the process tree, and the
+  container's changed files copied beside it (an overlay's upper layer, as
+  podman's `checkpoint --export` takes them); going back kills the
+  container, puts the files back and restores the processes. Debian 12's
+  CRIU cannot run on newer kernels, so the bench takes Debian 13's
+  (bench/criu.py); where no CRIU passes `criu check`, the method is
+  reported as not run, with CRIU's words.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -47,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from paracell.bench import common, userland
+from paracell.bench import criu as bench_criu
 from paracell.bench.snapshot import WORKLOAD, host_bytes
 from paracell.errors import ParacellError
 from paracell.runtime.context import Context
@@ -66,7 +70,6 @@ PROJECT = "/project"
 # (checkpoints.MAX_LIMIT); about 10 s per node per method under TCG.
 MAX_NODES = 120
 METHODS = ("paracell", "whole-vm", "runc+criu")
-ERROR_PREFIX = re.compile(r"^Error \([^)]*\): ")
 # Published figures to set beside ours.
 DELTABOX = {"source": "DeltaBox, arXiv 2605.22781", "checkpoint_ms": 14, "rollback_ms": 5,
             "rollback_v2_ms": 1.86}
@@ -312,23 +315,130 @@ class WholeVm(_ParacellSandbox):
         return _tree_bytes(self.images)
 
 
-def criu_refusal() -> str:
-    """Why runc + CRIU cannot run here, or "": CRIU's own check of the
-    kernel, which every dump and restore of it starts with."""
-    criu, runc = shutil.which("criu"), shutil.which("runc")
-    if criu is None or runc is None:
-        return "Debian's criu and runc are not installed"
-    try:
-        done = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=60,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return "`criu check` did not finish in 60 s"
-    if done.returncode == 0:
-        return ""
-    # The first error is the cause; those after it are what gave up because of it.
-    errors = [ERROR_PREFIX.sub("", line) for line in (done.stderr + done.stdout).splitlines()
-              if ERROR_PREFIX.match(line)]
-    return f"`criu check` fails on this kernel: {(errors or ['no reason given'])[0][:300]}"
+class RuncCriu(Method):
+    """runc with CRIU (bench/criu.py): a process tree's checkpoint, which
+    leaves the container's files out. They go with it as podman's
+    `container checkpoint --export` takes them, as the rootfs's changes:
+    the container's root is an overlay whose upper layer is copied at each
+    checkpoint and put back at each rollback. Nothing runs in the container
+    between a node's command and its checkpoint, so the two agree."""
+
+    name = "runc+criu"
+
+    def __init__(self, base: Path, criu: str, cid: str) -> None:
+        self.base, self.criu, self.cid = base, criu, cid
+        self.bundle_dir, self.upper, self.work = base / "bundle", base / "upper", base / "work"
+        self.saved, self.images, self.logs = base / "saved", base / "images", base / "logs"
+        self.rootfs = self.bundle_dir / "rootfs"
+        self._mounted = False
+
+    def _runc(self, *args: str, timeout: float = TEST_TIMEOUT_S, detach: bool = False
+              ) -> subprocess.CompletedProcess[str]:
+        """Its output through files, not pipes. A container that `run` or
+        `restore` detaches (`detach`) keeps runc's stdio for its life, and
+        CRIU can dump no stdio but a device: /dev/null then, and runc's
+        words go to its log."""
+        cmd = ["runc", "--root", str(self.base / "state"), "--log", str(self.logs / "runc.log"),
+               "--criu", self.criu, *args]
+        if detach:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, timeout=timeout)
+            return subprocess.CompletedProcess(cmd, done.returncode, "", "")
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            done = subprocess.run(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                  timeout=timeout)
+            out.seek(0)
+            err.seek(0)
+            return subprocess.CompletedProcess(cmd, done.returncode,
+                                               out.read().decode(errors="replace"),
+                                               err.read().decode(errors="replace"))
+
+    def _checked(self, *args: str, detach: bool = False) -> None:
+        done = self._runc(*args, detach=detach)
+        if done.returncode == 0:
+            return
+        said = [done.stderr.strip()]
+        # CRIU's first error is the cause; runc's last line says what it tried.
+        for log, pick in (("runc.log", -1), ("dump.log", 0), ("restore.log", 0)):
+            path = self.logs / log
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            errors = [ln for ln in lines if "rror" in ln]
+            if errors:
+                said.append(errors[pick])
+            path.unlink(missing_ok=True)
+        raise RuntimeError(f"bench agent: runc {args[0]}: {' / '.join(filter(None, said))[:600]}")
+
+    def _mount(self) -> None:
+        self.work.mkdir(exist_ok=True)
+        lower = userland.rootfs()
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={lower},upperdir={self.upper},workdir={self.work}",
+                        str(self.rootfs)], check=True, capture_output=True, timeout=30)
+        self._mounted = True
+
+    def _unmount(self) -> None:
+        if self._mounted:
+            subprocess.run(["umount", str(self.rootfs)], check=True, capture_output=True,
+                           timeout=30)
+            self._mounted = False
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def start(self) -> None:
+        from paracell.runtime.bundle import defaultspec
+
+        for d in (self.rootfs, self.upper, self.saved, self.images, self.logs):
+            d.mkdir(parents=True)
+        config = defaultspec.default_config([str(userland.PYTHON.resolve()), "-B",
+                                             f"/usr/local/bin/{WORKLOAD.name}",
+                                             str(MEMORY_MIB), str(CHANGE_MIB)])
+        config["root"] = {"path": "rootfs", "readonly": False}
+        config["process"]["terminal"] = False
+        (self.bundle_dir / "config.json").write_text(json.dumps(config))
+        self._mount()
+        self._checked("run", "--detach", "--bundle", str(self.bundle_dir), self.cid, detach=True)
+        deadline = time.monotonic() + 300
+        while self.run("cat /gen")[1] != "0":  # the workload writes no newline
+            if time.monotonic() > deadline:
+                raise RuntimeError("bench agent: runc+criu: the workload never touched its "
+                                   "memory")
+            time.sleep(0.2)
+
+    def run(self, script: str) -> tuple[int, str]:
+        done = self._runc("exec", self.cid, "/bin/sh", "-c", script)
+        return done.returncode, done.stdout + done.stderr
+
+    def checkpoint(self, node: Node) -> dict[str, Any]:
+        image = self.images / node.name
+        self._checked("checkpoint", "--leave-running", "--image-path", str(image),
+                      "--work-path", str(self.logs), self.cid)
+        shutil.copytree(self.upper, self.saved / node.name, symlinks=True)
+        return {"bytes": _tree_bytes(image) + _tree_bytes(self.saved / node.name)}
+
+    def rollback(self, node: Node) -> dict[str, Any]:
+        self._runc("delete", "--force", self.cid)
+        self._unmount()
+        shutil.rmtree(self.upper)
+        shutil.copytree(self.saved / node.name, self.upper, symlinks=True)
+        self._mount()
+        self._checked("restore", "--detach", "--image-path", str(self.images / node.name),
+                      "--work-path", str(self.logs), "--bundle", str(self.bundle_dir), self.cid,
+                      detach=True)
+        return {}
+
+    def host_bytes(self) -> int:
+        done = self._runc("state", self.cid, timeout=30)
+        pid = json.loads(done.stdout).get("pid", 0) if done.returncode == 0 else 0
+        return (common.pss_of_tree([pid]) + _tree_bytes(self.upper)) if pid else 0
+
+    def saved_bytes(self) -> int:
+        return _tree_bytes(self.images) + _tree_bytes(self.saved)
+
+    def close(self) -> None:
+        self._runc("delete", "--force", self.cid, timeout=60)
+        try:
+            self._unmount()
+        except subprocess.CalledProcessError:
+            subprocess.run(["umount", "-l", str(self.rootfs)], capture_output=True, timeout=30)
 
 
 # ---- the run
@@ -353,6 +463,9 @@ class Tally:
         minutes = sum(self.node_ms) / 60e3
         return {"ran": True, "nodes": len(self.node_ms),
                 "nodes_per_minute": len(self.node_ms) / minutes if minutes else 0.0,
+                # What saving and going back cost a node, the tests aside.
+                "saving_ms_per_node": (sum(self.checkpoint_ms) + sum(self.rollback_ms))
+                / max(1, len(self.node_ms)),
                 "checkpoint_ms": common.median_p95(self.checkpoint_ms),
                 "rollback_ms": common.median_p95(self.rollback_ms),
                 "tests_ms": common.median_p95(self.tests_ms),
@@ -434,21 +547,24 @@ def goals(report: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
              "runc + CRIU), from one run", all(r["ran"] for r in report.values()))]
 
 
-def ratios(report: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """ParaCell's figures against the whole-VM baseline's, from the same run
-    (0 where there is nothing to compare: a tree with one branch rolls back
-    nothing)."""
-    ours, whole = report["paracell"], report["whole-vm"]
+def ratios(report: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """ParaCell's figures against each other method that ran, from the same
+    run (0 where there is nothing to compare: a tree with one branch rolls
+    back nothing)."""
+    ours = report["paracell"]
 
     def over(a: float, b: float) -> float:
         return a / b if b else 0.0
 
-    return {"checkpoint_speedup": over(whole["checkpoint_ms"]["median"],
-                                       ours["checkpoint_ms"]["median"]),
-            "rollback_speedup": over(whole["rollback_ms"]["median"],
-                                     ours["rollback_ms"]["median"]),
-            "nodes_per_minute": over(ours["nodes_per_minute"], whole["nodes_per_minute"]),
-            "saved_bytes": over(ours["saved_mib"], whole["saved_mib"])}
+    return {name: {
+        "checkpoint_speedup": over(other["checkpoint_ms"]["median"],
+                                   ours["checkpoint_ms"]["median"]),
+        "rollback_speedup": over(other["rollback_ms"]["median"], ours["rollback_ms"]["median"]),
+        "saving_per_node_speedup": over(other["saving_ms_per_node"],
+                                        ours["saving_ms_per_node"]),
+        "nodes_per_minute": over(ours["nodes_per_minute"], other["nodes_per_minute"]),
+        "saved_bytes": over(ours["saved_mib"], other["saved_mib"]),
+    } for name, other in report.items() if name != "paracell" and other["ran"]}
 
 
 def run(ctx: Context, branching: int, depth: int, output: str) -> str:
@@ -457,7 +573,8 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
     env = {"PARACELL_GUEST_MEMORY_MIB": str(GUEST_MIB),
            "PARACELL_TEMPLATES": str(base / "templates")}
     common.progress("agent", f"state under {base}")
-    refusal = criu_refusal()
+    criu_path, refusal = bench_criu.find() if shutil.which("runc") else \
+        ("", "Debian's runc is not installed")
     if refusal:
         common.progress("agent", f"runc+criu: not run: {refusal}")
     methods: list[Method] = []
@@ -467,13 +584,16 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
             root = base / "root"
             methods = [ParacellCheckpoints(root, bundle_dir, "agent-paracell"),
                        WholeVm(root, bundle_dir, "agent-wholevm", base / "images")]
+            if criu_path:
+                methods.append(RuncCriu(base / "criu", criu_path, f"paracell-agent-{base.name}"))
             tallies = search(methods, nodes)
     finally:
         for m in methods:
             m.close()
         shutil.rmtree(base, ignore_errors=True)
     report: dict[str, dict[str, Any]] = {name: t.report() for name, t in tallies.items()}
-    report["runc+criu"] = {"ran": bool(not refusal), "why_not": refusal}
+    if refusal:
+        report["runc+criu"] = {"ran": False, "why_not": refusal}
     checked = goals(report)
     against = ratios(report)
     png = _plot(report, Path(output).with_suffix(".png"))
@@ -481,20 +601,22 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
         "benchmark": "agent", "guest_mib": GUEST_MIB, "memory_mib": MEMORY_MIB,
         "change_mib": CHANGE_MIB, "branching": branching, "depth": depth,
         "nodes": len(nodes), "tests": [f"test.test_json.{t}" for t in TESTS],
-        "methods": report, "paracell_vs_whole_vm": against, "deltabox": DELTABOX,
+        "methods": report, "paracell_against": against, "deltabox": DELTABOX,
         "goals": {name: met for name, met in checked}, "plot": str(png)})
-    said = (f"ParaCell against the whole-VM save, same run: checkpoint "
-            f"{against['checkpoint_speedup']:.1f}x faster, rollback "
-            f"{against['rollback_speedup']:.1f}x faster, {against['nodes_per_minute']:.2f}x "
-            f"the nodes per minute, {against['saved_bytes']:.2f}x the bytes saved")
-    return "\n".join([*_table(report), said, *(f"goal {'met' if met else 'NOT met'}: {name}"
+    said = [f"ParaCell against {name}, same run: checkpoint {r['checkpoint_speedup']:.1f}x "
+            f"faster, rollback {r['rollback_speedup']:.1f}x faster, saving and going back "
+            f"{r['saving_per_node_speedup']:.1f}x faster per node, "
+            f"{r['nodes_per_minute']:.2f}x the nodes per minute, {r['saved_bytes']:.2f}x the "
+            "bytes saved" for name, r in against.items()]
+    return "\n".join([*_table(report), *said, *(f"goal {'met' if met else 'NOT met'}: {name}"
                                          for name, met in checked),
                       f"wrote {output} and {png}"])
 
 
 def _table(report: dict[str, dict[str, Any]]) -> list[str]:
     lines = [f"{'method':<10} {'nodes/min':>9} {'ckpt p50':>9} {'p95':>7} {'rollback':>9} "
-             f"{'p95':>7} {'tests':>7} {'host MiB':>9} {'saved MiB':>9} {'per ckpt':>9}"]
+             f"{'p95':>7} {'saving/node':>11} {'tests':>7} {'host MiB':>9} {'saved MiB':>9} "
+             f"{'per ckpt':>9}"]
     for name in METHODS:
         r = report[name]
         if not r["ran"]:
@@ -503,6 +625,7 @@ def _table(report: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(f"{name:<10} {r['nodes_per_minute']:9.1f} "
                      f"{r['checkpoint_ms']['median']:9.1f} {r['checkpoint_ms']['p95']:7.1f} "
                      f"{r['rollback_ms']['median']:9.1f} {r['rollback_ms']['p95']:7.1f} "
+                     f"{r['saving_ms_per_node']:11.1f} "
                      f"{r['tests_ms']['median']:7.0f} {r['host_mib']:9.1f} "
                      f"{r['saved_mib']:9.1f} "
                      f"{r['checkpoint_said'].get('bytes', 0) / 2**20:9.1f}")

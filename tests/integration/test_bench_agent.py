@@ -11,6 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from paracell.bench import agent
@@ -69,7 +70,9 @@ def test_a_small_tree_gives_every_method_that_runs_its_figures_and_leaves_nothin
     result = json.loads(out.read_text())
     methods = result["methods"]
     assert set(methods) == set(agent.METHODS)
-    for name in ("paracell", "whole-vm"):
+    ran = [name for name, m in methods.items() if m["ran"]]
+    assert {"paracell", "whole-vm"} <= set(ran)
+    for name in ran:
         m = methods[name]
         assert m["ran"] and m["nodes"] == 2 and m["nodes_per_minute"] > 0, m
         # n1 started from a rollback to the root; both nodes checkpointed.
@@ -82,10 +85,18 @@ def test_a_small_tree_gives_every_method_that_runs_its_figures_and_leaves_nothin
     assert len(result["goals"]) == 1
     assert all(isinstance(met, bool) for met in result["goals"].values())
     assert len([line for line in done.stdout.splitlines() if line.startswith("goal ")]) == 1
-    assert set(result["paracell_vs_whole_vm"]) == {"checkpoint_speedup", "rollback_speedup",
-                                                   "nodes_per_minute", "saved_bytes"}
+    assert set(result["paracell_against"]) == set(ran) - {"paracell"}
+    for against in result["paracell_against"].values():
+        assert set(against) == {"checkpoint_speedup", "rollback_speedup", "nodes_per_minute",
+                                "saving_per_node_speedup", "saved_bytes"}
     assert Path(result["plot"]).is_file()
     state = STATE_LINE.search(done.stderr)
     assert state, done.stderr
     assert not Path(state.group(1)).exists(), "the bench's state was left behind"
     assert runtime.qemu_processes() == [], "a QEMU process was left running"
+    # runc's container: its processes, its overlay root.
+    workloads = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if agent.WORKLOAD.name in " ".join(p.info["cmdline"] or [])]
+    assert workloads == [], "a container's process was left running"
+    with open("/proc/self/mountinfo") as f:
+        assert state.group(1) not in f.read(), "a mount of the bench was left behind"
