@@ -222,14 +222,6 @@ int sandbox_fork(char *buf, size_t len, char *err, size_t errlen)
         snprintf(err, errlen, "fork: needs container, hostname, entropy and machineid only");
         return -1;
     }
-    /* Its interfaces go on the VM's devices by place: no spare, no device MAC. */
-    int dev_mac = 0;
-    for (int i = 0; i < f.net.nifaces; i++)
-        dev_mac |= f.net.ifaces[i].has_dev_mac;
-    if (f.net.nspares || dev_mac) {
-        snprintf(err, errlen, "fork: net.spare and device MACs are not a fork's");
-        return -1;
-    }
     if (f.has_clock && clock_settime(CLOCK_REALTIME, &f.clock) < 0) {
         snprintf(err, errlen, "fork: clock: %s", strerror(errno));
         return -1;

@@ -188,6 +188,13 @@ static int parse(char *buf, size_t len, struct sandbox_spec *s, int forked, char
     if (s->nhostfiles && (!s->rootdisk || s->shares[1]))
         return fail(err, errlen, "hostfile records without a rootdisk, or with the host share",
                     NULL);
+    /* A fork's interfaces go on the VM's devices by place (net_fork): it
+     * names no spare and no device to find by MAC. */
+    int dev_mac = 0;
+    for (int i = 0; i < s->net.nifaces; i++)
+        dev_mac |= s->net.ifaces[i].has_dev_mac;
+    if (forked && (s->net.nspares || dev_mac))
+        return fail(err, errlen, "a fork's interfaces name no spare and no device MAC", NULL);
     return 0;
 }
 

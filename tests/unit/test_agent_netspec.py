@@ -233,3 +233,27 @@ def test_a_forks_identity_parses_and_its_keys_are_refused_in_a_sandbox(harness):
                 [("container", "a/b" * 100)], [("container", "c"), ("container", "d")]):
         got = parse(harness, "forked", bad)
         assert isinstance(got, str) and "bad or repeated" in got, (bad, got)
+
+
+def test_a_forks_network_parses_and_names_no_spare_or_device(harness):
+    """What the host sends in FORKED (forking.identity_payload, with a
+    namespace's records) parses back; a spare or a device MAC, which only a
+    SANDBOX or START may name, is refused."""
+    from paracell.net.discover import Address, Interface, Route
+    from paracell.net.guestconfig import records
+    from paracell.runtime.snapshots.forking import ForkSource, identity_payload
+
+    eth = Interface(3, "net1", "02:00:00:00:00:07", 1400, [Address("10.83.0.2", 24)],
+                    [Route("0.0.0.0", 0, "10.83.0.1", 0, False)])
+    source = ForkSource("/p", "c", "fork-1", "/d")
+    got = parse(harness, "forked", identity_payload(source, records([eth])))
+    assert "if net1 02:00:00:00:00:07 1400" in got[0] and "container fork-1" in got, got
+    assert any("10.83.0.2/24" in line for line in got), got
+    identity = [("container", "fork-1"), ("hostname", "fork-1"), ("machineid", "ab" * 16),
+                ("entropy", "00" * 32)]
+    for bad in ([("net.spare", "02:00:00:00:00:08")],
+                [("net.if", SEP.join(["eth0", "02:00:00:00:00:01", "1500",
+                                      "02:00:00:00:00:02"]))]):
+        got = parse(harness, "forked", identity + bad)
+        assert got == "sandbox: a fork's interfaces name no spare and no device MAC", got
+        assert isinstance(parse(harness, "sandbox", bad), list)  # a SANDBOX's to name
