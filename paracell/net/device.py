@@ -120,16 +120,18 @@ class NetworkInterfaces(Device):
     kind = "net"
 
     def __init__(self, state_dir: Path, netns_path: str, tap_prefix: str = "",
-                 fork_devices: tuple[int, int] | None = None) -> None:
+                 fork_devices: tuple[int, int] | None = None, forked: bool = False) -> None:
         """netns_path: the namespace the shim joins; "" for a new one of its own.
         tap_prefix: for a VMM that is not our child (libvirt), which opens
         each TAP by name in its own namespace, the TAPs are persistent, named
         from this prefix, and lent to that namespace until QEMU holds them.
-        fork_devices: a fork's, its parent's (interfaces, spares)."""
+        fork_devices: a fork's, its parent's (interfaces, spares).
+        forked: a fork's or a restore's, whose TAPs wait for `fork_ready`."""
         self.record = state_dir / RECORD_FILE
         self.netns_path = netns_path
         self.tap_prefix = tap_prefix
         self.fork_devices = fork_devices
+        self.forked = forked or fork_devices is not None
         self.interfaces: list[discover.Interface] = []
         self.spares: list[Spare] = []
         # A fork's devices that no interface of its namespace takes: their MACs.
@@ -255,7 +257,7 @@ class NetworkInterfaces(Device):
             self.taps.append((fd, name))
         tap.disable_ipv6(name)
         index = ipr.link_lookup(ifname=name)[0]
-        if self.fork_devices is None:
+        if not self.forked:
             ipr.link("set", index=index, mtu=mtu, state="up")
         else:
             # A fork's guest runs with its parent's addresses until FORKED
@@ -265,9 +267,10 @@ class NetworkInterfaces(Device):
         return index
 
     def fork_ready(self) -> None:
-        """Once the fork's guest holds only its own addresses: the wire of
-        each of its namespace's interfaces is connected (the idle devices'
-        TAPs stay down). In the shim, in the namespace; no netlink."""
+        """Once a fork's (or a restore's) guest holds only its own addresses:
+        the wire of each of its namespace's interfaces is connected (idle
+        devices' and spares' TAPs stay down). In the shim, in the namespace;
+        no netlink."""
         for _, name in self.taps[:len(self.interfaces)]:
             tap.bring_up(name)
 

@@ -50,6 +50,9 @@ class NetworkPlan:
     # A fork's namespace as `fork` checked it (st_dev, st_ino): the shim joins
     # that namespace or none, whatever the path names by then.
     identity: tuple[int, int] | None = None
+    # A fork's or a restore's: its guest wakes with another VM's addresses,
+    # so its wire waits until FORKED has replaced them (device.py, fork_ready).
+    forked: bool = False
 
 
 def plan(namespaces: dict[str, str], in_pods_network: bool) -> NetworkPlan:

@@ -229,3 +229,36 @@ def test_a_fork_takes_its_parents_hidden_spare_and_forks_again(
         for ns in (ans, bns):
             assert_nothing_left(ns)
         runtime.assert_no_leaks()
+
+
+def test_a_runc_restore_takes_the_network_its_bundle_names(
+        runtime, make_bundle, writable_rootfs, tmp_path):
+    """A restore is a fork into its bundle's namespace: reset and configured
+    from there, never with the checkpointed guest's addresses."""
+    with netns() as ons, netns() as opeer, netns() as rns, netns() as rpeer:
+        wired(ons, opeer, 88)
+        wired(rns, rpeer, 89)
+
+        def bundle_in(ns: Netns):
+            def mutate(config: dict) -> None:
+                config["annotations"] = SNAPSHOT
+                config["linux"]["namespaces"].append({"type": "network", "path": ns.path})
+            return make_bundle(["sh", "-c", SERVE], rootfs=writable_rootfs, readonly=False,
+                               mutate=mutate)
+        runtime("run", "--detach", "--bundle", str(bundle_in(ons)), "nf-orig", check=True)
+        wait_status(runtime, "nf-orig", "running")
+        assert whoami(opeer, "10.88.0.2") == "paracell"
+        image = tmp_path / "image"
+        runtime("checkpoint", "--image-path", str(image), "--leave-running", "nf-orig",
+                check=True)
+        runtime("restore", "--image-path", str(image), "--bundle", str(bundle_in(rns)),
+                "--detach", "nf-rest", check=True)
+        assert whoami(rpeer, "10.89.0.2") == "paracell"
+        seen = show(runtime, "nf-rest")
+        assert "inet 10.89.0.2/24" in seen and "10.88." not in seen, seen
+        assert whoami(opeer, "10.88.0.2") == "paracell"  # the original runs on
+        for cid in ("nf-rest", "nf-orig"):
+            runtime("delete", "--force", cid, check=True)
+        for ns in (ons, rns):
+            assert_nothing_left(ns)
+        runtime.assert_no_leaks()

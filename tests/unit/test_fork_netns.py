@@ -162,3 +162,18 @@ def test_the_sdk_takes_a_list_of_paths_and_refuses_one_string(tmp_path):
         box.fork(netns="/run/netns/a")
     with make_netns() as ns, pytest.raises(SandboxError, match="nf-sdk"):
         box.fork(netns=[ns.path])  # no such sandbox: the verb's own line, typed
+
+
+def test_a_restores_nics_are_its_namespaces_and_wait_for_forked_too(tmp_path):
+    with make_netns() as ns, make_netns() as peer:
+        veth(ns, "eth0", peer, "p0")
+        dev = device.NetworkInterfaces(tmp_path, ns.path, forked=True)
+        ns.run(dev.prepare)
+        try:
+            assert ns.run(dev.shape) == {"nics": 1, "spares": 0}
+            assert [up(ns, t) for t in dev.tap_names()] == [False]
+            ns.run(dev.fork_ready)
+            assert [up(ns, t) for t in dev.tap_names()] == [True]
+        finally:
+            ns.run(dev.release)
+        assert ns.ingress_qdiscs() == []

@@ -18,7 +18,7 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -129,9 +129,11 @@ class OwnVm:
             raise ParacellError(f"{probe.QEMU_BINARY} not found: install qemu-system-x86")
         choice = probe.choose_engine(ctx.engine, facts)
         # A fork's namespace is the one `fork` was given for it, or a new one:
-        # never its parent's, which the bundle names.
+        # never its parent's, which the bundle names. A restore's is its bundle's.
         network = fork.network if fork is not None and fork.network is not None \
             else netns.plan(bundle.namespaces, pod_role.in_pods_network)
+        if fork is not None:
+            network = replace(network, forked=True)
         snapshot = snapshotmode.plan(bundle, pod_sandbox)
         backend = ctx.backend(bundle.annotations)
         if snapshot.enabled and not backend.capabilities.snapshots:

@@ -96,7 +96,7 @@ def container_vm(state_dir: Path, bundle: Bundle, guest: GuestArtifacts, engine:
         planned.nics = vm.attach(NetworkInterfaces(
             state_dir, network.path,
             tap_prefix="" if backend.capabilities.passes_fds else memory_file.stem[:8],
-            fork_devices=network.devices))
+            fork_devices=network.devices, forked=network.forked))
         config.net_record = str(planned.nics.record)
     # Last: the record is reclaimed last-made first, and a VMM that is a
     # daemon's must be gone before the VM's RAM file and sockets are.
