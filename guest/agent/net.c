@@ -208,26 +208,28 @@ static int talk(struct req *r)
 }
 
 
+/* A dump of every object of one kind in sock's namespace, of every family
+ * (start zeroes the header: AF_UNSPEC), into d: the count, or -errno. */
+static int dump_all(int sock, unsigned short type, size_t header, struct dump *d)
+{
+    struct req r;
+    start(&r, type, NLM_F_DUMP, header);
+    int rc = exchange(sock, &r, d);
+    return rc ? rc : d->count;
+}
+
 /* Every link of sock's namespace, at most max: the count, or -errno. */
 static int dump_links(int sock, struct link *out, int max)
 {
-    struct req r;
     struct dump d = {.links = out, .max = max};
-    start(&r, RTM_GETLINK, NLM_F_DUMP, sizeof(struct ifinfomsg));
-    r.u.ifi.ifi_family = AF_UNSPEC;
-    int rc = exchange(sock, &r, &d);
-    return rc ? rc : d.count;
+    return dump_all(sock, RTM_GETLINK, sizeof(struct ifinfomsg), &d);
 }
 
 /* Every address of sock's namespace, at most max: the count, or -errno. */
 static int dump_addrs(int sock, struct addr *out, int max)
 {
-    struct req r;
     struct dump d = {.addrs = out, .max = max};
-    start(&r, RTM_GETADDR, NLM_F_DUMP, sizeof(struct ifaddrmsg));
-    r.u.ifa.ifa_family = AF_UNSPEC;
-    int rc = exchange(sock, &r, &d);
-    return rc ? rc : d.count;
+    return dump_all(sock, RTM_GETADDR, sizeof(struct ifaddrmsg), &d);
 }
 
 /* The ifindex of the device with each of the n MACs in sock's namespace,
