@@ -40,11 +40,12 @@ class AwaitMigration:
 
 @dataclass(frozen=True)
 class AwaitJob:
-    """A step of a session: waits until the job (a snapshot's save or load)
-    concludes, then dismisses it; its error is the step's."""
+    """A step of a session: polls `query-jobs` until the job (a snapshot's
+    save or load) concludes, then dismisses it; its error is the step's."""
 
     job_id: str
     timeout_s: float
+    poll_s: float = 0.001
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def run(socket_path: Path, *commands: Step) -> list[Any]:
     # import, and a shim that never talks to QMP need not pay it.
     import asyncio
 
-    from qemu.qmp import EventListener, QMPClient
+    from qemu.qmp import QMPClient
 
     from paracell import unixsock
 
@@ -86,11 +87,6 @@ def run(socket_path: Path, *commands: Step) -> list[Any]:
     async def session() -> list[Any]:
         nonlocal current
         client = QMPClient("paracell")
-        # A job's end comes as an event, heard from before the command that
-        # starts it: no polling between its steps (a rollback's snapshot-load
-        # is a few ms, and each poll a round trip).
-        jobs = EventListener(("JOB_STATUS_CHANGE",))
-        client.register_listener(jobs)
         await client.connect(sock)
         try:
             results: list[Any] = []
@@ -108,7 +104,7 @@ def run(socket_path: Path, *commands: Step) -> list[Any]:
                     results.append(None)
                     continue
                 if isinstance(command, AwaitJob):
-                    await _job_done(client, command, jobs)
+                    await _job_done(client, command)
                     results.append(None)
                     continue
                 if command.fd >= 0:
@@ -138,34 +134,26 @@ def _name(step: Step) -> str:
     return step.name if isinstance(step, Command) else "query-migrate"
 
 
-async def _job_done(client: Any, step: AwaitJob, events: Any) -> None:
-    """Waits for the job's JOB_STATUS_CHANGE to "concluded" (events: the
-    session's listener), then reads its error and dismisses it."""
+async def _job_done(client: Any, step: AwaitJob) -> None:
     import asyncio
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + step.timeout_s
     while True:
-        left = deadline - loop.time()
-        if left <= 0:
+        jobs = await asyncio.wait_for(client.execute("query-jobs"), COMMAND_TIMEOUT_S)
+        job = next((j for j in jobs or [] if isinstance(j, dict) and j.get("id") == step.job_id),
+                   None)
+        if job is None:
+            raise MigrationError(f"QMP job {step.job_id} is gone")
+        if job.get("status") == "concluded":
+            await asyncio.wait_for(client.execute("job-dismiss", {"id": step.job_id}),
+                                   COMMAND_TIMEOUT_S)
+            if job.get("error"):
+                raise MigrationError(f"{step.job_id}: {str(job['error'])[:200]}")
+            return
+        if loop.time() > deadline:
             raise MigrationError(f"{step.job_id} did not finish in {step.timeout_s:.0f} s")
-        try:
-            event = await asyncio.wait_for(events.get(), left)
-        except TimeoutError:
-            continue
-        data = event.get("data")  # a qemu.qmp Message: a mapping
-        if isinstance(data, dict) and data.get("id") == step.job_id and \
-                data.get("status") == "concluded":
-            break
-    jobs = await asyncio.wait_for(client.execute("query-jobs"), COMMAND_TIMEOUT_S)
-    job = next((j for j in jobs or [] if isinstance(j, dict) and j.get("id") == step.job_id),
-               None)
-    if job is None:
-        raise MigrationError(f"QMP job {step.job_id} is gone")
-    await asyncio.wait_for(client.execute("job-dismiss", {"id": step.job_id}),
-                           COMMAND_TIMEOUT_S)
-    if job.get("error"):
-        raise MigrationError(f"{step.job_id}: {str(job['error'])[:200]}")
+        await asyncio.sleep(step.poll_s)
 
 
 async def _migrated(client: Any, step: AwaitMigration) -> None:
