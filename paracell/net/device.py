@@ -61,6 +61,10 @@ class Record:
     # The VM's virtio-net devices (interfaces, spares), which its forks must
     # have too; None in a record written before forks could have a network.
     devices: tuple[int, int] | None = None
+    # The namespace it was written in (st_dev, st_ino of its nsfs file): a
+    # cleanup from outside undoes nothing in another one that a path names
+    # by then (a namespace deleted and made again under the same name).
+    netns: tuple[int, int] | None = None
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -78,9 +82,12 @@ class Record:
             spares = [Spare(str(s["tap"]), str(s["mac"])) for s in data["spares"]]
             lent_taps = [n for n in data.get("lent", []) if lent.valid_name(n)]
             devices = _device_counts(data.get("devices"))
+            where = data.get("netns")
+            netns_id = (where[0], where[1]) if isinstance(where, list) and len(where) == 2 \
+                and all(type(v) is int for v in where) else None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
-        return cls(veths, spares, lent_taps, devices)
+        return cls(veths, spares, lent_taps, devices, netns_id)
 
 
 def _device_counts(value: Any) -> tuple[int, int] | None:
@@ -242,7 +249,7 @@ class NetworkInterfaces(Device):
         # The devices the VM is given: what it was shaped from, found again.
         devices = self.fork_devices or (len(self.interfaces), self._spare_count())
         Record(self._veths, self.spares, self._lent() if lent_names is None else lent_names,
-               devices).write(self.record)
+               devices, netns.identity_of("/proc/thread-self/ns/net")).write(self.record)
 
     def _tap(self, ipr: Any, mtu: int) -> int:
         """A new TAP, up (a fork's: down, until `fork_ready`): its ifindex."""
@@ -392,7 +399,7 @@ class NetworkInterfaces(Device):
                     unmirror(veths)
                 lent.delete(found.lent)
 
-            netns.run_inside(str(facts["netns"]), undo)
+            netns.run_inside(str(facts["netns"]), undo, found.netns)
         if found.lent:
             # Lent to the host's namespace, where delete runs, when the shim died.
             lent.delete(found.lent)

@@ -182,13 +182,18 @@ def left_fd() -> int:
     return _left[0] if _left else -1
 
 
-def run_inside(path: str, body: Callable[[], T]) -> T | None:
+def run_inside(path: str, body: Callable[[], T],
+               identity: tuple[int, int] | None = None) -> T | None:
     """Runs body in a thread of its own that joined the namespace at path,
-    leaving the caller's namespace alone; None when the namespace is gone.
+    leaving the caller's namespace alone; None when the namespace is gone,
+    or (with `identity`) when the path names another namespace by now.
     For cleanup from a process outside it (delete, tests)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
+        return None
+    if identity is not None and _identity(os.fstat(fd)) != identity:
+        os.close(fd)
         return None
     result: list[T] = []
     failure: list[BaseException] = []

@@ -177,3 +177,28 @@ def test_a_restores_nics_are_its_namespaces_and_wait_for_forked_too(tmp_path):
         finally:
             ns.run(dev.release)
         assert ns.ingress_qdiscs() == []
+
+
+def test_a_cleanup_undoes_nothing_in_a_namespace_made_again_under_the_same_path(tmp_path):
+    """A fork's shim died; its namespace was deleted and another made under
+    the same name before `delete`: the record names the namespace it was
+    written in, and the cleanup runs in no other."""
+    with make_netns() as first:
+        written_in = netns.run_inside(
+            first.path, lambda: netns.identity_of("/proc/thread-self/ns/net"))
+        path = tmp_path / "net.json"
+        device.Record([7], [], [], (1, 0), written_in).write(path)
+        assert device.Record.read(path).netns == written_in
+        ran = []
+        assert netns.run_inside(first.path, lambda: ran.append(1) or "in",
+                                written_in) == "in"
+    with make_netns() as again:
+        # The path the record's cleanup would open, now naming another namespace.
+        (tmp_path / "ns").touch()
+        subprocess.run(["mount", "--bind", again.path, str(tmp_path / "ns")], check=True)
+        try:
+            assert netns.run_inside(str(tmp_path / "ns"), lambda: ran.append(2),
+                                    written_in) is None
+            assert ran == [1]
+        finally:
+            subprocess.run(["umount", str(tmp_path / "ns")], check=True)
