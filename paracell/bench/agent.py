@@ -315,6 +315,13 @@ class WholeVm(_ParacellSandbox):
         return _tree_bytes(self.images)
 
 
+def _copy_tree(source: Path, dest: Path) -> None:
+    """An overlay's upper layer, as it is: `cp -a` keeps its whiteouts (0:0
+    character devices), hard links and the overlay's xattrs."""
+    subprocess.run(["cp", "-a", "--", str(source), str(dest)], check=True, capture_output=True,
+                   timeout=TEST_TIMEOUT_S)
+
+
 class RuncCriu(Method):
     """runc with CRIU (bench/criu.py): a process tree's checkpoint, which
     leaves the container's files out. They go with it as podman's
@@ -411,14 +418,14 @@ class RuncCriu(Method):
         image = self.images / node.name
         self._checked("checkpoint", "--leave-running", "--image-path", str(image),
                       "--work-path", str(self.logs), self.cid)
-        shutil.copytree(self.upper, self.saved / node.name, symlinks=True)
+        _copy_tree(self.upper, self.saved / node.name)
         return {"bytes": _tree_bytes(image) + _tree_bytes(self.saved / node.name)}
 
     def rollback(self, node: Node) -> dict[str, Any]:
         self._runc("delete", "--force", self.cid)
         self._unmount()
         shutil.rmtree(self.upper)
-        shutil.copytree(self.saved / node.name, self.upper, symlinks=True)
+        _copy_tree(self.saved / node.name, self.upper)
         self._mount()
         self._checked("restore", "--detach", "--image-path", str(self.images / node.name),
                       "--work-path", str(self.logs), "--bundle", str(self.bundle_dir), self.cid,
@@ -434,11 +441,13 @@ class RuncCriu(Method):
         return _tree_bytes(self.images) + _tree_bytes(self.saved)
 
     def close(self) -> None:
-        self._runc("delete", "--force", self.cid, timeout=60)
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            self._runc("delete", "--force", self.cid, timeout=60)
         try:
             self._unmount()
-        except subprocess.CalledProcessError:
+        except (subprocess.SubprocessError, OSError):
             subprocess.run(["umount", "-l", str(self.rootfs)], capture_output=True, timeout=30)
+            self._mounted = False
 
 
 # ---- the run
@@ -589,8 +598,16 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
             tallies = search(methods, nodes)
     finally:
         for m in methods:
-            m.close()
-        shutil.rmtree(base, ignore_errors=True)
+            try:
+                m.close()
+            except Exception as err:  # the others' cleanup goes on
+                common.progress("agent", f"{m.name}: its cleanup failed: {err}")
+        with open("/proc/self/mountinfo") as mounts:
+            mounted = str(base) in mounts.read()
+        if mounted:  # never delete through a mount that is still there
+            common.progress("agent", f"left {base}: a mount under it is still there")
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     report: dict[str, dict[str, Any]] = {name: t.report() for name, t in tallies.items()}
     if refusal:
         report["runc+criu"] = {"ran": False, "why_not": refusal}

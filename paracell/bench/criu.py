@@ -18,8 +18,10 @@ that InRelease lists, each .deb against the SHA-256 that Packages lists.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import lzma
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -73,9 +75,11 @@ def find() -> tuple[str, str]:
                         f"{SUITE}'s from {ARCHIVE}")
         try:
             _fetch()
-        except (OSError, ParacellError, lzma.LZMAError) as err:
-            detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-            return "", f"{why}; and Debian {SUITE}'s could not be fetched: {detail}"
+        except (OSError, ParacellError, lzma.LZMAError, subprocess.SubprocessError,
+                http.client.HTTPException, KeyError, ValueError) as err:
+            detail = err.strerror if isinstance(err, OSError) and err.strerror else \
+                (str(err) or type(err).__name__)
+            return "", f"{why}; and Debian {SUITE}'s could not be fetched: {detail[:300]}"
     newer = check(str(wrapper))
     return (str(wrapper), "") if not newer else ("", f"{why}; Debian {SUITE}'s too: {newer}")
 
@@ -160,8 +164,9 @@ def _fetch() -> None:
         # first so that Debian 13's libc, not the host's, is the one loaded.
         wrapper.write_text(
             "#!/bin/sh\n"
-            f"exec {libs}/ld-linux-x86-64.so.2 --library-path "
-            f"{':'.join([str(libs), *SYSTEM_LIBDIRS])} {target}/root/usr/sbin/criu \"$@\"\n")
+            f"exec {shlex.quote(f'{libs}/ld-linux-x86-64.so.2')} --library-path "
+            f"{shlex.quote(':'.join([str(libs), *SYSTEM_LIBDIRS]))} "
+            f"{shlex.quote(f'{target}/root/usr/sbin/criu')} \"$@\"\n")
         wrapper.chmod(0o755)
         os.rename(staging, target)
     except BaseException:
