@@ -73,6 +73,10 @@ struct dump {
     struct link *links;
     struct addr *addrs;
     int max, count;
+    /* Addresses on these links are not kept: loopback's, which no reset
+     * drops, must not fill the buffer ahead of those it must see. */
+    const int *skip;
+    int nskip;
 };
 
 /* The VM's virtio-net devices in the host's order (the SANDBOX's interfaces,
@@ -160,8 +164,15 @@ static void keep(struct nlmsghdr *m, struct dump *d)
         m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifinfomsg)))
         read_link(m, &d->links[d->count++]);
     else if (d->addrs && m->nlmsg_type == RTM_NEWADDR &&
-             m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifaddrmsg)))
+             m->nlmsg_len >= NLMSG_LENGTH(sizeof(struct ifaddrmsg))) {
+        const struct ifaddrmsg *ifa = NLMSG_DATA(m);
+        if (ifa->ifa_family != AF_INET && ifa->ifa_family != AF_INET6)
+            return;
+        for (int i = 0; i < d->nskip; i++)
+            if ((int)ifa->ifa_index == d->skip[i])
+                return;
         read_addr(m, &d->addrs[d->count++]);
+    }
 }
 
 /* Sends r on sock and reads what answers it: the links or addresses of a
@@ -225,10 +236,11 @@ static int dump_links(int sock, struct link *out, int max)
     return dump_all(sock, RTM_GETLINK, sizeof(struct ifinfomsg), &d);
 }
 
-/* Every address of sock's namespace, at most max: the count, or -errno. */
-static int dump_addrs(int sock, struct addr *out, int max)
+/* Every IPv4 and IPv6 address of sock's namespace but those on the links
+ * in skip, at most max: the count, or -errno. */
+static int dump_addrs(int sock, struct addr *out, int max, const int *skip, int nskip)
 {
-    struct dump d = {.addrs = out, .max = max};
+    struct dump d = {.addrs = out, .max = max, .skip = skip, .nskip = nskip};
     return dump_all(sock, RTM_GETADDR, sizeof(struct ifaddrmsg), &d);
 }
 
@@ -491,10 +503,15 @@ static int move_devices(int sock, const unsigned char (*macs)[6], int n, int ns_
     for (int i = 0; rc == 0 && i < n; i++) {
         struct req r;
         uint32_t fd = (uint32_t)ns_fd;
+        /* A name of its own where it goes, unique by its index here: its
+         * kernel name (eth1) may be taken there, and configure renames it. */
+        char name[IF_NAMESIZE];
+        snprintf(name, sizeof name, "pcmv%d", index[i]);
         start(&r, RTM_NEWLINK, 0, sizeof(struct ifinfomsg));
         r.u.ifi.ifi_family = AF_UNSPEC;
         r.u.ifi.ifi_index = index[i];
         attr(&r, IFLA_NET_NS_FD, &fd, sizeof fd);
+        attr(&r, IFLA_IFNAME, name, strlen(name) + 1);
         rc = talk_on(sock, &r);
     }
     if (rc || (rc = find_macs(dest_sock, macs, n, moved, &missing)) != 0) {
@@ -586,20 +603,19 @@ int net_start(const struct net_spec *n, char *err, size_t errlen)
 static int drop_addresses(const struct link *links, int nlinks, char *err, size_t errlen)
 {
     static struct addr addrs[ADDRS_MAX];
+    static int loopbacks[LINKS_MAX];
+    int nloop = 0;
+    for (int k = 0; k < nlinks && nloop < LINKS_MAX; k++)
+        if (links[k].flags & IFF_LOOPBACK)
+            loopbacks[nloop++] = links[k].index;
     for (int round = 0; round < ADDR_ROUNDS; round++) {
-        int count = dump_addrs(nl, addrs, ADDRS_MAX), dropped = 0;
+        int count = dump_addrs(nl, addrs, ADDRS_MAX, loopbacks, nloop), dropped = 0;
         if (count < 0) {
             snprintf(err, errlen, "net: list addresses: %s", strerror(-count));
             return -1;
         }
         for (int i = 0; i < count; i++) {
             const struct addr *a = &addrs[i];
-            int loopback = 0;
-            for (int k = 0; k < nlinks; k++)
-                if (links[k].index == a->index && (links[k].flags & IFF_LOOPBACK))
-                    loopback = 1;
-            if (loopback || (a->family != AF_INET && a->family != AF_INET6))
-                continue;
             struct req r;
             start(&r, RTM_DELADDR, 0, sizeof(struct ifaddrmsg));
             r.u.ifa.ifa_family = a->family;
@@ -622,6 +638,34 @@ static int drop_addresses(const struct link *links, int nlinks, char *err, size_
     }
     snprintf(err, errlen, "net: addresses keep coming back");
     return -1;
+}
+
+/* A link the fork's interfaces do not take keeps its name (an idle device,
+ * one the container made): where that is a name they are to get, or one of
+ * apply_links's temporary names, it gets one of its own (down already). */
+static int clear_names(const struct net_spec *n, const int *taken, const struct link *links,
+                       int count, char *err, size_t errlen)
+{
+    for (int k = 0; k < count; k++) {
+        int clash = !strncmp(links[k].name, "pcnet", 5), rc;
+        for (int i = 0; i < n->nifaces; i++) {
+            if (taken[i] == links[k].index) {
+                clash = 0;
+                break;
+            }
+            clash |= !strcmp(links[k].name, n->ifaces[i].name);
+        }
+        if (!clash || (links[k].flags & IFF_LOOPBACK))
+            continue;
+        char name[IF_NAMESIZE];
+        snprintf(name, sizeof name, "pcidle%d", links[k].index);
+        if ((rc = set_link(links[k].index, name, NULL, 0, 0))) {
+            snprintf(err, errlen, "net: rename %s out of the way: %s", links[k].name,
+                     strerror(-rc));
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int net_fork(const struct net_spec *n, char *err, size_t errlen)
@@ -668,6 +712,8 @@ int net_fork(const struct net_spec *n, char *err, size_t errlen)
         return -1;
     for (int i = 0; i < n->nifaces; i++)
         index[i] = slots[i].index;
+    if (clear_names(n, index, links, count, err, errlen))
+        return -1;
     if (n->nifaces && apply_links(n, index, 1, err, errlen))
         return -1;
     for (int i = 0; i < n->nifaces; i++)
