@@ -3,6 +3,7 @@ runs pods whose runtime handler is `paracell`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,22 +141,35 @@ def test_a_pods_members_and_execs_are_relays_not_python(cri: Cri):
         cri.remove_pod_and_wait(pod)
     else:
         pytest.fail("a pod VM restored from its template kept a Python shim")
-    members = cri.running(pod, pod_config, *(cri.container_config(
-        f"m{i}", ["sleep", "1000"]) for i in range(3)))
-    for i, member in enumerate(members[:2]):
-        started = cri.ctr("task", "exec", "--detach", "--exec-id", f"x{i}", member,
-                          "sleep", "1000")
-        assert started.returncode == 0, started.stderr
-    # Under the shim v2: the daemon and all it runs; under runc's shim, its VM shim.
-    daemon = vm_shim.parent()
-    everything = [daemon, *daemon.children(recursive=True)] \
-        if cri.handler == HANDLER_V2 else [vm_shim]
-    relays = [p for p in psutil.process_iter(["exe", "cmdline"])
-              if (p.info["exe"] or "").endswith("paracell-relay")
-              and str(cri.paracell_root) in " ".join(p.info["cmdline"] or [])]
-    assert len(relays) == 5, [p.info["cmdline"] for p in relays]
-    pythons = {p.pid for p in everything if "python" in Path(p.exe()).name}
-    assert pythons == ({daemon.pid} if cri.handler == HANDLER_V2 else set())
+    try:
+        members = cri.running(pod, pod_config, *(cri.container_config(
+            f"m{i}", ["sleep", "1000"]) for i in range(3)))
+        for i, member in enumerate(members[:2]):
+            started = cri.ctr("task", "exec", "--detach", "--exec-id", f"x{i}", member,
+                              "sleep", "1000")
+            assert started.returncode == 0, started.stderr
+        # An exec's host process is a stand-in until its handshake is done, and
+        # only then execs the relay: `ctr task exec --detach` may return first.
+        deadline = time.monotonic() + 20
+        while True:
+            relays = [p for p in psutil.process_iter(["exe", "cmdline"])
+                      if (p.info["exe"] or "").endswith("paracell-relay")
+                      and str(cri.paracell_root) in " ".join(p.info["cmdline"] or [])]
+            if len(relays) >= 5 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(relays) == 5, [p.info["cmdline"] for p in relays]
+        # Under the shim v2: the daemon and all it runs; under runc's shim, its VM shim.
+        daemon = vm_shim.parent()
+        everything = [daemon, *daemon.children(recursive=True)] \
+            if cri.handler == HANDLER_V2 else [vm_shim]
+        pythons = {p.pid for p in everything if "python" in Path(p.exe()).name}
+        assert pythons == ({daemon.pid} if cri.handler == HANDLER_V2 else set())
+    except BaseException:
+        # The next tests must not meet this pod: they check that nothing is left.
+        with contextlib.suppress(Exception):
+            cri.remove_pod_and_wait(pod)
+        raise
     cri.remove_pod_and_wait(pod)
     assert [p for p in [*relays, vm_shim] if p.is_running()] == []
 
