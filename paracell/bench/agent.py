@@ -248,7 +248,7 @@ class _ParacellSandbox(Method):
             if code == 0 and out.strip() == "0":
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"bench agent: {self.cid}: the workload never touched its memory")
+        raise ParacellError(f"bench agent: {self.cid}: the workload never touched its memory")
 
     def run(self, script: str) -> tuple[int, str]:
         from paracell.sandbox import Sandbox
@@ -315,11 +315,20 @@ class WholeVm(_ParacellSandbox):
         return _tree_bytes(self.images)
 
 
+def _host_command(cmd: list[str]) -> None:
+    """A host tool the runc+criu method needs (cp, mount), its failure one line."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TEST_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ParacellError(f"bench agent: {cmd[0]} took more than {TEST_TIMEOUT_S} s") from None
+    if done.returncode != 0:
+        raise ParacellError(f"bench agent: {cmd[0]}: {done.stderr.strip()[-300:]}")
+
+
 def _copy_tree(source: Path, dest: Path) -> None:
     """An overlay's upper layer, as it is: `cp -a` keeps its whiteouts (0:0
     character devices), hard links and the overlay's xattrs."""
-    subprocess.run(["cp", "-a", "--", str(source), str(dest)], check=True, capture_output=True,
-                   timeout=TEST_TIMEOUT_S)
+    _host_command(["cp", "-a", "--", str(source), str(dest)])
 
 
 class RuncCriu(Method):
@@ -347,6 +356,15 @@ class RuncCriu(Method):
         words go to its log."""
         cmd = ["runc", "--root", str(self.base / "state"), "--log", str(self.logs / "runc.log"),
                "--criu", self.criu, *args]
+        try:
+            return self._run_runc(cmd, timeout, detach)
+        except subprocess.TimeoutExpired:
+            raise ParacellError(f"bench agent: runc {args[0]} took more than {timeout:.0f} s"
+                                ) from None
+
+    @staticmethod
+    def _run_runc(cmd: list[str], timeout: float, detach: bool
+                  ) -> subprocess.CompletedProcess[str]:
         if detach:
             done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, timeout=timeout)
@@ -373,14 +391,14 @@ class RuncCriu(Method):
             if errors:
                 said.append(errors[pick])
             path.unlink(missing_ok=True)
-        raise RuntimeError(f"bench agent: runc {args[0]}: {' / '.join(filter(None, said))[:600]}")
+        raise ParacellError(f"bench agent: runc {args[0]}: {' / '.join(filter(None, said))[:600]}")
 
     def _mount(self) -> None:
         self.work.mkdir(exist_ok=True)
         lower = userland.rootfs()
-        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                        f"lowerdir={lower},upperdir={self.upper},workdir={self.work}",
-                        str(self.rootfs)], check=True, capture_output=True, timeout=30)
+        _host_command(["mount", "-t", "overlay", "overlay", "-o",
+                       f"lowerdir={lower},upperdir={self.upper},workdir={self.work}",
+                       str(self.rootfs)])
         self._mounted = True
 
     def _unmount(self) -> None:
@@ -406,8 +424,8 @@ class RuncCriu(Method):
         deadline = time.monotonic() + 300
         while self.run("cat /gen")[1] != "0":  # the workload writes no newline
             if time.monotonic() > deadline:
-                raise RuntimeError("bench agent: runc+criu: the workload never touched its "
-                                   "memory")
+                raise ParacellError("bench agent: runc+criu: the workload never touched its "
+                                    "memory")
             time.sleep(0.2)
 
     def run(self, script: str) -> tuple[int, str]:
@@ -441,7 +459,7 @@ class RuncCriu(Method):
         return _tree_bytes(self.images) + _tree_bytes(self.saved)
 
     def close(self) -> None:
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
+        with contextlib.suppress(ParacellError, OSError):
             self._runc("delete", "--force", self.cid, timeout=60)
         try:
             self._unmount()
@@ -512,7 +530,7 @@ def _one_node(method: Method, node: Node, at: Node, tally: Tally) -> None:
     code, out = method.run(node_script(node))
     tally.tests_ms.append((time.perf_counter() - tests_began) * 1e3)
     if code != 0 or not out.strip().endswith("OK"):
-        raise RuntimeError(f"bench agent: {method.name}, node {node.name}: exit {code}: "
+        raise ParacellError(f"bench agent: {method.name}, node {node.name}: exit {code}: "
                            f"{out.strip()[-300:]}")
     tally.checkpoint_ms.append(_timed(tally, "checkpoint", method.checkpoint, node))
     tally.node_ms.append((time.perf_counter() - began) * 1e3)
@@ -530,25 +548,46 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def search(methods: list[Method], nodes: list[Node]) -> dict[str, Tally]:
+def search(methods: list[Method], nodes: list[Node]
+           ) -> tuple[dict[str, Tally], dict[str, str]]:
+    """Each method's tally, and why each baseline that failed on the way
+    stopped: its figures are dropped, the others' go on (ParaCell's failure
+    ends the run)."""
     tallies = {m.name: Tally.empty() for m in methods}
     at = {m.name: Node(()) for m in methods}
-    for m in methods:
-        common.progress("agent", f"{m.name}: starting its sandbox")
+    failed: dict[str, str] = {}
+    running = list(methods)
+
+    def attempt(m: Method, step: Any) -> None:
+        try:
+            step()
+        except ParacellError as err:
+            if m.name == "paracell":
+                raise
+            common.progress("agent", f"{m.name}: stopped: {err}")
+            failed[m.name] = str(err)
+            running.remove(m)
+            tallies.pop(m.name)
+
+    def first(m: Method) -> None:
         m.start()
         began = time.perf_counter()
         m.checkpoint(Node(()))
         tallies[m.name].first_checkpoint_ms = (time.perf_counter() - began) * 1e3
+
+    for m in methods:
+        common.progress("agent", f"{m.name}: starting its sandbox")
+        attempt(m, lambda m=m: first(m))
     for k, node in enumerate(nodes):
         common.progress("agent", f"node {k + 1}/{len(nodes)} ({node.name})")
-        turn = methods[k % len(methods):] + methods[:k % len(methods)]
+        turn = running[k % len(running):] + running[:k % len(running)]
         for m in turn:
-            _one_node(m, node, at[m.name], tallies[m.name])
+            attempt(m, lambda m=m, node=node: _one_node(m, node, at[m.name], tallies[m.name]))
             at[m.name] = node
-    for m in methods:
+    for m in running:
         tallies[m.name].host_mib = m.host_bytes() / 2**20
         tallies[m.name].saved_mib = m.saved_bytes() / 2**20
-    return tallies
+    return tallies, failed
 
 
 def goals(report: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
@@ -595,7 +634,7 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
                        WholeVm(root, bundle_dir, "agent-wholevm", base / "images")]
             if criu_path:
                 methods.append(RuncCriu(base / "criu", criu_path, f"paracell-agent-{base.name}"))
-            tallies = search(methods, nodes)
+            tallies, failed = search(methods, nodes)
     finally:
         for m in methods:
             try:
@@ -609,6 +648,8 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
         else:
             shutil.rmtree(base, ignore_errors=True)
     report: dict[str, dict[str, Any]] = {name: t.report() for name, t in tallies.items()}
+    report.update({name: {"ran": False, "why_not": f"it failed: {why}"}
+                   for name, why in failed.items()})
     if refusal:
         report["runc+criu"] = {"ran": False, "why_not": refusal}
     checked = goals(report)
