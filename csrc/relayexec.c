@@ -5,13 +5,15 @@
  * the host holds a relay of a few hundred KiB instead of a Python process
  * of tens of MiB per container and per exec.
  *
- * argv: CHAN_FD TTY_FD CONTROL_FD SEND_START FORWARD_MASK [UNLINK_PATH...]
+ * argv: CHAN_FD TTY_FD CONTROL_FD FORWARD_MASK [UNLINK_PATH...]
  *   CHAN_FD       the shim's connection for this process
  *   TTY_FD        the host pty slave to relay, or -1 for fds 0-2
  *   CONTROL_FD    a member's listening start/kill socket, or -1
- *   SEND_START    1: send START first (an exec), 0: the shim starts it
  *   FORWARD_MASK  bit n: relay signal n to the process
  *   UNLINK_PATH   removed at the end (the exec's marker, the control socket)
+ *
+ * An exec's stand-in sent START before it said it was ready, as `runc exec
+ * --detach` returns once its process runs; a member's shim starts it.
  *
  * Exits with the process's status; when its end is unknown (the channel was
  * lost), says why on stderr and exits 137, as the Python relay does
@@ -33,19 +35,15 @@
 
 int main(int argc, char **argv)
 {
-    long long chan, tty, control, start;
+    long long chan, tty, control;
     unsigned long long mask;
-    if (argc < 6 || pc_arg_long(argv[1], 0, INT_MAX, &chan) ||
+    if (argc < 5 || pc_arg_long(argv[1], 0, INT_MAX, &chan) ||
         pc_arg_long(argv[2], -1, INT_MAX, &tty) || pc_arg_long(argv[3], -1, INT_MAX, &control) ||
-        pc_arg_long(argv[4], 0, 1, &start) || pc_arg_mask(argv[5], &mask)) {
-        fprintf(stderr, "paracell-relay: usage: CHAN_FD TTY_FD CONTROL_FD SEND_START "
+        pc_arg_mask(argv[4], &mask)) {
+        fprintf(stderr, "paracell-relay: usage: CHAN_FD TTY_FD CONTROL_FD "
                         "FORWARD_MASK [UNLINK_PATH...]\n");
         return EXIT_USAGE;
     }
-    /* A shim that ended the session already answers START with its reason,
-     * which the relay reads next: a failed send says nothing more. */
-    if (start) pc_send_frame((int)chan, PC_START, 0, NULL, 0);
-
     struct pc_relay_cfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.chan_fd = (int)chan;
@@ -58,7 +56,7 @@ int main(int argc, char **argv)
     memset(&res, 0, sizeof res);
     pc_relay(&cfg, &res);
 
-    for (int i = 6; i < argc; i++) unlink(argv[i]);
+    for (int i = 5; i < argc; i++) unlink(argv[i]);
     if (res.end == PC_END_EXIT) return res.status & 0xFF;
     res.message[sizeof res.message - 1] = '\0';
     dprintf(2, "paracell: %s\n",

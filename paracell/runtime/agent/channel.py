@@ -183,7 +183,7 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
 RELAY_EXEC = Path(__file__).resolve().parents[2] / "paracell-relay"
 
 
-def exec_relay(chan_fd: int, tty_fd: int, control_fd: int = -1, send_start: bool = False,
+def exec_relay(chan_fd: int, tty_fd: int, control_fd: int = -1,
                unlink: tuple[Path, ...] = ()) -> None:
     """A proxy becomes paracell-relay for the rest of its process's life:
     the same relay (csrc/relay.c) in a process of a few hundred KiB, its pid,
@@ -195,7 +195,7 @@ def exec_relay(chan_fd: int, tty_fd: int, control_fd: int = -1, send_start: bool
         if fd >= 0:
             os.set_inheritable(fd, True)
     os.execv(RELAY_EXEC, [str(RELAY_EXEC), str(chan_fd), str(tty_fd), str(control_fd),
-                          "1" if send_start else "0", str(signals.forward_mask()),
+                          str(signals.forward_mask()),
                           *map(str, unlink)])
 
 

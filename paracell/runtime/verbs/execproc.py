@@ -156,6 +156,16 @@ class ExecProxy:
         except channel.SessionEnded as ended:
             self.ended = ended
             return spawn.Ready(pid=os.getpid())
+        # Started before the caller hears of it, as `runc exec --detach`
+        # returns once its process runs. A shim that ended the session answers
+        # START with its reason, which the relay reads: a failed send says
+        # nothing more.
+        from paracell._native import lib
+
+        try:
+            channel.send(self.conn.fileno(), lib.PC_START)
+        except ParacellError:
+            pass
         self.marker.parent.mkdir(exist_ok=True)
         write_exec_marker(self.marker, os.getpid())
         return spawn.Ready(pid=os.getpid())
@@ -166,11 +176,9 @@ class ExecProxy:
             channel.say_on_stderr(str(self.ended))
             return self.ended.status
         assert self.conn is not None
-        # The relay sends START first, then runs as long as the process; the
-        # marker goes when it ends.
+        # The relay runs as long as the process; the marker goes when it ends.
         try:
-            channel.exec_relay(self.conn.fileno(), self.tty_fd, send_start=True,
-                               unlink=(self.marker,))
+            channel.exec_relay(self.conn.fileno(), self.tty_fd, unlink=(self.marker,))
         except OSError as err:
             channel.say_on_stderr(f"starting the exec's relay: {standin.describe(err)}")
         return standin.EXIT_RUNTIME_ERROR
