@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define XXH_INLINE_ALL
@@ -23,6 +24,7 @@
 #include "checkpoint.h"
 
 #define BATCH_PAGES 256  /* pages written per write() */
+#define RUN_PAGES 512    /* pages per punch or pwritev, within IOV_MAX */
 
 static int fail(char *err, int errlen, const char *fmt, const char *what, int e)
 {
@@ -260,11 +262,77 @@ static const unsigned char *kept_page(const struct kept *k, uint64_t i, const ui
     return page;
 }
 
+/* A run of neighbouring pages that take the same system call: punched
+ * together, or written from their kept pages with one pwritev.  Per page,
+ * each punch would zap the page's mappings in QEMU and the shim and flush
+ * their TLBs, and each write would be a system call of its own: most of a
+ * rollback's rewrite where the Pager had unbound what the guest freed. */
+struct run {
+    int punch;        /* 1: holes, 0: writes */
+    uint64_t first, n;
+    struct iovec iov[RUN_PAGES];
+};
+
+static int run_flush(int fd, struct run *r, struct pc_ckpt_figures *fig, char *err, int errlen)
+{
+    if (!r->n) return 0;
+    off_t at = (off_t)(r->first * PC_CKPT_PAGE);
+    if (r->punch) {
+        if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at,
+                      (off_t)(r->n * PC_CKPT_PAGE)) < 0)
+            return fail(err, errlen, "%s: %s", "punching guest RAM", errno);
+        fig->changed += r->n;
+    } else {
+        struct iovec *iov = r->iov;
+        int left = (int)r->n;
+        while (left) {
+            ssize_t w = pwritev(fd, iov, left, at);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0)
+                return fail(err, errlen, "%s: %s", "writing guest RAM", w < 0 ? errno : EIO);
+            /* A short write (a size limit, the file system full) is taken
+             * up where it stopped: the next call says why, or goes on. */
+            at += w;
+            fig->bytes += (uint64_t)w;
+            while (w > 0) {
+                size_t took = (size_t)w < iov->iov_len ? (size_t)w : iov->iov_len;
+                iov->iov_base = (char *)iov->iov_base + took;
+                iov->iov_len -= took;
+                w -= (ssize_t)took;
+                if (!iov->iov_len) {
+                    iov++;
+                    left--;
+                    fig->changed++;
+                }
+            }
+        }
+    }
+    r->n = 0;
+    return 0;
+}
+
+/* Page i into the run, which is flushed first where i cannot join it. */
+static int run_add(int fd, struct run *r, uint64_t i, const unsigned char *page,
+                   struct pc_ckpt_figures *fig, char *err, int errlen)
+{
+    int punch = page == NULL;
+    if (r->n && (r->punch != punch || r->first + r->n != i || r->n == RUN_PAGES) &&
+        run_flush(fd, r, fig, err, errlen) < 0)
+        return -1;
+    if (!r->n) {
+        r->first = i;
+        r->punch = punch;
+    }
+    if (!punch) r->iov[r->n] = (struct iovec){(void *)page, PC_CKPT_PAGE};
+    r->n++;
+    return 0;
+}
+
 /* Every page where have[] (NULL: an empty file) differs from want[]: every
  * kept page checked against its hash first, all of them, then written or
  * punched.  A page that holds data (data[]) is overwritten through ram, a
  * shared writable mapping of the file: a copy with no system call; a hole
- * (every page where data is NULL) is filled with pwrite, which needs a new
+ * (every page where data is NULL) is filled with pwritev, which needs a new
  * page and so says ENOSPC where a store through a mapping would die of
  * SIGBUS.  The page files are this sandbox's own, mapped read-only, and
  * nothing writes them meanwhile: what was checked is what is written. */
@@ -275,30 +343,29 @@ static int put_back(int fd, unsigned char *ram, const unsigned char *data, uint6
 {
     struct kept k;
     if (kept_open(&k, page_fds, nfiles, err, errlen) < 0) return -1;
-    int rc = 0;
+    struct run *run = calloc(1, sizeof *run);
+    int rc = run ? 0 : fail(err, errlen, "%s: %s", "revert buffer", ENOMEM);
     for (uint64_t i = 0; i < pages && !rc; i++)
         if ((have ? have[i] : 0) != want[i] && want[i] &&
             !kept_page(&k, i, want, loc, seqs, seed, err, errlen))
             rc = -1;
     for (uint64_t i = 0; i < pages && !rc; i++) {
         if ((have ? have[i] : 0) == want[i]) continue;
-        if (!want[i]) {
-            if (fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                          (off_t)(i * PC_CKPT_PAGE), PC_CKPT_PAGE) < 0)
-                rc = fail(err, errlen, "%s: %s", "punching guest RAM", errno);
-        } else {
+        const unsigned char *page = NULL;
+        if (want[i]) {
             int f = file_of(loc[i].seq, seqs, k.n);
-            const unsigned char *page = k.map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE;
-            if (data && data[i])
-                memcpy(ram + i * PC_CKPT_PAGE, page, PC_CKPT_PAGE);
-            else if (pwrite(fd, page, PC_CKPT_PAGE, (off_t)(i * PC_CKPT_PAGE)) != PC_CKPT_PAGE)
-                rc = fail(err, errlen, "%s: %s", "writing guest RAM", errno ? errno : EIO);
+            page = k.map[f] + (uint64_t)loc[i].slot * PC_CKPT_PAGE;
         }
-        if (!rc) {
+        if (page && data && data[i]) {
+            memcpy(ram + i * PC_CKPT_PAGE, page, PC_CKPT_PAGE);
             fig->changed++;
-            fig->bytes += want[i] ? PC_CKPT_PAGE : 0;
+            fig->bytes += PC_CKPT_PAGE;
+        } else {
+            rc = run_add(fd, run, i, page, fig, err, errlen);
         }
     }
+    if (!rc) rc = run_flush(fd, run, fig, err, errlen);
+    free(run);
     kept_close(&k);
     return rc;
 }

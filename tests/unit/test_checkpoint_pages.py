@@ -11,19 +11,32 @@ import pytest
 from paracell._native import ffi, lib
 
 PAGES = 64
+BIG = 1100
 PAGE = 4096
 SEED = 0x5EED
 
 
 @pytest.fixture
 def ram(tmp_path: Path):
+    yield from shm_file(tmp_path, PAGES)
+
+
+@pytest.fixture
+def big_ram(tmp_path: Path):
+    """More pages than one system call of a rollback's takes (RUN_PAGES)."""
+    yield from shm_file(tmp_path, BIG)
+
+
+def shm_file(tmp_path: Path, pages: int):
     # /dev/shm: tmpfs, as guest RAM is (holes found with SEEK_DATA).
     path = Path("/dev/shm") / f"paracell-unit-ckpt-{os.getpid()}-{tmp_path.name}"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    os.ftruncate(fd, PAGES * PAGE)
-    yield fd
-    os.close(fd)
-    path.unlink()
+    try:
+        os.ftruncate(fd, pages * PAGE)
+        yield fd
+    finally:
+        os.close(fd)
+        path.unlink()
 
 
 def put(fd: int, page: int, byte: int) -> None:
@@ -39,9 +52,9 @@ def punch(fd: int, page: int) -> None:
 
 class Capture:
     def __init__(self, fd: int, out: Path, seq: int, prev: Capture | None = None,
-                 changed: list[int] | None = None) -> None:
-        self.hashes = ffi.new("uint64_t[]", PAGES)
-        self.loc = ffi.new("struct pc_ckpt_loc[]", PAGES)
+                 changed: list[int] | None = None, pages: int = PAGES) -> None:
+        self.hashes = ffi.new("uint64_t[]", pages)
+        self.loc = ffi.new("struct pc_ckpt_loc[]", pages)
         self.fig = ffi.new("struct pc_ckpt_figures *")
         err = ffi.new("char[]", 256)
         changed_map = ffi.NULL
@@ -51,7 +64,7 @@ class Capture:
                 changed_map[page] = 1
         out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            assert lib.pc_ckpt_capture(fd, ffi.NULL, PAGES * PAGE, SEED,
+            assert lib.pc_ckpt_capture(fd, ffi.NULL, pages * PAGE, SEED,
                                        prev.hashes if prev else ffi.NULL,
                                        prev.loc if prev else ffi.NULL, changed_map, seq,
                                        self.hashes, self.loc, out_fd, self.fig, err, 256) == 0, \
@@ -104,6 +117,76 @@ def test_a_rollback_with_a_map_rewrites_what_differs_from_its_target(ram: int,
     for page in range(4):
         assert os.pread(ram, PAGE, page * PAGE) == bytes([0x20 + page]) * PAGE
     assert os.pread(ram, PAGE, 9 * PAGE) == bytes(PAGE)
+
+
+def page_of(n: int) -> bytes:
+    return n.to_bytes(4, "little") * (PAGE // 4)
+
+
+def test_a_rollback_puts_back_runs_of_holes_and_of_data_whole(big_ram: int, tmp_path: Path):
+    """Neighbouring pages are punched, or written back into holes, by one
+    system call per run (csrc/checkpoint.c, struct run), runs longer than
+    one call takes included; each page ends as its target says."""
+    for page in range(1000):
+        os.pwrite(big_ram, page_of(page + 1), page * PAGE)
+    target = Capture(big_ram, tmp_path / "1.pages", 1, pages=BIG)
+    for page in range(10, 701):          # the Pager unbound them: holes to write
+        punch(big_ram, page)
+    for page in range(800, 806):         # data over data: copied through the mapping
+        os.pwrite(big_ram, page_of(0xEEEE), page * PAGE)
+    for page in range(1020, 1071):       # data where the target has holes: one punch
+        os.pwrite(big_ram, page_of(0xDDDD), page * PAGE)
+    fd = os.open(tmp_path / "1.pages", os.O_RDONLY)
+    fig = ffi.new("struct pc_ckpt_figures *")
+    err = ffi.new("char[]", 256)
+    try:
+        assert lib.pc_ckpt_revert(big_ram, ffi.NULL, BIG * PAGE, SEED, target.hashes, target.loc,
+                                  ffi.new("uint32_t[]", [1]), ffi.new("int[]", [fd]), 1,
+                                  ffi.NULL, ffi.NULL, fig, err, 256) == 0, ffi.string(err)
+    finally:
+        os.close(fd)
+    assert fig.changed == 691 + 6 + 51 and fig.bytes == (691 + 6) * PAGE
+    for page in range(BIG):
+        assert os.pread(big_ram, PAGE, page * PAGE) == (page_of(page + 1) if page < 1000
+                                                        else bytes(PAGE)), page
+    with pytest.raises(OSError):  # 1000 on is a hole again, not pages of zeros
+        os.lseek(big_ram, 1000 * PAGE, os.SEEK_DATA)
+
+
+def test_a_write_that_stops_short_fails_with_what_was_written(big_ram: int, tmp_path: Path):
+    """A file that cannot grow past 100.5 pages (RLIMIT_FSIZE, in a child):
+    the batched write goes on from where a short write stopped, then fails
+    with the system's reason, its figures counting what reached the file."""
+    import resource
+    import signal
+
+    for page in range(300):
+        os.pwrite(big_ram, page_of(page + 7), page * PAGE)
+    target = Capture(big_ram, tmp_path / "1.pages", 1, pages=BIG)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            out = os.open(tmp_path / "new.ram", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            os.ftruncate(out, BIG * PAGE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100 * PAGE + PAGE // 2,) * 2)
+            fd = os.open(tmp_path / "1.pages", os.O_RDONLY)
+            fig = ffi.new("struct pc_ckpt_figures *")
+            err = ffi.new("char[]", 256)
+            rc = lib.pc_ckpt_materialize(out, BIG * PAGE, SEED, target.hashes, target.loc,
+                                         ffi.new("uint32_t[]", [1]), ffi.new("int[]", [fd]), 1,
+                                         fig, err, 256)
+            said = ffi.string(err).decode()
+            written = os.pread(out, 101 * PAGE, 0)
+            code = 0 if (rc == -1 and said == "writing guest RAM: File too large" and
+                         fig.changed == 100 and fig.bytes == 100 * PAGE + PAGE // 2 and
+                         written == b"".join(page_of(n + 7) for n in range(100)) +
+                         page_of(107)[:PAGE // 2] + bytes(PAGE // 2)) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_host_that_swaps_turns_the_log_of_writes_off(tmp_path: Path):

@@ -46,7 +46,11 @@ class QemuSnapshots(Snapshots):
             if made.returncode != 0:
                 raise ParacellError(f"qemu-img create: {made.stderr.strip()[:200]}")
         self._fd = os.open(self.store, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        return [Command("add-fd", {"fdset-id": STORE_FDSET}, fd=self._fd),
+        # The capability once per QEMU, with the store: nothing of ParaCell's
+        # ever clears it (every save and restore of a VM sets it) and only
+        # root reaches the monitor, so a checkpoint's or rollback's pause need
+        # not pay a round trip for it each time.
+        return [IGNORE_SHARED, Command("add-fd", {"fdset-id": STORE_FDSET}, fd=self._fd),
                 Command("blockdev-add", {"driver": "qcow2", "node-name": STORE_NODE,
                                          "cache": {"no-flush": True},
                                          "file": {"driver": "file",
@@ -63,15 +67,14 @@ class QemuSnapshots(Snapshots):
 
     def save(self, tag: str, capture: Callable[[], None]) -> None:
         job = f"save-{tag}"
-        self._session(*self._store_steps(), Command("stop"), Call(capture), IGNORE_SHARED,
+        self._session(*self._store_steps(), Command("stop"), Call(capture),
                       Command("snapshot-save", {"job-id": job, "tag": tag, "vmstate": STORE_NODE,
                                                 "devices": [STORE_NODE]}),
                       AwaitJob(job, JOB_TIMEOUT_S), Command("cont"))
 
     def load(self, tag: str, revert: Callable[[], None]) -> None:
         job = f"load-{tag}"
-        # The capability again: whoever else spoke to QEMU since may have cleared it.
-        self._session(*self._store_steps(), IGNORE_SHARED, Command("stop"), Call(revert),
+        self._session(*self._store_steps(), Command("stop"), Call(revert),
                       Command("snapshot-load", {"job-id": job, "tag": tag, "vmstate": STORE_NODE,
                                                 "devices": [STORE_NODE]}),
                       AwaitJob(job, JOB_TIMEOUT_S), Command("cont"))
