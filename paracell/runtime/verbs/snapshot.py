@@ -241,9 +241,11 @@ def _reap(children: dict[int, tuple[str, int]]) -> dict[str, bytes]:
 _CREATE_PATH_MODULES = (
     "paracell._native", "paracell.net.late", "paracell.pager.server",
     "paracell.runtime.agent.sandboxspec", "paracell.runtime.bundle.spec",
-    "paracell.runtime.host.hooks", "paracell.runtime.pod.pod", "paracell.runtime.vm.placement",
-    "paracell.runtime.vm.shim", "paracell.runtime.vm.templating", "paracell.vmm.qemu.qmp",
-    "paracell.vmm.qemu.snapshots", "paracell.xgate.admission",
+    "paracell.runtime.host.cgroups", "paracell.runtime.host.hooks",
+    "paracell.runtime.host.hostside", "paracell.runtime.pod.pod", "paracell.runtime.vm.placement",
+    "paracell.runtime.vm.shim", "paracell.runtime.vm.templating", "paracell.vmm.hostclock",
+    "paracell.vmm.qemu.qmp", "paracell.vmm.qemu.snapshots", "paracell.xgate.admission",
+    "paracell.xgate.support",
 )
 
 
