@@ -8,17 +8,20 @@ saved as a template is: device state plus a sparse copy of its RAM) and then ROU
 first checkpoint, each after another 4 MiB change; then forks of the
 first checkpoint, one at a time, and ten at once, sharing its memory (the
 default) and with a copy each (--private-memory), interleaved. Latencies
-are the shim's (pause to resume), the Python API's (request to running:
-what an agent framework waits for) and the CLI's (with its process start).
+are the shim's (pause to resume), the SDK's (`paracell.sandbox`, request
+to running: what an agent framework waits for) and the CLI's (with its
+process start).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ ANCHORS = {
 
 
 class Box:
-    """One sandbox of the bench, driven through the CLI and the Python API."""
+    """One sandbox of the bench, driven through the CLI and the SDK."""
 
     def __init__(self, root: Path, env: dict[str, str], cid: str) -> None:
         self.root, self.env, self.cid = root, env, cid
@@ -75,12 +78,28 @@ class Box:
         common.run_checked([*self.cli, "kill", self.cid, "USR1"], env=self.env)
         self.wait(self.generation)
 
-    def api(self, op: str, **args: Any) -> tuple[dict[str, Any], float]:
-        from paracell.runtime.snapshots import client
+    def api(self, op: str, name: str) -> tuple[dict[str, Any], float]:
+        """A checkpoint or a rollback through the SDK, in this process: what
+        it said, and the time from the call to its return."""
+        from paracell.sandbox import Sandbox
 
-        began = time.perf_counter()
-        done = client.ask(self.root / self.cid, self.cid, op, **args)
-        return done, time.perf_counter() - began
+        box = Sandbox(self.cid, str(self.root))
+        with self._settings():
+            began = time.perf_counter()
+            done = box.checkpoint(name) if op == "checkpoint" else box.rollback(name)
+            return done, time.perf_counter() - began
+
+    @contextlib.contextmanager
+    def _settings(self) -> Iterator[None]:
+        """The bench's settings in this process's environment, as its CLI
+        calls have them, for the SDK's calls."""
+        saved = dict(os.environ)
+        os.environ.update(self.env)
+        try:
+            yield
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     def cli_time(self, *verb: str) -> float:
         began = time.perf_counter()
@@ -118,21 +137,15 @@ class Box:
         return took
 
     def fork_api(self, count: int, prefix: str, private: bool) -> tuple[list[str], float]:
-        """`count` forks of the first checkpoint through the Python API, in
-        this process (the bench's settings in its environment meanwhile):
-        their ids and the time until all run."""
+        """`count` forks of the first checkpoint through the SDK, in this
+        process: their ids and the time until all run."""
         from paracell.sandbox import Sandbox
 
-        saved = dict(os.environ)
-        os.environ.update(self.env)
-        try:
+        with self._settings():
             began = time.perf_counter()
             forks = Sandbox(self.cid, str(self.root)).fork("base", count, id_prefix=prefix,
                                                            private_memory=private)
             took = time.perf_counter() - began
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
         return [f.id for f in forks], took
 
     def delete(self, cid: str | None = None) -> None:
@@ -232,7 +245,7 @@ def host_bytes(root: Path, cid: str) -> int:
 
 def _forks(box: Box, rounds: int) -> dict[str, Any]:
     """Forks of the first checkpoint: one at a time through the CLI; then ten
-    at once through the Python API, sharing the checkpoint's memory and with
+    at once through the SDK, sharing the checkpoint's memory and with
     a private copy each, rounds interleaved, and ten shared through the CLI;
     the host memory of the ten (`host_bytes`) against the parent's."""
     one = []
@@ -277,13 +290,13 @@ def goals(results: dict[int, dict[str, Any]]) -> list[tuple[str, bool | None]]:
     return [
         ("checkpoint <= 50 ms (pause to resume), 64 MiB touched, 4 MiB changed",
          mid is not None and mid["checkpoint_paused_ms"]["median"] <= 50),
-        ("rollback <= 100 ms (request to running, Python API), 64 MiB touched",
+        ("rollback <= 100 ms (request to running, SDK), 64 MiB touched",
          mid is not None and mid["rollback_api_ms"]["median"] <= 100),
-        ("checkpoint <= 20 ms (p50, Python API), 64 MiB touched, 4 MiB changed",
+        ("checkpoint <= 20 ms (p50, SDK), 64 MiB touched, 4 MiB changed",
          mid is not None and mid["checkpoint_api_ms"]["median"] <= 20),
-        ("rollback <= 15 ms (p50, Python API), 64 MiB touched",
+        ("rollback <= 15 ms (p50, SDK), 64 MiB touched",
          mid is not None and mid["rollback_api_ms"]["median"] <= 15),
-        ("10 forks all running within 1 s (p50, Python API), 64 MiB touched",
+        ("10 forks all running within 1 s (p50, SDK), 64 MiB touched",
          mid is not None and mid["fork_10_shared_api_ms"]["median"] <= 1000),
         ("10 forks < 3x the host memory of their parent, 64 MiB touched",
          mid is not None and mid["forks_10_shared_vs_one"] < 3),

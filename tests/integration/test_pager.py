@@ -201,7 +201,7 @@ def test_reporting_backs_off_while_freed_memory_comes_straight_back(runtime, mak
                                                                      pager_rootfs, knobs):
     """A server's churn: memory freed and taken back at once. The guest's
     reporting delay grows while it lasts, within a second of its start with
-    the default quarter-second window, and is the configured 10 ms again
+    the default tenth-of-a-second window, and is the configured 10 ms again
     once the guest is idle; with the back-off off it never moves."""
     script = (f"{PAGERLOAD} churn 8 2 >/dev/null & i=0; while [ $i -lt 60 ]; do "
               f"read t _ </proc/uptime; echo at$i $t $(cat {DELAY}); usleep 100000; "
