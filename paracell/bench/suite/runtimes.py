@@ -27,15 +27,11 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
             memory_manager="balloon"),
     Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
     # What a server's cost under the Pager is made of (docs/pager.md,
-    # "Servers"): the Pager as it was before it backed off under churn, as it
-    # was when it looked for churn once a second, and freed pages always
-    # reported after 1 s instead of 10 ms.
+    # "Servers"): the Pager as it was before it backed off under churn, and
+    # freed pages always reported after 1 s instead of 10 ms.
     Runtime("pager_no_backoff", "ParaCell + Pager, no back-off under churn", vm=True,
             memory_manager="pager",
             pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "0"),), by_default=False),
-    Runtime("pager_1s_window", "ParaCell + Pager, churn looked for once a second", vm=True,
-            memory_manager="pager",
-            pager_knobs=(("io.paracell.pager.churn-window-ms", "1000"),), by_default=False),
     Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
             memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
             by_default=False),
