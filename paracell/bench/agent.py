@@ -44,7 +44,6 @@ import sys
 import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -536,18 +535,6 @@ def _one_node(method: Method, node: Node, at: Node, tally: Tally) -> None:
     tally.node_ms.append((time.perf_counter() - began) * 1e3)
 
 
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """The bench's settings for the verbs it calls in this process."""
-    saved = dict(os.environ)
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
 def search(methods: list[Method], nodes: list[Node]
            ) -> tuple[dict[str, Tally], dict[str, str]]:
     """Each method's tally, and why each baseline that failed on the way
@@ -627,7 +614,7 @@ def run(ctx: Context, branching: int, depth: int, output: str) -> str:
         common.progress("agent", f"runc+criu: not run: {refusal}")
     methods: list[Method] = []
     try:
-        with common.sigterm_as_interrupt(), _environment(env):
+        with common.sigterm_as_interrupt(), common.environment(env):
             bundle_dir = bundle(base, len(nodes) + 1)
             root = base / "root"
             methods = [ParacellCheckpoints(root, bundle_dir, "agent-paracell"),

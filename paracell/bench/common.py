@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import statistics
@@ -16,6 +17,19 @@ from typing import Any
 
 from paracell import settings
 from paracell.runtime.bundle import defaultspec
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """A bench's settings in this process's environment, for the verbs and
+    SDK calls it makes in-process, as its CLI calls have them."""
+    saved = dict(os.environ)
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @contextlib.contextmanager
