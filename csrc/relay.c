@@ -835,3 +835,8 @@ int pc_set_pdeathsig(int sig)
 {
     return prctl(PR_SET_PDEATHSIG, sig);
 }
+
+int pc_disable_thp(void)
+{
+    return prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
+}

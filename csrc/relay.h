@@ -57,5 +57,7 @@ int pc_recv_frame(int fd, unsigned *type, unsigned *chan, char *buf, unsigned ca
                   int timeout_ms);
 
 int pc_set_pdeathsig(int sig);
+/* Transparent huge pages off for this process and what it execs. */
+int pc_disable_thp(void);
 
 #endif

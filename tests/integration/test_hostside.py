@@ -115,6 +115,8 @@ def test_new_namespaces_jail_and_privileges_seen_from_the_host(runtime, make_bun
     assert status_field(qemu, "NoNewPrivs") == "1"
     assert int(status_field(qemu, "CapBnd"), 16) == QEMU_CAP_MASK
     assert int(status_field(qemu, "CapEff"), 16) & ~QEMU_CAP_MASK == 0
+    # No transparent huge pages for QEMU (vmm/builder.py: they cost memory, not time).
+    assert status_field(qemu, "THP_enabled") == "0"
     assert runtime("start", "nsnew").returncode == 0
     # The shim dies (SIGKILL, as a crash): QEMU dies with its PID namespace,
     # and delete --force leaves nothing, the cgroup included.
