@@ -83,6 +83,19 @@ def test_tcg_command_line():
     assert "sysctl.vm.compaction_proactiveness=0" in append and "tsc=reliable" in append
 
 
+def test_a_restored_vm_is_given_no_kernel_to_load():
+    """A QEMU that loads a saved VM keeps no copy of the kernel and initramfs
+    (fw_cfg holds them for its life, 3.3 MiB of the kernel alone), and the
+    machine and devices match the booted one's, which the restore needs."""
+    vm = builder()
+    booted, restored = vm.command_line(), vm.command_line(incoming=True)
+    assert {"-kernel", "-initrd", "-append"} <= set(booted)
+    assert not {"-kernel", "-initrd", "-append"} & set(restored)
+    assert restored[-2:] == ["-incoming", "defer"]
+    dropped = booted.index("-kernel")
+    assert restored[:-2] == booted[:dropped] + booted[dropped + 6:]
+
+
 def test_pager_and_balloon_devices(tmp_path):
     """The Pager needs microvm's PCIe bus, found through ACPI, where the LAPIC
     timer must tick; its ivshmem device gets its server's socket as an fd."""
