@@ -117,7 +117,8 @@ def test_plan_refuses_unknown_or_repeated_names_and_bad_rounds():
     assert plan.workloads == list(workloads.WORKLOADS)
     assert make_plan(False, None, ["swe"], None).rounds == 3
     # The diagnostic runtime runs only when named.
-    assert not {"pager_lazy", "pager_no_backoff"} & set(make_plan(True, None, None, None).runtimes)
+    diagnostic = {"pager_lazy", "pager_no_backoff", "pager_aged"}
+    assert not diagnostic & set(make_plan(True, None, None, None).runtimes)
     assert make_plan(True, ["pager_lazy", "pager"], None, None).runtimes == ["pager", "pager_lazy"]
     for bad in (dict(runtimes=["kata"]), dict(runtimes=["pager", "pager"]),
                 dict(workloads=["../etc"]), dict(rounds=0), dict(rounds=21)):

@@ -8,6 +8,8 @@
  *   pagerload retouch MIB WAIT_MS [REPS]   warm re-touch vs re-touch after WAIT_MS,
  *                                          REPS pairs (MIB a multiple of 2)
  *   pagerload churn SECONDS WORKERS        integrity: tagged patterns, verified
+ *   pagerload reuse MIB COUNT              a server's pattern: MIB allocated, touched
+ *                                          and freed COUNT times back to back
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -277,6 +279,19 @@ static int churn(double seconds, int workers)
     return failed ? 1 : 0;
 }
 
+static int reuse(size_t mib, long count)
+{
+    if (mib == 0 || count <= 0) return 2;
+    double t0 = now_s();
+    for (long i = 0; i < count; i++) {
+        char *p = alloc(mib * MIB);
+        touch_us_per_page(p, mib * MIB);
+        munmap(p, mib * MIB);
+    }
+    say("reused %zu MiB %ld times in %.0f ms", mib, count, (now_s() - t0) * 1e3);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 5 && !strcmp(argv[1], "burst"))
@@ -285,6 +300,7 @@ int main(int argc, char **argv)
     if (argc >= 4 && !strcmp(argv[1], "retouch"))
         return retouch(strtoul(argv[2], 0, 10), atol(argv[3]), argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 4 && !strcmp(argv[1], "churn")) return churn(atof(argv[2]), atoi(argv[3]));
-    fprintf(stderr, "usage: pagerload burst|trace|retouch|churn ...\n");
+    if (argc >= 4 && !strcmp(argv[1], "reuse")) return reuse(strtoul(argv[2], 0, 10), atol(argv[3]));
+    fprintf(stderr, "usage: pagerload burst|trace|retouch|churn|reuse ...\n");
     return 2;
 }

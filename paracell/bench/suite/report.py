@@ -25,7 +25,7 @@ SERVER_METRICS: dict[str, list[tuple[str, str]]] = {
 PRIMARY = {"http": "page.p50_ms", "redis": "get_plain.p50_ms", "memcached": "get.p50_ms"}
 COLOURS = {"runc": "#6c757d", "none": "#adb5bd", "pager": "#2a9d8f", "balloon": "#e76f51",
            "xgates": "#264653", "pager_lazy": "#8ab17d",
-           "pager_no_backoff": "#e9c46a"}
+           "pager_no_backoff": "#e9c46a", "pager_aged": "#f4a261"}
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:
