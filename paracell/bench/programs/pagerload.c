@@ -8,8 +8,9 @@
  *   pagerload retouch MIB WAIT_MS [REPS]   warm re-touch vs re-touch after WAIT_MS,
  *                                          REPS pairs (MIB a multiple of 2)
  *   pagerload churn SECONDS WORKERS        integrity: tagged patterns, verified
- *   pagerload reuse MIB COUNT              a server's pattern: MIB allocated, touched
- *                                          and freed COUNT times back to back
+ *   pagerload reuse MIB COUNT              a server's pattern: half of MIB, in 64 KiB
+ *                                          pieces among the rest, freed and touched
+ *                                          again COUNT times
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -279,16 +280,25 @@ static int churn(double seconds, int workers)
     return failed ? 1 : 0;
 }
 
+/* Every other 64 KiB of a held MIB is freed (MADV_DONTNEED) and touched
+ * again, COUNT times back to back: a server's buffers, freed and taken back
+ * among memory still in use, so the freed blocks stay small. */
+#define REUSE_CHUNK (64 * 1024UL)
+
 static int reuse(size_t mib, long count)
 {
     if (mib == 0 || count <= 0) return 2;
+    size_t bytes = mib * MIB;
+    char *p = alloc(bytes);
+    touch_us_per_page(p, bytes);
     double t0 = now_s();
-    for (long i = 0; i < count; i++) {
-        char *p = alloc(mib * MIB);
-        touch_us_per_page(p, mib * MIB);
-        munmap(p, mib * MIB);
-    }
+    for (long i = 0; i < count; i++)
+        for (size_t off = (size_t)(i & 1) * REUSE_CHUNK; off < bytes; off += 2 * REUSE_CHUNK) {
+            madvise(p + off, REUSE_CHUNK, MADV_DONTNEED);
+            touch_us_per_page(p + off, REUSE_CHUNK);
+        }
     say("reused %zu MiB %ld times in %.0f ms", mib, count, (now_s() - t0) * 1e3);
+    munmap(p, bytes);
     return 0;
 }
 

@@ -28,14 +28,14 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
     # What a server's cost under the Pager is made of (docs/pager.md,
     # "Servers"): the Pager as it was before it backed off under churn, with
-    # recently freed blocks left alone (opt-in), and freed pages always
-    # reported after 1 s instead of 10 ms.
+    # small blocks left alone until they have stayed free 1 s (opt-in), and
+    # freed pages always reported after 1 s instead of 10 ms.
     Runtime("pager_no_backoff", "ParaCell + Pager, no back-off under churn", vm=True,
             memory_manager="pager",
             pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "0"),), by_default=False),
-    Runtime("pager_aged", "ParaCell + Pager, reporting blocks free for 30 ms or more",
+    Runtime("pager_aged", "ParaCell + Pager, small blocks reported once free for 1 s",
             vm=True, memory_manager="pager",
-            pager_knobs=(("io.paracell.pager.min-free-age-ms", "30"),), by_default=False),
+            pager_knobs=(("io.paracell.pager.min-free-age-ms", "1000"),), by_default=False),
     Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
             memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
             by_default=False),
