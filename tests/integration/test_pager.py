@@ -232,7 +232,9 @@ def _unbound_while_reusing(runtime, make_bundle, pager_rootfs, cid: str,
     proc = popen_run(runtime, bundle, cid)
     assert proc.stdout is not None
     before = after = None
+    seen = []
     for line in proc.stdout:
+        seen.append(line)
         if line.startswith(b"start"):
             before = _stats(runtime, cid)
         elif line.startswith(b"reused"):
@@ -241,7 +243,9 @@ def _unbound_while_reusing(runtime, make_bundle, pager_rootfs, cid: str,
     runtime("kill", cid, "KILL")
     proc.wait(60)
     runtime("delete", "--force", cid)
-    assert before is not None and after is not None, "the reuse loop did not finish"
+    stderr = proc.stderr.read() if proc.stderr else b""
+    assert before is not None and after is not None, \
+        f"the reuse loop did not finish: {seen} {stderr!r}"
     return (after["unbound_total_bytes"] - before["unbound_total_bytes"]) / MIB
 
 
@@ -250,7 +254,7 @@ def test_small_blocks_freed_and_taken_back_soon_stay_bound_with_a_minimum_free_a
     """By default every free block is reported, however recently freed, so
     much of a server's buffers, freed and taken back among memory in use,
     leaves the host and comes back. With min-free-age-ms a block smaller
-    than 2 MiB is reported only once it has stayed free that long. The
+    than a pageblock is reported only once it has stayed free that long. The
     back-off under churn is off in both, since it alone would hide the
     difference."""
     no_backoff = {"io.paracell.pager.churn-max-delay-ms": "0"}
@@ -258,7 +262,7 @@ def test_small_blocks_freed_and_taken_back_soon_stay_bound_with_a_minimum_free_a
     aged = _unbound_while_reusing(runtime, make_bundle, pager_rootfs, "aged",
                                   {**no_backoff, "io.paracell.pager.min-free-age-ms": "1000"})
     print(f"unbound while reusing: {at_once:.0f} MiB at once, {aged:.0f} MiB aged")
-    assert at_once >= 2, "the loop's memory did not go through the Pager"
+    assert at_once >= 32, "the loop's memory did not go through the Pager"
     assert aged < 0.5 * at_once
     runtime.assert_no_leaks()
 
