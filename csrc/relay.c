@@ -565,7 +565,7 @@ static int live_exec_clients(struct relay *r)
     return 0;
 }
 
-enum { P_CHAN, P_LISTEN, P_STDIN, P_SIG, P_OUT, P_ERR, P_ABORT, P_FIXED };
+enum { P_CHAN, P_LISTEN, P_STDIN, P_SIG, P_OUT, P_ERR, P_ABORT, P_LEASE, P_FIXED };
 
 static void add_pollfd(struct pollfd *pfd, int slot, int fd, short events)
 {
@@ -606,6 +606,8 @@ static void run_loop(struct relay *r)
         add_pollfd(pfd, P_ERR, r->err.fd,
                    sink_pending(&r->err) && r->err.kind == SINK_NONBLOCK ? POLLOUT : 0);
         add_pollfd(pfd, P_ABORT, r->cfg->abort_fd, r->cfg->abort_fd >= 0 ? POLLIN : 0);
+        /* Nothing is ever sent on a lease: any event is its holder's end. */
+        add_pollfd(pfd, P_LEASE, r->cfg->lease_fd, r->cfg->lease_fd >= 0 ? POLLIN | POLLRDHUP : 0);
         for (int i = 0; i < MAX_CLIENTS; i++) {
             struct client *c = r->clients[i];
             short ev = 0;
@@ -627,6 +629,10 @@ static void run_loop(struct relay *r)
         }
         if (pfd[P_ABORT].revents) {
             end_with(r, PC_END_ERROR, "%s", "a VM service failed");
+            break;
+        }
+        if (pfd[P_LEASE].revents) {
+            end_with(r, PC_END_RELEASED, "%s", "the VM's lease ended");
             break;
         }
         if (pfd[P_CHAN].revents & (POLLIN | POLLHUP | POLLERR)) {

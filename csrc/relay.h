@@ -13,6 +13,9 @@
 #define PC_END_HANGUP 1     /* the channel closed before an EXIT frame */
 #define PC_END_VIOLATION 2  /* the peer broke the protocol; message says how */
 #define PC_END_ERROR 3      /* a local I/O error; message says which */
+/* A pooled VM's lease ended: whoever held it (its pool, then the container
+ * that took the VM) is gone. */
+#define PC_END_RELEASED 4
 
 struct pc_relay_cfg {
     int chan_fd;    /* guest port (shim mode) or shim socket (proxy mode) */
@@ -23,6 +26,9 @@ struct pc_relay_cfg {
     int err_fd;     /* process stderr sink, -1 to discard */
     int tty_fd;     /* host pty slave whose size follows SIGWINCH, -1 for none */
     int abort_fd;   /* readable: a VM service (the Pager) failed; end at once. -1 for none */
+    /* A pooled VM's lease (docs/pool.md): readable or hung up once its
+     * holder is gone, and the VM ends. -1 for none. */
+    int lease_fd;
     unsigned long long forward_mask;  /* bit n: relay signal n to the process */
     /* shim mode: port forwarding's listeners (csrc/portfwd.h), or NULL for none */
     const struct pc_fwd_listeners *fwd;

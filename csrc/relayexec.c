@@ -50,6 +50,7 @@ int main(int argc, char **argv)
     cfg.listen_fd = -1;
     cfg.control_fd = (int)control;
     cfg.abort_fd = -1;
+    cfg.lease_fd = -1;
     cfg.forward_mask = mask;
     pc_relay_stdio(&cfg, (int)tty);
     struct pc_relay_result res;

@@ -10,6 +10,7 @@
  *
  * argv: AGENT_FD LISTEN_FD TTY_FD ABORT_FD QEMU_PID FWD4 FWD6 FWD_LINK
  *       FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET NET_RECORD TAP_PREFIX PYTHON
+ *       LEASE_FD
  *   AGENT_FD      the VM's agent port
  *   LISTEN_FD     the container's control socket (start, kill, execs, queries)
  *   TTY_FD        the host pty slave to relay, or -1 for fds 0-2
@@ -26,6 +27,8 @@
  *   TAP_PREFIX    the name of our TAPs: with only those and lo in the
  *                 namespace, START carries nothing
  *   PYTHON        the interpreter that runs paracell.net.latestart otherwise
+ *   LEASE_FD      a pooled VM's lease (docs/pool.md): the VM powers off when its
+ *                 holder is gone; -1 for a VM of a container's own
  *
  * Ends as the Python shim ends (Shim.relay and Shim.shutdown): with the
  * container's status; 137 when QEMU was killed; 255, with the reason in the
@@ -256,17 +259,18 @@ static int readable(int fd)
 
 int main(int argc, char **argv)
 {
-    long long agent, listen_fd, tty, abort_fd, qemu, fwd4, fwd6, link, log_fd, debug;
+    long long agent, listen_fd, tty, abort_fd, qemu, fwd4, fwd6, link, log_fd, debug, lease;
     unsigned long long mask;
-    if (argc != 17 || pc_arg_long(argv[1], 0, INT_MAX, &agent) ||
+    if (argc != 18 || pc_arg_long(argv[1], 0, INT_MAX, &agent) ||
         pc_arg_long(argv[2], 0, INT_MAX, &listen_fd) || pc_arg_long(argv[3], -1, INT_MAX, &tty) ||
         pc_arg_long(argv[4], -1, INT_MAX, &abort_fd) || pc_arg_long(argv[5], 1, INT_MAX, &qemu) ||
         pc_arg_long(argv[6], -1, INT_MAX, &fwd4) || pc_arg_long(argv[7], -1, INT_MAX, &fwd6) ||
         pc_arg_long(argv[8], -1, INT_MAX, &link) || pc_arg_long(argv[10], -1, INT_MAX, &log_fd) ||
-        pc_arg_long(argv[12], 0, 1, &debug) || pc_arg_mask(argv[9], &mask)) {
+        pc_arg_long(argv[12], 0, 1, &debug) || pc_arg_mask(argv[9], &mask) ||
+        pc_arg_long(argv[17], -1, INT_MAX, &lease)) {
         fprintf(stderr, "paracell-vmshim: usage: AGENT_FD LISTEN_FD TTY_FD ABORT_FD QEMU_PID "
                         "FWD4 FWD6 FWD_LINK FORWARD_MASK LOG_FD LOG_FORMAT DEBUG CONTROL_SOCKET "
-                        "NET_RECORD TAP_PREFIX PYTHON\n");
+                        "NET_RECORD TAP_PREFIX PYTHON LEASE_FD\n");
         return EXIT_USAGE;
     }
     struct log log = {(int)log_fd, strcmp(argv[11], "json") == 0, (int)debug};
@@ -282,6 +286,7 @@ int main(int argc, char **argv)
     cfg.listen_fd = (int)listen_fd;
     cfg.control_fd = -1;
     cfg.abort_fd = (int)abort_fd;
+    cfg.lease_fd = (int)lease;
     cfg.forward_mask = mask;
     cfg.fwd = fwd4 >= 0 ? &fwd : NULL;
     late_record = strcmp(argv[14], "-") == 0 ? NULL : argv[14];
@@ -308,6 +313,9 @@ int main(int argc, char **argv)
         log_line(&log, "error", "the Pager in QEMU stopped (qemu.log says why)");
     } else if (res.end == PC_END_EXIT) {
         status = res.status & 0xFF;
+    } else if (res.end == PC_END_RELEASED) {
+        status = 0;  /* a pool's VM, ended as its holder asked by leaving */
+        log_line(&log, "debug", "shim: %s: powering the VM off", res.message);
     } else if (res.end == PC_END_HANGUP) {
         int code = stop_qemu((pid_t)qemu, HANGUP_GRACE_MS);
         qemu_done = 1;

@@ -236,6 +236,40 @@ def template_rm(keys: tuple[str, ...], everything: bool) -> None:
 
 
 @main.group()
+def pool() -> None:
+    """The warm pool: VMs restored ahead of the creates that take them (docs/pool.md)."""
+
+
+@pool.command("serve")
+@click.option("--size", default=2, show_default=True, help="VMs to keep waiting")
+@click.option("--budget-mib", default=256, show_default=True,
+              help="the most the waiting VMs may hold (their PSS)")
+@click.option("--min-available-mib", default=512, show_default=True,
+              help="below this much available host memory, waiting VMs end")
+def pool_serve(size: int, budget_mib: int, min_available_mib: int) -> None:
+    """Keep VMs waiting for this --root's creates, until stopped (SIGTERM, ^C)."""
+    from paracell.runtime.pod import pooled
+    from paracell.runtime.pool import daemon
+
+    ctx = _ctx()
+    daemon.Pool(ctx, daemon.PoolSettings(size, budget_mib, min_available_mib),
+                pooled.kind_of(ctx)).serve()
+
+
+@pool.command("status")
+@click.option("--format", "-f", "fmt", type=click.Choice(["table", "json"]), default="table")
+def pool_status(fmt: str) -> None:
+    """What the pool of this --root holds and costs."""
+    from paracell.runtime.pool import report
+
+    root = _ctx().root
+    status = report.ask(root)
+    click.echo(report.render(status, root, fmt))
+    if status is None:
+        raise SystemExit(1)
+
+
+@main.group()
 def sandbox() -> None:
     """A snapshot-mode sandbox's checkpoints: checkpoint, roll back (docs/snapshots.md)."""
 
@@ -458,7 +492,7 @@ def check(as_json: bool) -> None:
 
     ctx = _ctx()
     daemons = [cls(ctx.location_of(cls)) for cls in backends.classes() if cls.default_location]
-    report = hostcheck.collect(ctx.engine, daemons)
+    report = hostcheck.collect(ctx.engine, daemons, ctx.root)
     click.echo(hostcheck.render(report, as_json, daemons))
     chosen = ctx.backend({})
     if chosen.default_location:

@@ -19,8 +19,10 @@ KIND_TEXT = {
 }
 
 
-def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, object]:
+def collect(engine: str, daemons: list[Backend] | None = None, root: str = ""
+            ) -> dict[str, object]:
     from paracell.guest import artifacts
+    from paracell.runtime.pool import report as pool_report
 
     facts = probe.probe_host()
     report: dict[str, object] = {"host": probe.facts_as_dict(facts)}
@@ -39,6 +41,8 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
     report["shim_v2"] = shim_v2()
     report["relays"] = relays()
     report["checkpoints"] = checkpoint_method()
+    if root:
+        report["pool"] = pool_report.ask(root) or {"root": root, "serving": False}
     for backend in daemons or []:
         try:
             report[backend.name] = backend.report(facts.qemu_path, chosen)
@@ -46,6 +50,16 @@ def collect(engine: str, daemons: list[Backend] | None = None) -> dict[str, obje
             report[backend.name] = {"uri": backend.location, "reachable": False,
                                     "detail": str(err)}
     return report
+
+
+def pool_summary(pool: dict[str, object]) -> str:
+    if pool.get("serving") is False:
+        return f"none serves {pool.get('root')} (paracell pool serve)"
+    vms = pool.get("vms")
+    waiting = sum(1 for vm in vms if isinstance(vm, dict) and vm.get("state") == "waiting") \
+        if isinstance(vms, list) else 0
+    return (f"{waiting} of {pool.get('size')} VMs waiting for {pool.get('root')}, "
+            f"{pool.get('cost_mib')} MiB of a {pool.get('budget_mib')} MiB budget")
 
 
 SHIM_V2 = "containerd-shim-paracell-v2"
@@ -174,6 +188,9 @@ def render(report: dict[str, object], as_json: bool, daemons: list[Backend]) -> 
     shim = report.get("shim_v2")
     if isinstance(shim, dict):
         lines.append(_shim_v2_line(shim))
+    pool = report.get("pool")
+    if isinstance(pool, dict):
+        lines.append(f"warm pool: {pool_summary(pool)}")
     for backend in daemons:
         found = report.get(backend.name)
         if isinstance(found, dict):

@@ -53,7 +53,7 @@ class Process:
         self._cfg = cfg = ffi.new("struct pc_relay_cfg *")
         cfg.chan_fd, cfg.listen_fd, cfg.control_fd, cfg.tty_fd = conn.fileno(), -1, -1, -1
         cfg.in_fd, cfg.out_fd, cfg.err_fd = in_r, out_w, err_w
-        cfg.abort_fd = self._abort_r
+        cfg.abort_fd, cfg.lease_fd = self._abort_r, -1
         cfg.forward_mask = 0
         cfg.fwd = ffi.NULL
         self._res = ffi.new("struct pc_relay_result *")

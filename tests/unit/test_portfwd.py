@@ -77,6 +77,7 @@ class GuestSide:
         cfg = self.cfg
         cfg.chan_fd, cfg.listen_fd = self.ours.fileno(), self.listener.fileno()
         cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, -1
+        cfg.lease_fd = -1
         cfg.control_fd = -1
         cfg.fwd = self.forward.listeners if self.forward else ffi.NULL
         self.res = ffi.new("struct pc_relay_result *")

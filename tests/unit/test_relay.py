@@ -39,6 +39,7 @@ def relay(guest_bytes: bytes, tmp_path, close_guest: bool = True):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), listener.fileno()
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, out_w, -1, -1, -1
+    cfg.lease_fd = -1
     cfg.control_fd = -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
@@ -105,6 +106,7 @@ def test_exit_wins_over_a_shim_that_hangs_up_right_after(tmp_path):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = in_fd, -1, -1, -1, -1
+    cfg.lease_fd = -1
     cfg.control_fd = -1
     cfg.forward_mask = 0
     res = ffi.new("struct pc_relay_result *")
@@ -131,6 +133,7 @@ def test_a_failed_vm_service_ends_the_relay_at_once(tmp_path):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, abort
+    cfg.lease_fd = -1
     cfg.control_fd = -1
     res = ffi.new("struct pc_relay_result *")
     lib.pc_relay(cfg, res)
@@ -139,3 +142,30 @@ def test_a_failed_vm_service_ends_the_relay_at_once(tmp_path):
     os.close(abort)
     assert res.end == lib.PC_END_ERROR
     assert ffi.string(res.message).decode() == "a VM service failed"
+
+
+def test_a_pooled_vms_relay_ends_when_its_lease_holder_is_gone(tmp_path):
+    """A lease (runtime/poolwire.py) carries nothing: while its holder lives
+    the relay runs on; once every copy of the other end is closed, it ends."""
+    import threading
+    import time
+
+    ours, guest = socket.socketpair()
+    lease, holder = socket.socketpair()
+    cfg = ffi.new("struct pc_relay_cfg *")
+    cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
+    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, -1
+    cfg.lease_fd, cfg.control_fd = lease.fileno(), -1
+    res = ffi.new("struct pc_relay_result *")
+    ended = threading.Event()
+    relay = threading.Thread(target=lambda: (lib.pc_relay(cfg, res), ended.set()))
+    relay.start()
+    time.sleep(0.3)
+    assert not ended.is_set(), "the relay ended while its lease was held"
+    holder.close()
+    relay.join(10)
+    for fd in (ours, guest, lease):
+        fd.close()
+    assert ended.is_set()
+    assert res.end == lib.PC_END_RELEASED
+    assert ffi.string(res.message).decode() == "the VM's lease ended"

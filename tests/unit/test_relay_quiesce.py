@@ -63,6 +63,7 @@ class Shim:
         cfg = self.cfg = ffi.new("struct pc_relay_cfg *")
         cfg.chan_fd, cfg.listen_fd = self.ours.fileno(), self.listener.fileno()
         cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = stdin_fd, -1, -1, -1, -1
+        cfg.lease_fd = -1
         cfg.control_fd = -1
         cfg.fwd = ffi.NULL
         self.res = ffi.new("struct pc_relay_result *")
@@ -300,6 +301,7 @@ def test_an_exec_proxy_reads_all_its_shim_sent_before_the_shim_closed(tmp_path):
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
     cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = in_fd, out_w, -1, -1, -1
+    cfg.lease_fd = -1
     cfg.control_fd = -1
     cfg.fwd = ffi.NULL
     res = ffi.new("struct pc_relay_result *")

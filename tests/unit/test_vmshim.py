@@ -23,17 +23,17 @@ from tests.unit.test_relay_quiesce import frame, read_frame
 # the agent socket and the control socket inherited, as Shim.become_native does.
 LAUNCH = """
 import os, subprocess, sys
-agent, listener, log, abort = (int(a) for a in sys.argv[2:6])
-if sys.argv[8] != "-":  # in a network namespace of its own: give it foreign interfaces
+agent, listener, log, abort, lease = (int(a) for a in sys.argv[2:7])
+if sys.argv[9] != "-":  # in a network namespace of its own: give it foreign interfaces
     subprocess.run(["ip", "link", "add", "pcfx0", "type", "veth", "peer", "name", "pcfx1"],
                    check=True)
 qemu = os.fork()
 if qemu == 0:
-    os.execvp("sleep", ["sleep", sys.argv[6]])
+    os.execvp("sleep", ["sleep", sys.argv[7]])
 print(qemu, flush=True)
 os.execv(sys.argv[1], [sys.argv[1], str(agent), str(listener), "-1", str(abort), str(qemu),
-                       "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[7], sys.argv[8],
-                       "pctap", sys.argv[9]])
+                       "-1", "-1", "-1", "0", str(log), "json", "1", sys.argv[8], sys.argv[9],
+                       "pctap", sys.argv[10], str(lease)])
 """
 
 
@@ -49,7 +49,9 @@ class VmShim:
         listener.listen(4)
         log_fd = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         abort_r, self.abort = os.pipe()
-        fds = (ours.fileno(), listener.fileno(), log_fd, abort_r)
+        # A pooled VM's lease (runtime/poolwire.py): the test holds the other end.
+        lease, self.lease = socket.socketpair()
+        fds = (ours.fileno(), listener.fileno(), log_fd, abort_r, lease.fileno())
         # A VM that may gain interfaces runs here in a network namespace of
         # the test's own: what its helper sees and touches is the test's.
         private = ["unshare", "--net"] if net_record != "-" else []
@@ -57,7 +59,7 @@ class VmShim:
             [*private, sys.executable, "-c", LAUNCH, str(VMSHIM_EXEC), *map(str, fds),
              str(qemu_lives_s), str(self.control), net_record, python], pass_fds=fds,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for fd in (ours.detach(), listener.detach(), log_fd, abort_r):
+        for fd in (ours.detach(), listener.detach(), log_fd, abort_r, lease.detach()):
             os.close(fd)
         assert self.proc.stdout is not None
         self.qemu = int(self.proc.stdout.readline())
@@ -171,11 +173,26 @@ def test_a_guest_that_breaks_the_protocol_ends_it_with_255(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [[], ["1"] * 12, ["x"] + ["1"] * 12,
-                                  ["3", "4", "-1", "-1", "0"] + ["1"] * 11,
+                                  ["3", "4", "-1", "-1", "0"] + ["1"] * 12,
                                   ["3", "4", "-1", "-1", "99", "-1", "-1", "-1", "0", "-1",
-                                   "json", "2", "/nonexistent", "-", "pctap", "python3"]])
+                                   "json", "2", "/nonexistent", "-", "pctap", "python3", "-1"],
+                                  ["3", "4", "-1", "-1", "99", "-1", "-1", "-1", "0", "-1",
+                                   "json", "1", "/nonexistent", "-", "pctap", "python3", "x"]])
 def test_bad_arguments_are_one_line_and_255(argv):
     done = subprocess.run([str(VMSHIM_EXEC), *argv], capture_output=True, timeout=10)
     assert done.returncode == 255
     assert len(done.stderr.decode().splitlines()) == 1
     assert done.stderr.startswith(b"paracell-vmshim: usage:")
+
+
+def test_a_pooled_vm_powers_off_when_its_lease_holder_is_gone(tmp_path):
+    """The holder (the pool, then the container that took the VM) is gone:
+    the guest is told to power off, QEMU is waited for, and the shim exits 0."""
+    shim = VmShim(tmp_path, qemu_lives_s=1)
+    time.sleep(0.3)
+    assert shim.proc.poll() is None, "a held lease ended the VM"
+    shim.lease.close()
+    assert read_frame(shim.guest)[0] == lib.PC_POWEROFF
+    assert shim.proc.wait(timeout=10) == 0
+    assert shim.qemu_gone()
+    assert shim.errors() == []

@@ -131,9 +131,11 @@ class RelayEnd:
 
 def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
               control_fd: int = -1, forward: Any = None,
-              start_payload: Callable[[], bytes] | None = None) -> RelayEnd:
+              start_payload: Callable[[], bytes] | None = None, lease_fd: int = -1
+              ) -> RelayEnd:
     """Runs the C relay over this process's stdio (or its terminal) until the
-    process exits, the channel fails, or abort_fd becomes readable.
+    process exits, the channel fails, abort_fd becomes readable, or a pooled
+    VM's lease_fd ends (runtime/poolwire.py).
     control_fd: a pod member proxy's socket for its container's start and kill.
     forward: the shim's struct pc_fwd_listeners * (paracell/net/portforward.py).
     start_payload: the shim's, called once when `start` asks: what the init's
@@ -143,7 +145,7 @@ def run_relay(chan_fd: int, listen_fd: int, tty_fd: int, abort_fd: int = -1,
 
     cfg = ffi.new("struct pc_relay_cfg *")
     cfg.chan_fd, cfg.listen_fd, cfg.abort_fd = chan_fd, listen_fd, abort_fd
-    cfg.control_fd = control_fd
+    cfg.control_fd, cfg.lease_fd = control_fd, lease_fd
     cfg.fwd = forward if forward is not None else ffi.NULL
     callback = None
     if start_payload is not None:

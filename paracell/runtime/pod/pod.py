@@ -148,11 +148,14 @@ class MemberProxy:
 
     def __init__(self, sandbox_socket: Path, control_socket: Path, launch: bytes,
                  terminal: bool, console_socket: str | None, cgroup: list[str],
-                 seccomp: bytes | None) -> None:
+                 seccomp: bytes | None, lease_fd: int = -1) -> None:
         self.sandbox_socket, self.control_socket, self.launch = (sandbox_socket, control_socket,
                                                                  launch)
         self.terminal, self.console_socket = terminal, console_socket
         self.cgroup, self.seccomp = cgroup, seccomp
+        # A pooled VM's lease (runtime/pod/pooled.py), held for the member's
+        # life: the VM ends when this process does, however it ends.
+        self.lease_fd = lease_fd
         self.listener: Any = None
         self.conn: Any = None
         self.tty_fd = -1
@@ -176,6 +179,8 @@ class MemberProxy:
 
         # The relay serves the member's start and kill on its control socket,
         # which goes when it ends.
+        if self.lease_fd >= 0:
+            os.set_inheritable(self.lease_fd, True)
         try:
             channel.exec_relay(self.conn.fileno(), self.tty_fd,
                                control_fd=self.listener.fileno(),
@@ -207,13 +212,21 @@ def member_pids(store: StateStore, sandbox_id: str) -> dict[int, str]:
     return found
 
 
-def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
-    """Where exec requests for this container go: its pod's shim for a member."""
+def vm_owner(state: ContainerState) -> str:
+    """The container whose shim holds this container's VM: a pod member's
+    sandbox, a pooled container's VM (runtime/pod/pooled.py); "" for a
+    container whose shim is its VM's."""
+    if state.pool_vm:
+        return check_id(state.pool_vm)
     if state.annotations.get(CONTAINER_TYPE) != "container":
-        return None
-    sandbox_id = state.annotations.get(SANDBOX_ID, "")
-    check_id(sandbox_id)
-    return store.dir(sandbox_id) / CONTROL_SOCKET
+        return ""
+    return check_id(state.annotations.get(SANDBOX_ID, ""))
+
+
+def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
+    """Where exec requests for this container go: its VM's shim for a member."""
+    owner = vm_owner(state)
+    return store.dir(owner) / CONTROL_SOCKET if owner else None
 
 
 @dataclass

@@ -78,7 +78,7 @@ class ContainerState(Record):
     FIELDS = {
         "id": "", "bundle": "", "status": "", "created": "", "annotations": {},
         "rootfs": "", "shim_pid": 0, "shim_start": 0, "creator_pid": 0, "creator_start": 0,
-        "hooks": {}, "vm": None, "has_process": True,
+        "hooks": {}, "vm": None, "has_process": True, "pool_vm": "",
     }
     NESTED = {"vm": VmRecord}
 
@@ -97,6 +97,9 @@ class ContainerState(Record):
     vm: VmRecord
     # False for a spec without `process`: created, but start must fail.
     has_process: bool
+    # The pooled VM this container took (runtime/pod/pooled.py), which its
+    # delete deletes; "" for any other container.
+    pool_vm: str
 
 
 def oci_state(state: ContainerState) -> dict[str, object]:

@@ -59,10 +59,10 @@ def _member_figures(state: ContainerState, sandbox_socket: Path) -> dict[str, An
 def figures_cgroup_version(state: ContainerState) -> int:
     """The cgroup version of stats()'s memory figures: a pod member's come
     from the guest's cgroup v2, a VM's from its host cgroup."""
-    from paracell.runtime.bundle.podrole import CONTAINER_TYPE
     from paracell.runtime.host import cgroups
+    from paracell.runtime.pod import pod
 
-    if state.annotations.get(CONTAINER_TYPE) == "container":
+    if pod.vm_owner(state):
         return 2
     dirs = cgroups.from_facts(state.vm.host.cgroups) if state.vm else []
     return next((d.version for d in dirs if "memory" in d.controllers), 2)

@@ -12,6 +12,7 @@ from pathlib import Path
 from paracell.errors import NotExistError, ParacellError
 from paracell.log import rfc3339_now
 from paracell.procfs import kill_same, process_start_time
+from paracell.runtime import poolwire
 from paracell.runtime.agent import channel
 from paracell.runtime.agent.console import NEED_CONSOLE_SOCKET
 from paracell.runtime.agent.signals import FORWARDED, SIGKILL, exit_status_for_signal
@@ -60,21 +61,27 @@ def create(
     console_socket: str | None,
     detach: bool = True,
     fork: ForkSource | None = None,
+    pool_vm: bool = False,
 ) -> ContainerState:
     """The one create path: a Container in a VM of its own, or in its pod's
-    (runtime/vm/placement.py), or, with `fork`, in a VM that goes on from a
+    (runtime/vm/placement.py), or in a VM from the warm pool
+    (runtime/pod/pooled.py), or, with `fork`, in a VM that goes on from a
     checkpoint (runtime/snapshots/forking.py). It walks the layers down
     once: the bundle, the plan (which decides everything), the admission,
     the state; everything the container will hold is in the state on disk
-    before any of it exists, and a failure at any step removes all of it."""
+    before any of it exists, and a failure at any step removes all of it.
+    `pool_vm`: the pool's own create of a VM that waits (runtime/pool/)."""
     from paracell.runtime.bundle import podrole, spec
     from paracell.runtime.host import hooks
-    from paracell.runtime.pod import pod
+    from paracell.runtime.pod import pod, pooled
     from paracell.runtime.vm.placement import Container, OwnVm, Placement
     from paracell.xgate import admission
 
     store = ctx.store
     check_id(container_id)
+    if poolwire.is_pool_vm(container_id) and not pool_vm:
+        raise ParacellError(f"container IDs that start with {poolwire.VM_PREFIX} are the "
+                            "warm pool's")
     bundle = spec.load_bundle(bundle_dir)
     hooks.check_hooks(bundle.config)
     pod_role = podrole.role(bundle.annotations, container_id)
@@ -87,26 +94,39 @@ def create(
     if fork is not None and pod_role.kind == "member":
         raise ParacellError("a pod member cannot be forked or restored: its VM is its pod's")
     xgates_plan = admission.plan(bundle.annotations)
-    placement: Placement = (
-        pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id)
-        if pod_role.kind == "member" else
-        OwnVm.plan(ctx, container_id, bundle, pod_role, xgates_plan, fork))
-    # Before prepare_rootfs, which writes mount points into the rootfs: a
-    # refused create leaves nothing behind, not even there.
-    admission.admit(xgates_plan, placement.xgates_support, bundle.rootfs, ctx.log)
-    container = Container(container_id, bundle, spec.init_launch_spec(
-        container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
-        terminal, console_socket)
-    spec.prepare_rootfs(bundle)
-    me = os.getpid()
-    state = ContainerState(
-        id=container_id, bundle=str(bundle.path), status=status.CREATING, created=rfc3339_now(),
-        annotations=bundle.annotations, rootfs=str(bundle.rootfs),
-        creator_pid=me, creator_start=process_start_time(me) or 0,
-        hooks=bundle.config.get("hooks") or {}, has_process=process is not None,
-        vm=placement.record(),
-    )
-    lock_fd = store.create(state)
+    why_not = "the pool's own VM" if pool_vm else \
+        pooled.why_not_pooled(ctx, bundle, pod_role, fork is not None)
+    claim = poolwire.claim(ctx.root, pooled.kind_of(ctx)) if not why_not else None
+    try:
+        placement: Placement
+        if claim is not None:
+            placement = pooled.PooledSlot.plan(ctx, container_id, bundle, claim)
+        elif pod_role.kind == "member":
+            placement = pod.PodSlot.plan(ctx, container_id, bundle, pod_role.sandbox_id)
+        else:
+            placement = OwnVm.plan(ctx, container_id, bundle, pod_role, xgates_plan, fork,
+                                   pool_root=ctx.root if pool_vm else "")
+        # Before prepare_rootfs, which writes mount points into the rootfs: a
+        # refused create leaves nothing behind, not even there.
+        admission.admit(xgates_plan, placement.xgates_support, bundle.rootfs, ctx.log)
+        container = Container(container_id, bundle, spec.init_launch_spec(
+            container_id, bundle, xgates=xgates_plan.enabled, extra=placement.extra_records()),
+            terminal, console_socket)
+        spec.prepare_rootfs(bundle)
+        me = os.getpid()
+        state = ContainerState(
+            id=container_id, bundle=str(bundle.path), status=status.CREATING,
+            created=rfc3339_now(), annotations=bundle.annotations, rootfs=str(bundle.rootfs),
+            creator_pid=me, creator_start=process_start_time(me) or 0,
+            hooks=bundle.config.get("hooks") or {}, has_process=process is not None,
+            vm=placement.record(), pool_vm=claim.vm_id if claim is not None else "",
+        )
+        lock_fd = store.create(state)
+    except BaseException:
+        if claim is not None:
+            claim.release()
+            _delete_pool_vm(ctx, claim.vm_id)
+        raise
     spawned = None
     try:
         placement.provision(ctx)
@@ -131,6 +151,8 @@ def create(
     except BaseException:
         if spawned is not None:
             spawned.abandon()
+        if claim is not None:
+            claim.release()
         _destroy(ctx, state)
         raise
     finally:
@@ -246,6 +268,9 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
     from paracell.vmm import memory
 
     _stop_vm(state)
+    if state.pool_vm:
+        # Its container's proxy is gone, and with it the VM's lease.
+        _delete_pool_vm(ctx, state.pool_vm)
     cgroups.reclaim(state.vm.host.cgroups)
     # By its name too: a record that lost its device entry must not leak it.
     memory.remove(memory.path_for(ctx.root, state.id))
@@ -258,6 +283,14 @@ def _destroy(ctx: Context, state: ContainerState) -> None:
             hooks.run_hooks(state.hooks, "poststop", oci_state(state))
         except ParacellError as err:
             ctx.log.error(f"poststop hook: {err}", to_stderr=False)
+
+
+def _delete_pool_vm(ctx: Context, vm_id: str) -> None:
+    """A pooled VM that a container took goes with the container."""
+    try:
+        delete(ctx, check_id(vm_id), force=True)
+    except ParacellError as err:
+        ctx.log.warning(f"deleting pooled VM {vm_id}: {err}")
 
 
 def run(

@@ -99,10 +99,12 @@ class OwnVm:
     checkpoint_limit: int  # snapshot mode: how many checkpoints it keeps; 0: not in it
     fork: ForkSource | None  # the checkpoint a fork or a restore goes on from
     engine_notice: str = ""
+    pool_root: str = ""  # a pooled VM: the --root of the pool that holds its lease
 
     @classmethod
     def plan(cls, ctx: Context, container_id: str, bundle: Bundle, pod_role: PodRole,
-             xgates_plan: XgatesPlan, fork: ForkSource | None = None) -> OwnVm:
+             xgates_plan: XgatesPlan, fork: ForkSource | None = None,
+             pool_root: str = "") -> OwnVm:
         """Decides the VM from the bundle, the settings and the host; touches
         nothing on the host yet."""
         from paracell import settings
@@ -165,7 +167,7 @@ class OwnVm:
             if snapshot.enabled and not (fork is not None and fork.shared_ram) else 0
         return cls(state_dir, planned, backend, host, network, memory_plan, xgates_plan,
                    support(choice.engine, facts), bundle, templates, limit, fork,
-                   engine_notice=choice.notice or "")
+                   engine_notice=choice.notice or "", pool_root=pool_root)
 
     def extra_records(self) -> list[tuple[str, str]]:
         return []
@@ -200,7 +202,8 @@ class OwnVm:
                         console_socket=container.console_socket, terminal=container.terminal,
                         log=ctx.log, seccomp=self.bundle.seccomp, network=self.network,
                         isolation=self.host.isolation, templates=self.templates,
-                        checkpoint_limit=self.checkpoint_limit, fork=self.fork)
+                        checkpoint_limit=self.checkpoint_limit, fork=self.fork,
+                        pool_root=self.pool_root)
         return spawn.spawn(
             lambda handshake: shim.serve(plan, handshake, ctx.log.background_error),
             detach, ctx.log.background_error,

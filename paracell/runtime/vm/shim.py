@@ -72,6 +72,8 @@ class ShimPlan:
     checkpoint_limit: int = 0
     # A fork (paracell/runtime/snapshots/forking.py): the checkpoint its VM goes on from.
     fork: ForkSource | None = None
+    # A pooled VM (docs/pool.md): the --root whose pool it takes its lease from.
+    pool_root: str = ""
 
 
 class Shim:
@@ -93,6 +95,8 @@ class Shim:
         self.place: Callable[[int], None] | None = None
         self.snapshots: SnapshotService | None = None  # in snapshot mode
         self._native_log_fd = -1  # the --log that paracell-vmshim inherits
+        # A pooled VM's lease (runtime/poolwire.py): the VM ends with its holder.
+        self.lease: socket.socket | None = None
 
     def _debug(self, msg: str) -> None:
         self.plan.log.info(f"shim: {msg} (+{time.monotonic() - self.began:.3f} s)")
@@ -123,6 +127,11 @@ class Shim:
         from paracell.runtime.host import hostns
 
         plan = self.plan
+        if plan.pool_root:
+            from paracell.runtime import poolwire
+
+            # First: a pool that is gone already gets no VM.
+            self.lease = poolwire.take_lease(plan.pool_root, plan.state_dir.name)
         iso = plan.isolation
         if iso is not None:
             iso.enter()
@@ -290,7 +299,9 @@ class Shim:
             with contextlib.suppress(OSError):
                 log_fd = self._native_log_fd = os.open(
                     plan.log.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        fds = (self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd, *fwd_fds, log_fd)
+        lease_fd = self.lease.fileno() if self.lease is not None else -1
+        fds = (self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd, *fwd_fds, log_fd,
+               lease_fd)
         if plan.vm.rootdisk is not None:
             plan.vm.rootdisk.keep_across_exec()
         for fd in fds:
@@ -302,7 +313,7 @@ class Shim:
                 # Interfaces that appear before `start`: a child of it mirrors them
                 # (paracell/net/latestart.py), as late.start_payload does here.
                 plan.vm.config.net_record if late.may_grow(plan.vm.config) else "-",
-                discover.TAP_PREFIX, sys.executable]
+                discover.TAP_PREFIX, sys.executable, str(lease_fd)]
 
     def become_native(self) -> None:
         """The shim's steady state in C, in this same pid: a relay of a few
@@ -327,6 +338,7 @@ class Shim:
         pager = self.plan.vm.pager
         abort_fd = pager.server.abort_fd if pager and pager.server else -1
         end = channel.run_relay(self._agent_fd(), self.listener.fileno(), self.tty_fd, abort_fd,
+                                lease_fd=self.lease.fileno() if self.lease is not None else -1,
                                 forward=self.forward.listeners if self.forward else None,
                                 start_payload=lambda: late.start_payload(self.plan.vm.config))
         self._debug(f"relay ended: kind {end.kind}, status {end.status}, {end.message!r}")
@@ -337,6 +349,8 @@ class Shim:
             return EXIT_RUNTIME_ERROR, failure
         if end.kind == lib.PC_END_EXIT:
             return end.status & 0xFF, ""
+        if end.kind == lib.PC_END_RELEASED:
+            return 0, ""  # a pool's VM, ended as its holder asked by leaving
         if end.kind == lib.PC_END_HANGUP and self.vm is not None:
             code = self.vm.stop(1.0)
             message = f"{end.message} (qemu exit {code})"
@@ -374,6 +388,8 @@ class Shim:
             self.vm.release()
         if self.listener is not None:
             self.listener.close()
+        if self.lease is not None:
+            self.lease.close()
         unixsock.unlink(self.plan.state_dir / CONTROL_SOCKET)
         if self.tty_fd >= 0:
             os.close(self.tty_fd)

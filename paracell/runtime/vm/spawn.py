@@ -181,12 +181,14 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
           pid_namespace: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
           place: Callable[[int], None] | None = None,
           stdio: tuple[int, int, int] | None = None,
+          keep: tuple[int, ...] = (),
           ) -> Spawned:
     """`pid_namespace` wraps the fork that makes the body's process, which is
     born in that PID namespace (runtime/host/hostns.py): the second fork when
     detached, else the first, since the caller waits on that child itself.
     `place` serves the child's Handshake.place. `stdio` becomes the child's
-    fds 0-2 (else it keeps the caller's)."""
+    fds 0-2 (else it keeps the caller's). `keep`: other fds the child keeps
+    (a pooled VM's lease, which its container holds)."""
     ready_r, ready_w = os.pipe()
     commit_r, commit_w = os.pipe()
     with (contextlib.nullcontext() if detach else pid_namespace()):
@@ -204,10 +206,11 @@ def spawn(body: Callable[[Handshake], int], detach: bool,
                         os.dup2(fd, target)
             # Inherited descriptors include the container lock: holding it for
             # the process's life would block every later verb.
-            keep = sorted((ready_w, commit_r))
-            os.closerange(3, keep[0])
-            os.closerange(keep[0] + 1, keep[1])
-            os.closerange(keep[1] + 1, 65536)
+            low = 3
+            for fd in sorted({ready_w, commit_r, *keep}):
+                os.closerange(low, fd)
+                low = fd + 1
+            os.closerange(low, 65536)
             os.chdir("/")
             if detach:
                 with pid_namespace():

@@ -1,0 +1,131 @@
+"""A container in a VM from the warm pool (docs/pool.md).
+
+A pooled VM is a pod VM that the pool made with no process of its own,
+restored from its template and attached (READY, then SANDBOX with identity
+and entropy of its own), which waits for a container. A create that the
+pool can serve claims one, and the container joins it as a pod member
+joins its pod's VM: its rootfs and binds go into the VM's pod share, and
+its proxy, whose pid stands for the container, asks the VM's shim to create
+it. The VM is the container's alone: the proxy holds the VM's lease, so the
+VM ends when the container's proxy does, and the container's `delete`
+deletes the VM.
+
+The pool serves a create only where a VM of its own would have been the
+pooled VM's kind: the default size and settings, and no namespace of
+another process to join. Its network is the pooled VM's: lo only, as a VM
+of its own has in a new network namespace (or the host's, which no VM can
+share). Anything else makes a VM of its own, as without a pool.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from paracell.runtime import poolwire
+from paracell.runtime.pod.pod import PodSlot
+from paracell.runtime.state.ids import check_id
+from paracell.runtime.state.store import ContainerState, VmRecord
+from paracell.runtime.vm.spawn import Spawned
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from paracell.runtime.bundle.podrole import PodRole
+    from paracell.runtime.bundle.spec import Bundle
+    from paracell.runtime.context import Context
+    from paracell.runtime.vm.placement import Container
+
+# Annotations that choose what a VM of the container's own would be; a
+# container that sets any of them gets one.
+OWN_VM_ANNOTATION_PREFIX = "io.paracell."
+
+
+def kind_of(ctx: Context) -> str:
+    """What the global flags and settings make of a VM, which a pooled VM
+    must match: its backend, engine and memory manager."""
+    from paracell import settings
+
+    manager = ctx.memory_manager or settings.memory_manager_override() or "default"
+    return f"{ctx.backend({}).name}/{ctx.engine}/{manager}"
+
+
+def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool) -> str:
+    """Why this create cannot take a pooled VM ("" where it can)."""
+    from paracell import settings
+    from paracell.runtime.bundle import resources
+
+    if pod_role.kind != "none" or pod_role.in_pods_network:
+        return "a pod's container"
+    if forked:
+        return "a fork"
+    if ctx.no_template:
+        return "templates are off"
+    if any(key.startswith(OWN_VM_ANNOTATION_PREFIX) for key in bundle.annotations):
+        return f"an {OWN_VM_ANNOTATION_PREFIX}* annotation"
+    if bundle.config.get("process") is None:
+        return "no process"
+    if any(bundle.namespaces.values()):
+        return "a namespace to join"
+    linux = bundle.config.get("linux") or {}
+    default_mib, cpus = settings.guest_memory_mib(), os.cpu_count() or 1
+    wanted = resources.guest_size(resources.parse(linux.get("resources")), default_mib, cpus)
+    pooled = resources.guest_size(resources.parse(None), default_mib, cpus)
+    if (wanted.memory_mib, wanted.vcpus) != (pooled.memory_mib, pooled.vcpus):
+        return "linux.resources size its VM"
+    return ""
+
+
+@dataclass
+class PooledSlot:
+    """A Placement (runtime/vm/placement.py): the container in a pooled VM,
+    as a member of it, holding its lease."""
+
+    slot: PodSlot
+    claim: poolwire.Claim
+
+    @classmethod
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle,
+             claim: poolwire.Claim) -> PooledSlot:
+        check_id(claim.vm_id)
+        return cls(PodSlot.plan(ctx, container_id, bundle, claim.vm_id), claim)
+
+    @property
+    def xgates_support(self) -> None:
+        return None
+
+    def extra_records(self) -> list[tuple[str, str]]:
+        return self.slot.extra_records()
+
+    def record(self) -> VmRecord:
+        return self.slot.record()
+
+    def provision(self, ctx: Context) -> None:
+        self.slot.provision(ctx)
+
+    def describe(self) -> str:
+        return f"in VM {self.claim.vm_id} from the pool"
+
+    def spawn(self, ctx: Context, container: Container, detach: bool) -> Spawned:
+        from paracell.runtime.pod.pod import MemberProxy
+        from paracell.runtime.vm import spawn, standin
+
+        slot = self.slot
+        proxy = MemberProxy(slot.sandbox_socket, slot.control_socket, container.launch_spec,
+                            container.terminal, container.console_socket,
+                            [d.path for d in slot.cgroup], slot.bundle.seccomp,
+                            lease_fd=self.claim.lease_fd)
+        try:
+            return spawn.spawn(lambda handshake: standin.serve(handshake, proxy), detach,
+                               ctx.log.background_error, stdio=ctx.stdio,
+                               keep=(self.claim.lease_fd,))
+        finally:
+            # The proxy holds the lease now; ours would keep the VM past it.
+            self.claim.release()
+
+    def spawned(self, state: ContainerState, spawned: Spawned) -> None:
+        """The VM is the pool's container's: its QEMU is recorded there."""
+
+    def notices(self) -> list[str]:
+        from paracell.net import netns
+
+        return [] if "network" in self.slot.bundle.namespaces else [netns.NOTICES[netns.HOST]]
