@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import secrets
 import select
@@ -37,6 +36,7 @@ from paracell import unixsock
 from paracell.errors import ParacellError
 from paracell.runtime import poolwire
 from paracell.runtime.context import Context
+from paracell.runtime.pool import bundles
 
 TICK_S = 0.25
 CLIENT_TIMEOUT_S = 1.0
@@ -129,7 +129,7 @@ class Pool:
             raise ParacellError(f"a pool already serves {self.ctx.root}") from None
         listener = None
         try:
-            self._write_bundle()
+            bundles.write_vm_bundle(self.dir)
             self._sweep()
             self._start_janitor(lock)
             path = poolwire.socket_path(self.ctx.root)
@@ -179,29 +179,6 @@ class Pool:
 
     # -- making VMs -------------------------------------------------------
 
-    def _bundle_dir(self) -> Path:
-        return self.dir / "bundle"
-
-    def _write_bundle(self) -> None:
-        """The pooled VM's bundle: a pod sandbox with no process, of the
-        default container's size (docs/pool.md)."""
-        from paracell import settings
-        from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_MEMORY
-
-        bundle = self._bundle_dir()
-        (bundle / "rootfs").mkdir(mode=0o755, parents=True, exist_ok=True)
-        config = {
-            "ociVersion": "1.0.2",
-            "root": {"path": str(bundle / "rootfs"), "readonly": True},
-            "linux": {"namespaces": [{"type": t} for t in
-                                     ("pid", "ipc", "uts", "mount", "network")]},
-            "annotations": {CONTAINER_TYPE: "sandbox",
-                            SANDBOX_MEMORY: str(settings.guest_memory_mib() << 20)},
-        }
-        tmp = bundle / "config.json.tmp"
-        tmp.write_text(json.dumps(config, indent=1) + "\n")
-        os.replace(tmp, bundle / "config.json")
-
     def _refill(self) -> None:
         if self.stopping or any(vm.worker for vm in self.vms.values()):
             return  # one at a time: a boot takes the host's CPUs
@@ -209,7 +186,7 @@ class Pool:
             return
         if available_mib() < self.settings.min_available_mib:
             return
-        if (self._cost_kib() + self.largest_kib) >> 10 > self.settings.budget_mib:
+        if self._cost_kib() + self.largest_kib > self.settings.budget_mib << 10:
             return
         vm_id = poolwire.VM_PREFIX + secrets.token_hex(6)
         self._tell_janitor(f"made {vm_id}")
@@ -229,8 +206,10 @@ class Pool:
                 signal.signal(sig, signal.SIG_DFL)
             from paracell.runtime.verbs import lifecycle
 
-            lifecycle.create(self.ctx, vm_id, str(self._bundle_dir()), None, None,
+            lifecycle.create(self.ctx, vm_id, str(self.dir / "bundle"), None, None,
                              detach=True, pool_vm=True)
+            lifecycle.start(self.ctx, vm_id)
+            bundles.warm_up(self.ctx, self.dir, vm_id)
             status = 0
         except ParacellError as err:
             self.ctx.log.error(f"pool: making {vm_id}: {err}")
@@ -301,7 +280,7 @@ class Pool:
             vm.cost_kib = sum(pss_kib(pid) for pid in vm.pids) or vm.cost_kib
         for vm in waiting:
             short = available_mib() < self.settings.min_available_mib
-            over = self._cost_kib() >> 10 > self.settings.budget_mib
+            over = self._cost_kib() > self.settings.budget_mib << 10
             if not (short or over):
                 break
             self._say(f"{vm.id} ended: {'the host is short of memory' if short else 'over budget'}")
@@ -478,10 +457,18 @@ def janitor(ctx: Context, pipe: int) -> None:
 def remove_pool_dir(root: str) -> None:
     """The pool's own files, by name only (its lock's holder calls this)."""
     where = poolwire.pool_dir(root)
-    bundle = where / "bundle"
-    for path in (bundle / "config.json", where / poolwire.SOCKET, where / poolwire.LOCK):
+    rootfs = where / "rootfs"
+    names = [where / d / "config.json" for d in ("bundle", "warm-up")]
+    names += [rootfs / name for name, _ in (bundles.TRUE, bundles.PAUSE)]
+    for path in (*names, where / poolwire.SOCKET, where / poolwire.LOCK):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-    for path in (bundle / "rootfs", bundle, where):
-        with contextlib.suppress(OSError):  # missing, or not ours to empty: left
+    # Creates made their mount points in the rootfs: empty directories,
+    # removed bottom up (rmdir never follows a link, nor removes what is
+    # not empty: anything else is left).
+    for path in sorted((Path(d) for d, _, _ in os.walk(rootfs)), reverse=True):
+        with contextlib.suppress(OSError):
+            path.rmdir()
+    for path in (where / "bundle", where / "warm-up", where):
+        with contextlib.suppress(OSError):
             path.rmdir()

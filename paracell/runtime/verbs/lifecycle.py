@@ -70,7 +70,8 @@ def create(
     once: the bundle, the plan (which decides everything), the admission,
     the state; everything the container will hold is in the state on disk
     before any of it exists, and a failure at any step removes all of it.
-    `pool_vm`: the pool's own create of a VM that waits (runtime/pool/)."""
+    `pool_vm`: the pool's own create of a VM that waits, or of its warm-up
+    (runtime/pool/)."""
     from paracell.runtime.bundle import podrole, spec
     from paracell.runtime.host import hooks
     from paracell.runtime.pod import pod, pooled
@@ -301,8 +302,10 @@ def run(
     console_socket: str | None,
     detach: bool,
     keep: bool,
+    pool_vm: bool = False,
 ) -> int:
-    state = create(ctx, container_id, bundle_dir, pid_file, console_socket, detach=detach)
+    state = create(ctx, container_id, bundle_dir, pid_file, console_socket, detach=detach,
+                   pool_vm=pool_vm)
     try:
         start(ctx, container_id)
     except BaseException:
