@@ -106,6 +106,10 @@ def peer(sock: socket.socket) -> tuple[int, int]:
 class Pool:
     def __init__(self, ctx: Context, settings: PoolSettings, kind: str) -> None:
         settings.check()
+        backend = ctx.backend({})
+        if not backend.capabilities.templates:
+            raise ParacellError(f"the warm pool keeps VMs restored from templates, which the "
+                                f"{backend.name} backend does not save (--vmm qemu)")
         self.ctx, self.settings, self.kind = ctx, settings, kind
         self.dir = poolwire.pool_dir(ctx.root)
         self.vms: dict[str, PooledVm] = {}
