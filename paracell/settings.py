@@ -101,7 +101,7 @@ CONFIG_FILE = "/etc/paracell/config.json"
 # (tests/unit/test_settings.py holds the two to each other).
 CONFIG_KEYS: dict[str, type] = {"engine": str, "guest_memory_mib": int, "memory_manager": str,
                                 "pod_memory_mib": int, "templates": bool, "template_ram": str,
-                                "xgates": bool,
+                                "warm_pool": bool, "xgates": bool,
                                 "vmm": str, "libvirt_uri": str}
 MAX_CONFIG_FILE = 65536
 # Parsed once per process, unless the file changes: every getter asks.
@@ -230,6 +230,12 @@ def template_ram() -> str:
     copy of its own, as before (docs/templates.md)."""
     return choice("PARACELL_TEMPLATE_RAM", "template_ram", TEMPLATE_RAM,
                   "template RAM mode") or "shared"
+
+
+def warm_pool_enabled() -> bool:
+    """Whether creates take VMs from a warm pool that serves their root, and
+    `pool serve` may run (docs/pool.md): on unless the file says false."""
+    return file_config().get("warm_pool") is not False
 
 
 def templates_default() -> bool:

@@ -281,3 +281,29 @@ def test_pool_commands_for_a_new_user(runtime, pool, tmp_path):
     assert daemon.stop() == 0
     assert not (runtime.root / "~pool").exists()
     runtime.assert_no_leaks()
+
+
+def test_a_host_short_of_memory_gets_its_waiting_vms_back(runtime, pool):
+    from paracell.runtime.pool.daemon import available_mib
+
+    floor = available_mib() - 400
+    daemon = pool("--size", "2", "--min-available-mib", str(floor))
+    waiting = daemon.wait_waiting(2)
+    qemus = [qemu_of(runtime, vm) for vm in waiting]
+    # 800 MiB written by another process: the host's available memory falls
+    # below the pool's floor, whatever its two VMs hold.
+    hog = subprocess.Popen(["python3", "-c", "import sys, time; b = b'x' * (800 << 20); "
+                            "print(flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+    try:
+        assert hog.stdout is not None and hog.stdout.readline() == b"\n"
+        wait_for(lambda: daemon.status()["vms"] == [], "the pool ending its VMs")
+        for qemu in qemus:
+            assert pid_gone(qemu), "a VM the pool ended still runs"
+        assert "the host is short of memory" in daemon.output()
+    finally:
+        hog.kill()
+        hog.wait()
+    # Memory back: the pool fills again.
+    daemon.wait_waiting(2)
+    assert daemon.stop() == 0
+    runtime.assert_no_leaks()

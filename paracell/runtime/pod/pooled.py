@@ -58,7 +58,9 @@ def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool
         return "a pod's container"
     if forked:
         return "a fork"
-    if ctx.no_template:
+    if not settings.warm_pool_enabled():
+        return "warm_pool is off in the settings"
+    if ctx.no_template or not settings.templates_default():
         return "templates are off"
     if any(key.startswith(OWN_VM_ANNOTATION_PREFIX) for key in bundle.annotations):
         return f"an {OWN_VM_ANNOTATION_PREFIX}* annotation"

@@ -105,7 +105,15 @@ def peer(sock: socket.socket) -> tuple[int, int]:
 
 class Pool:
     def __init__(self, ctx: Context, settings: PoolSettings, kind: str) -> None:
+        from paracell import settings as operator_settings
+
         settings.check()
+        if not operator_settings.warm_pool_enabled():
+            raise ParacellError(f"the warm pool is off: \"warm_pool\": false in "
+                                f"{operator_settings.config_path()}")
+        if ctx.no_template or not operator_settings.templates_default():
+            raise ParacellError("the warm pool keeps VMs restored from templates, which are off "
+                                "(--no-template, or \"templates\": false)")
         backend = ctx.backend({})
         if not backend.capabilities.templates:
             raise ParacellError(f"the warm pool keeps VMs restored from templates, which the "

@@ -150,6 +150,12 @@ def _check_loaded(state: ContainerState, container_id: str) -> None:
             raise ValueError("a cgroup record is malformed")
     if not all(isinstance(v, list) for v in state.hooks.values()):
         raise ValueError("the hooks are malformed")
+    # A delete deletes the pooled VM its container took: never another container.
+    if state.pool_vm:
+        from paracell.runtime import poolwire
+
+        if not (poolwire.is_pool_vm(state.pool_vm) and check_id(state.pool_vm)):
+            raise ValueError(f"pool_vm {state.pool_vm[:64]!r} is no pooled VM")
 
 
 class ContainerLock:

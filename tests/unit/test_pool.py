@@ -1,0 +1,186 @@
+"""The warm pool's parts that need no VM (docs/pool.md): its messages as
+hostile input, which creates it serves, the programs it writes, its bounds,
+and a state that names another container as its pooled VM."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from paracell.errors import ParacellError
+from paracell.log import RuntimeLog
+from paracell.runtime import poolwire
+from paracell.runtime.bundle import defaultspec, podrole, spec
+from paracell.runtime.context import Context
+from paracell.runtime.pod import pooled
+from paracell.runtime.pool import bundles, daemon
+from paracell.runtime.state.store import CorruptStateError, StateStore
+
+
+def test_a_message_is_one_bounded_json_object_and_extra_fds_are_closed():
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        socket.send_fds(theirs, [b'{"id": "x"}\n'], [r1, r2])
+        message, fds = poolwire.receive(ours, max_fds=1)
+        assert message == {"id": "x"} and len(fds) == 1
+        for fd in (*fds, r1, r2, w1, w2):
+            os.close(fd)
+        for bad in (b"[1, 2]\n", b"not json\n", b"{" + b" " * poolwire.MESSAGE_MAX + b"}\n",
+                    b'{"no": "newline"}'):
+            theirs.sendall(bad)
+            if not bad.endswith(b"\n"):
+                theirs.shutdown(socket.SHUT_WR)
+            with pytest.raises(ParacellError, match="no valid message"):
+                poolwire.receive(ours)
+            ours.setblocking(False)
+            try:  # what was left of an over-long message
+                while ours.recv(65536):
+                    pass
+            except BlockingIOError:
+                pass
+            ours.setblocking(True)
+
+
+def test_a_message_too_long_to_send_is_refused():
+    ours, theirs = socket.socketpair()
+    with ours, theirs, pytest.raises(ParacellError, match="too long"):
+        poolwire.send(ours, {"x": "y" * poolwire.MESSAGE_MAX})
+
+
+def test_without_a_pool_a_claim_finds_none_at_once(tmp_path):
+    began = time.monotonic()
+    assert poolwire.claim(str(tmp_path), "qemu/tcg/default") is None
+    assert time.monotonic() - began < 0.5
+
+
+def test_a_claim_answered_with_a_foreign_id_or_no_fd_is_refused(tmp_path):
+    (tmp_path / poolwire.POOL_DIR).mkdir()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(poolwire.socket_path(str(tmp_path))))
+    listener.listen(4)
+    import threading
+
+    answers = [({"id": "victim"}, True), ({"id": poolwire.VM_PREFIX + "ab"}, False)]
+
+    def serve() -> None:
+        for answer, with_fd in answers:
+            conn, _ = listener.accept()
+            with conn:
+                poolwire.receive(conn)
+                r, w = os.pipe()
+                poolwire.send(conn, answer, fds=(r,) if with_fd else ())
+                os.close(r)
+                os.close(w)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        assert poolwire.claim(str(tmp_path), "k") is None  # not a pooled VM's ID
+        assert poolwire.claim(str(tmp_path), "k") is None  # no lease came with it
+    finally:
+        server.join(10)
+        listener.close()
+
+
+def _bundle(tmp_path: Path, mutate=None) -> spec.Bundle:
+    config = defaultspec.default_config(["true"])
+    config["root"] = {"path": str(tmp_path), "readonly": True}
+    if mutate:
+        mutate(config)
+    directory = tmp_path / "b"
+    directory.mkdir(exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    return spec.load_bundle(str(directory))
+
+
+def _namespace(kind: str, path: str = ""):
+    def mutate(config: dict) -> None:
+        config["linux"]["namespaces"].append({"type": kind, **({"path": path} if path else {})})
+    return mutate
+
+
+@pytest.mark.parametrize("mutate, why", [
+    (None, ""),
+    (_namespace("network"), ""),
+    (_namespace("network", "/proc/1/ns/net"), "a namespace to join"),
+    (lambda c: c.update(annotations={"io.paracell.memory-manager": "none"}),
+     "an io.paracell.* annotation"),
+    (lambda c: c["linux"].update(resources={"memory": {"limit": 128 << 20}}),
+     "linux.resources size its VM"),
+    (lambda c: c.pop("process"), "no process"),
+])
+def test_which_creates_the_pool_serves(tmp_path, mutate, why):
+    ctx = Context(str(tmp_path / "root"), RuntimeLog())
+    bundle = _bundle(tmp_path, mutate)
+    role = podrole.role(bundle.annotations, "c")
+    assert pooled.why_not_pooled(ctx, bundle, role, forked=False) == why
+
+
+def test_pods_forks_and_no_templates_are_never_served(tmp_path, monkeypatch):
+    ctx = Context(str(tmp_path / "root"), RuntimeLog())
+    bundle = _bundle(tmp_path)
+    none = podrole.PodRole("none")
+    assert pooled.why_not_pooled(ctx, bundle, podrole.PodRole("member", "sb"), False)
+    assert pooled.why_not_pooled(ctx, bundle, podrole.PodRole("none", in_pods_network=True),
+                                 False)
+    assert pooled.why_not_pooled(ctx, bundle, none, forked=True) == "a fork"
+    off = Context(ctx.root, ctx.log, no_template=True)
+    assert pooled.why_not_pooled(off, bundle, none, False) == "templates are off"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"warm_pool": False}))
+    monkeypatch.setenv("PARACELL_CONFIG", str(config))
+    assert pooled.why_not_pooled(ctx, bundle, none, False) == "warm_pool is off in the settings"
+    with pytest.raises(ParacellError, match="the warm pool is off"):
+        daemon.Pool(ctx, daemon.PoolSettings(1, 256, 0), "k")
+
+
+def test_the_pools_programs_run_here_as_in_the_guest(tmp_path):
+    for (name, code), check in ((bundles.TRUE, "exits"), (bundles.PAUSE, "waits")):
+        program = tmp_path / name
+        program.write_bytes(bundles.static_program(code))
+        program.chmod(0o755)
+        proc = subprocess.Popen([str(program)])
+        try:
+            status = proc.wait(timeout=0.5 if check == "waits" else 10)
+        except subprocess.TimeoutExpired:
+            status = None
+        finally:
+            proc.kill()
+            proc.wait()
+        assert status == (None if check == "waits" else 0), name
+
+
+@pytest.mark.parametrize("size, budget, floor, error", [
+    (65, 256, 0, "pool size 65 is outside 0..64"),
+    (-1, 256, 0, "pool size -1"),
+    (1, 15, 0, "budget of 15 MiB"),
+    (1, 256, -1, "minimum available memory"),
+])
+def test_bad_pool_settings_are_one_line(size, budget, floor, error):
+    with pytest.raises(ParacellError, match=error):
+        daemon.PoolSettings(size, budget, floor).check()
+
+
+def test_a_state_that_names_another_container_as_its_pooled_vm_is_refused(tmp_path):
+    """Its delete would delete that container."""
+    store = StateStore(str(tmp_path))
+    for name, pool_vm in (("good", poolwire.VM_PREFIX + "0123456789ab"),
+                          ("bad", "victim"), ("sneaky", poolwire.VM_PREFIX + "../x")):
+        directory = tmp_path / name
+        directory.mkdir()
+        (directory / "lock").write_text("")
+        (directory / "state.json").write_text(json.dumps({
+            "id": name, "status": "stopped", "pool_vm": pool_vm,
+            "vm": {"config": None, "host": {"cgroups": []}}}))
+    assert store.load("good").pool_vm.startswith(poolwire.VM_PREFIX)
+    for name in ("bad", "sneaky"):
+        with pytest.raises(CorruptStateError):
+            store.load(name)
