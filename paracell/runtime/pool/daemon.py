@@ -388,8 +388,10 @@ class Pool:
             self._say(f"{vm.id}: deleting it: {err}")
 
     def _end_all(self) -> None:
-        for vm in list(self.vms.values()):
+        ending = list(self.vms.values())
+        for vm in ending:
             self._end(vm)
+        self._say(f"stopped: {len(ending)} VM(s) ended, {self.claimed} handed out")
         if self.janitor_w >= 0:
             self._tell_janitor("done")
             os.close(self.janitor_w)
