@@ -309,3 +309,24 @@ def test_a_host_short_of_memory_gets_its_waiting_vms_back(runtime, pool):
     daemon.wait_waiting(2)
     assert daemon.stop() == 0
     runtime.assert_no_leaks()
+
+
+def test_a_vm_whose_create_died_before_it_recorded_it_is_deleted(runtime, pool):
+    """A create that claims a VM and is killed before its state names it:
+    the VM's lease dies with it, the VM powers off, and the pool deletes
+    what is left of it. Here the test is that create, from the claim on."""
+    from paracell.runtime import poolwire
+    from paracell.runtime.pool import report
+
+    daemon = pool("--size", "1")
+    (vm,) = daemon.wait_waiting(1)
+    qemu = qemu_of(runtime, vm)
+    kind = report.ask(str(runtime.root))["kind"]
+    claim = poolwire.claim(str(runtime.root), kind)
+    assert claim is not None and claim.vm_id == vm
+    claim.release()
+    assert pid_gone(qemu), "the VM outlived its lease"
+    wait_for(lambda: not (runtime.root / vm).exists(), f"{vm} deleted")
+    assert "no container took it" in daemon.output()
+    assert daemon.stop() == 0
+    runtime.assert_no_leaks()

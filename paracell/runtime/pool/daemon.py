@@ -43,6 +43,7 @@ CLIENT_TIMEOUT_S = 1.0
 # Before a VM has been measured: about a restored VM's PSS (docs/benchmarks.md).
 FIRST_ESTIMATE_MIB = 64
 BACKOFF_S = (2.0, 60.0)
+ORPHAN_CHECK_S = 2.0
 
 
 @dataclass
@@ -122,6 +123,10 @@ class Pool:
         self.dir = poolwire.pool_dir(ctx.root)
         self.vms: dict[str, PooledVm] = {}
         self.claimed = 0
+        # Handed-out VMs, by ID, with when: until a container's delete takes
+        # each, or it is found orphaned (runtime/pool/daemon.py: _orphans).
+        self.handed: dict[str, float] = {}
+        self.next_orphan_check = 0.0
         self.failures = 0
         self.next_try = 0.0
         self.last_error = ""
@@ -169,6 +174,7 @@ class Pool:
         self._reap_workers()
         self._keep_within_memory()
         self._refill()
+        self._orphans()
         poller = select.poll()
         poller.register(listener, select.POLLIN)
         by_fd = {}
@@ -278,6 +284,38 @@ class Pool:
         self._say(f"{vm.id} failed: {why}")
         self._end(vm)
 
+    def _orphans(self) -> None:
+        """A VM handed out that no container names and whose shim is gone:
+        the create that took it died before it recorded it (its lease died
+        with it, and the VM powered off). Its state goes. A create records
+        the VM before it can let go of the lease, so one that names it, or
+        a VM still running, is never taken for an orphan."""
+        from paracell.runtime.state.store import shim_alive
+        from paracell.runtime.verbs import lifecycle
+
+        now = time.monotonic()
+        if not self.handed or now < self.next_orphan_check:
+            return
+        self.next_orphan_check = now + ORPHAN_CHECK_S
+        store = self.ctx.store
+        named = set()
+        for other in store.list_ids():
+            if other not in self.handed:
+                with contextlib.suppress(ParacellError):
+                    named.add(store.load(other).pool_vm)
+        for vm_id, since in list(self.handed.items()):
+            try:
+                state = store.load(vm_id)
+            except ParacellError:
+                del self.handed[vm_id]  # deleted with its container
+                continue
+            if vm_id in named or shim_alive(state) or now - since < ORPHAN_CHECK_S:
+                continue
+            del self.handed[vm_id]
+            self._say(f"{vm_id}: handed out, but no container took it: deleted")
+            with contextlib.suppress(ParacellError):
+                lifecycle.delete(self.ctx, vm_id, force=True)
+
     # -- bounds -----------------------------------------------------------
 
     def _cost_kib(self) -> int:
@@ -351,6 +389,7 @@ class Pool:
             vm.lease = None
             del self.vms[vm.id]
         self.claimed += 1
+        self.handed[vm.id] = time.monotonic()
         self._say(f"{vm.id} claimed after {time.monotonic() - vm.since:.1f} s")
 
     def status(self) -> dict[str, object]:
