@@ -148,7 +148,7 @@ class Pool:
         try:
             bundles.write_vm_bundle(self.dir)
             self._sweep()
-            self._start_janitor(lock)
+            self._start_janitor()
             path = poolwire.socket_path(self.ctx.root)
             unixsock.unlink(path)
             listener = unixsock.listen(path)
@@ -381,13 +381,13 @@ class Pool:
         self._tell_janitor(f"claimed {vm.id}")
         try:
             poolwire.send(conn, {"id": vm.id}, fds=(vm.lease.fileno(),))
-        finally:
-            # Either way it is not ours now: sent, it is the container's;
-            # not, closing it ends the VM, which the creator deletes or the
-            # janitor does not (it was claimed).
-            vm.lease.close()
-            vm.lease = None
-            del self.vms[vm.id]
+        except OSError:
+            self._end(vm)  # the claimant is gone: so is the VM
+            return
+        # Sent: the container's now. Ours would keep the VM past it.
+        vm.lease.close()
+        vm.lease = None
+        del self.vms[vm.id]
         self.claimed += 1
         self.handed[vm.id] = time.monotonic()
         self._say(f"{vm.id} claimed after {time.monotonic() - vm.since:.1f} s")
@@ -453,7 +453,7 @@ class Pool:
 
     # -- the janitor ------------------------------------------------------
 
-    def _start_janitor(self, lock: int) -> None:
+    def _start_janitor(self) -> None:
         read_end, self.janitor_w = os.pipe()
         pid = os.fork()
         if pid != 0:
