@@ -44,6 +44,8 @@ CLIENT_TIMEOUT_S = 1.0
 FIRST_ESTIMATE_MIB = 64
 BACKOFF_S = (2.0, 60.0)
 ORPHAN_CHECK_S = 2.0
+# How often a waiting VM's PSS is read again (smaps_rollup walks QEMU's maps).
+MEASURE_S = 2.0
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Pool:
         # each, or it is found orphaned (runtime/pool/daemon.py: _orphans).
         self.handed: dict[str, float] = {}
         self.next_orphan_check = 0.0
+        self.next_measure = 0.0
         self.failures = 0
         self.next_try = 0.0
         self.last_error = ""
@@ -326,8 +329,11 @@ class Pool:
         or they cost more than the budget (a first estimate was low)."""
         waiting = sorted((vm for vm in self.vms.values() if vm.waiting),
                          key=lambda vm: vm.since, reverse=True)
-        for vm in waiting:
-            vm.cost_kib = sum(pss_kib(pid) for pid in vm.pids) or vm.cost_kib
+        now = time.monotonic()
+        if now >= self.next_measure:
+            self.next_measure = now + MEASURE_S
+            for vm in waiting:
+                vm.cost_kib = sum(pss_kib(pid) for pid in vm.pids) or vm.cost_kib
         for vm in waiting:
             short = available_mib() < self.settings.min_available_mib
             over = self._cost_kib() > self.settings.budget_mib << 10
