@@ -330,3 +330,16 @@ def test_a_vm_whose_create_died_before_it_recorded_it_is_deleted(runtime, pool):
     assert "no container took it" in daemon.output()
     assert daemon.stop() == 0
     runtime.assert_no_leaks()
+
+
+def test_a_pool_stopped_while_its_worker_warms_a_vm_up_leaves_nothing(runtime, pool):
+    """Stopped while a VM's warm-up runs in it: the worker goes, and so does
+    all it made, the warm-up's member included (CI once found it left)."""
+    daemon = pool("--size", "3")
+    daemon.wait_waiting(1)
+    deadline = time.monotonic() + 60
+    while not any(p.name.endswith("-warm-up") for p in runtime.root.iterdir()):
+        assert time.monotonic() < deadline, "no warm-up seen"
+        time.sleep(0.005)
+    assert daemon.stop() == 0
+    runtime.assert_no_leaks()

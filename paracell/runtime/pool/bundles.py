@@ -87,6 +87,10 @@ def write_vm_bundle(pool_dir: Path) -> Path:
     return bundle
 
 
+def warm_up_id(vm_id: str) -> str:
+    return f"{vm_id}-warm-up"
+
+
 def warm_up(ctx: Context, pool_dir: Path, vm_id: str) -> None:
     """Runs the warm-up in the pooled VM to its end, and deletes it."""
     from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_ID
@@ -96,7 +100,7 @@ def warm_up(ctx: Context, pool_dir: Path, vm_id: str) -> None:
     bundle.mkdir(mode=0o755, exist_ok=True)
     _write(bundle / "config.json", _config(pool_dir / "rootfs", TRUE[0],
                                            {CONTAINER_TYPE: "container", SANDBOX_ID: vm_id}))
-    status = lifecycle.run(ctx, f"{vm_id}-warm-up", str(bundle), None, None,
+    status = lifecycle.run(ctx, warm_up_id(vm_id), str(bundle), None, None,
                            detach=False, keep=False, pool_vm=True)
     if status != 0:
         raise ParacellError(f"the warm-up exited with {status}")

@@ -29,6 +29,7 @@ import signal
 import socket
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,6 +136,7 @@ class Pool:
         self.last_error = ""
         self.largest_kib = FIRST_ESTIMATE_MIB << 10
         self.janitor_w = -1
+        self.wake_r = -1
         self.stopping = False
 
     # -- the loop ---------------------------------------------------------
@@ -156,6 +158,10 @@ class Pool:
             unixsock.unlink(path)
             listener = unixsock.listen(path)
             os.chmod(path, 0o600)
+            # A stop wakes the loop at once, not at its next tick: a worker
+            # is stopped where it is, and what it made goes.
+            self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            signal.set_wakeup_fd(wake_w)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._stop)
             self._say(f"serving {self.ctx.root}: {self.settings.size} VM(s) of {self.kind}, "
@@ -180,6 +186,7 @@ class Pool:
         self._orphans()
         poller = select.poll()
         poller.register(listener, select.POLLIN)
+        poller.register(self.wake_r, select.POLLIN)
         by_fd = {}
         for vm in self.vms.values():
             if vm.lease is not None:
@@ -190,7 +197,10 @@ class Pool:
         except InterruptedError:
             return
         for fd, _ in events:
-            if fd == listener.fileno():
+            if fd == self.wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self.wake_r, 64)
+            elif fd == listener.fileno():
                 self._accept(listener)
             elif fd in by_fd:
                 # Nothing is sent on a lease: its shim is gone (deleted by hand, broken).
@@ -223,6 +233,7 @@ class Pool:
             for fd in (0, 1):
                 os.dup2(devnull, fd)
             os.closerange(3, 65536)  # leases, the listener, the janitor's pipe
+            signal.set_wakeup_fd(-1)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, signal.SIG_DFL)
             from paracell.runtime.verbs import lifecycle
@@ -294,7 +305,6 @@ class Pool:
         the VM before it can let go of the lease, so one that names it, or
         a VM still running, is never taken for an orphan."""
         from paracell.runtime.state.store import shim_alive
-        from paracell.runtime.verbs import lifecycle
 
         now = time.monotonic()
         if not self.handed or now < self.next_orphan_check:
@@ -316,8 +326,7 @@ class Pool:
                 continue
             del self.handed[vm_id]
             self._say(f"{vm_id}: handed out, but no container took it: deleted")
-            with contextlib.suppress(ParacellError):
-                lifecycle.delete(self.ctx, vm_id, force=True)
+            delete_vm(self.ctx, vm_id, self._say)
 
     # -- bounds -----------------------------------------------------------
 
@@ -416,7 +425,6 @@ class Pool:
 
     def _end(self, vm: PooledVm) -> None:
         """Its lease closes (its shim powers the VM off), and its state goes."""
-        from paracell.runtime.verbs import lifecycle
 
         self.vms.pop(vm.id, None)
         if vm.lease is not None:
@@ -427,10 +435,7 @@ class Pool:
                 os.kill(vm.worker, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(vm.worker, 0)
-        try:
-            lifecycle.delete(self.ctx, vm.id, force=True)
-        except ParacellError as err:
-            self._say(f"{vm.id}: deleting it: {err}")
+        delete_vm(self.ctx, vm.id, self._say)
 
     def _end_all(self) -> None:
         ending = list(self.vms.values())
@@ -488,7 +493,6 @@ class Pool:
 
 def janitor(ctx: Context, pipe: int) -> None:
     """Outlives the daemon only to delete what it made and did not hand out."""
-    from paracell.runtime.verbs import lifecycle
 
     made: set[str] = set()
     with os.fdopen(pipe, "rb") as lines:
@@ -501,8 +505,7 @@ def janitor(ctx: Context, pipe: int) -> None:
             elif word == "done":
                 return
     for vm_id in sorted(made):
-        with contextlib.suppress(ParacellError):
-            lifecycle.delete(ctx, vm_id, force=True)
+        delete_vm(ctx, vm_id, lambda _line: None)
     lock = os.open(poolwire.pool_dir(ctx.root) / poolwire.LOCK, os.O_RDWR | os.O_CLOEXEC)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -511,6 +514,19 @@ def janitor(ctx: Context, pipe: int) -> None:
         pass  # a new pool serves it already
     finally:
         os.close(lock)
+
+
+def delete_vm(ctx: Context, vm_id: str, say: Callable[[str], None]) -> None:
+    """A pooled VM, and its warm-up where a worker was stopped in it: the
+    member first, whose directory in the VM's pod share the VM's delete
+    would otherwise find bound."""
+    from paracell.runtime.verbs import lifecycle
+
+    for container_id in (bundles.warm_up_id(vm_id), vm_id):
+        try:
+            lifecycle.delete(ctx, container_id, force=True)
+        except ParacellError as err:
+            say(f"{container_id}: deleting it: {err}")
 
 
 def remove_pool_dir(root: str) -> None:
