@@ -1,8 +1,8 @@
 """A container in a VM from the warm pool (docs/pool.md).
 
-A pooled VM is a pod VM that the pool made with no process of its own,
-restored from its template and attached (READY, then SANDBOX with identity
-and entropy of its own), which waits for a container. A create that the
+A pooled VM is a pod VM that the pool made (runtime/pool/), restored from
+its template and attached (READY, then SANDBOX with identity and entropy of
+its own), whose own process is pause, and which waits for a container. A create that the
 pool can serve claims one, and the container joins it as a pod member
 joins its pod's VM: its rootfs and binds go into the VM's pod share, and
 its proxy, whose pid stands for the container, asks the VM's shim to create

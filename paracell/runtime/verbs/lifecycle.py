@@ -98,6 +98,8 @@ def create(
     why_not = "the pool's own VM" if pool_vm else \
         pooled.why_not_pooled(ctx, bundle, pod_role, fork is not None)
     claim = poolwire.claim(ctx.root, pooled.kind_of(ctx)) if not why_not else None
+    if why_not and not pool_vm and poolwire.socket_path(ctx.root).exists():
+        ctx.log.info(f"create {container_id}: not from the warm pool: {why_not}")
     try:
         placement: Placement
         if claim is not None:
