@@ -474,7 +474,10 @@ class Pool:
         try:
             os.closerange(3, read_end)
             os.closerange(read_end + 1, 65536)  # the pool's lock too: it must not outlive us
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C to the daemon is for it
+            # A ^C or `pkill -f 'pool serve'` is for the daemon: the janitor
+            # ends when the daemon has, and cleans up after it if need be.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
             os.setsid()
             janitor(self.ctx, read_end)
         except BaseException:  # never back into the daemon's loop
@@ -484,10 +487,15 @@ class Pool:
 
     def _tell_janitor(self, line: str) -> None:
         if self.janitor_w >= 0:
-            os.write(self.janitor_w, line.encode() + b"\n")
+            # A janitor killed by hand: the daemon goes on, and ends as it would.
+            with contextlib.suppress(OSError):
+                os.write(self.janitor_w, line.encode() + b"\n")
 
     def _say(self, line: str) -> None:
-        print(f"pool: {line}", flush=True)
+        # A supervisor that closed our stdout must not end the pool (and so
+        # every VM waiting in it): --log still has the line.
+        with contextlib.suppress(OSError, ValueError):
+            print(f"pool: {line}", flush=True)
         self.ctx.log.warning(f"pool: {line}")
 
 
