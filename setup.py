@@ -16,7 +16,7 @@ PLUGIN_SOURCES = ["csrc/ramplugin.c", "csrc/pager.c", "csrc/dirtylog.c"]
 RELAY = "paracell/paracell-relay"
 VMSHIM = "paracell/paracell-vmshim"
 RELAY_LIBRARY = ["csrc/relay.c", "csrc/sink.c", "csrc/streams.c", "csrc/portfwd.c",
-                 "csrc/execargs.c"]
+                 "csrc/execargs.c", "csrc/latenet.c"]
 EXECUTABLES = {RELAY: "csrc/relayexec.c", VMSHIM: "csrc/vmshimexec.c"}
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]
 

@@ -259,11 +259,12 @@ static int on_client_frame(struct relay *r, void *who, unsigned type, unsigned c
             r->stdin_credit[ch] = PC_STDIN_WINDOW;
             return sink_frame(&r->to_chan, type, (unsigned)ch, p, n);
         }
-        if (type == PC_START && r->start_payload) {
-            /* The client's payload is not trusted for this: the shim, which
-             * sits in the container's network namespace, makes it. */
+        if (type == PC_START) {
+            /* A control client's payload is never used: the process that
+             * sits in the container's network namespace (the shim, or a
+             * pooled container's proxy) makes it, or START carries nothing. */
             static char made[PC_MAX_PAYLOAD];
-            int len = r->start_payload(made, (int)sizeof made);
+            int len = r->start_payload ? r->start_payload(made, (int)sizeof made) : 0;
             if (len < 0 || len > (int)sizeof made) {
                 made[sizeof made - 1] = 0;
                 return refuse(c, len < 0 ? made : "start payload too large");
@@ -715,7 +716,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     r->cfg = cfg;
     r->res = res;
     r->shim = cfg->listen_fd >= 0;
-    r->start_payload = r->shim ? cfg->start_payload : NULL;
+    r->start_payload = cfg->start_payload;
     r->listen_fd = r->shim ? cfg->listen_fd : cfg->control_fd;
     /* An exec proxy's process was started before its relay; a member's
      * waits for `start`, which arrives on its control socket. */

@@ -32,10 +32,10 @@ struct pc_relay_cfg {
     unsigned long long forward_mask;  /* bit n: relay signal n to the process */
     /* shim mode: port forwarding's listeners (csrc/portfwd.h), or NULL for none */
     const struct pc_fwd_listeners *fwd;
-    /* shim mode: what the init's START carries, made by the shim itself when
-     * `start` asks (interfaces that appeared in its network namespace since
-     * create): the payload's length, or -1 with a NUL-terminated reason in
-     * buf. NULL: START carries nothing. */
+    /* What a control client's START carries (the init's, or a pooled
+     * container's), made by this process when `start` asks (interfaces that
+     * appeared in its network namespace since create): the payload's length,
+     * or -1 with a NUL-terminated reason in buf. NULL: START carries nothing. */
     int (*start_payload)(char *buf, int cap);
 };
 

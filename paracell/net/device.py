@@ -65,6 +65,11 @@ class Record:
     # cleanup from outside undoes nothing in another one that a path names
     # by then (a namespace deleted and made again under the same name).
     netns: tuple[int, int] | None = None
+    # Where the spares' TAPs still are, and that namespace's identity: a
+    # pooled VM's (docs/pool.md), whose TAPs the container's namespace takes
+    # at `start` when it has interfaces for them (paracell/net/late.py).
+    spares_at: str = ""
+    spares_at_id: tuple[int, int] | None = None
 
     def write(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -82,12 +87,21 @@ class Record:
             spares = [Spare(str(s["tap"]), str(s["mac"])) for s in data["spares"]]
             lent_taps = [n for n in data.get("lent", []) if lent.valid_name(n)]
             devices = _device_counts(data.get("devices"))
-            where = data.get("netns")
-            netns_id = (where[0], where[1]) if isinstance(where, list) and len(where) == 2 \
-                and all(type(v) is int for v in where) else None
+            netns_id = _identity(data.get("netns"))
+            spares_at = data.get("spares_at", "")
+            spares_at_id = _identity(data.get("spares_at_id"))
+            if not isinstance(spares_at, str) or (spares_at and spares_at_id is None):
+                spares_at, spares_at_id = "", None
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return cls()
-        return cls(veths, spares, lent_taps, devices, netns_id)
+        return cls(veths, spares, lent_taps, devices, netns_id, spares_at, spares_at_id)
+
+
+def _identity(where: Any) -> tuple[int, int] | None:
+    """A namespace's (st_dev, st_ino) as JSON holds it, or None."""
+    if isinstance(where, list) and len(where) == 2 and all(type(v) is int for v in where):
+        return where[0], where[1]
+    return None
 
 
 def _device_counts(value: Any) -> tuple[int, int] | None:

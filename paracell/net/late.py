@@ -16,7 +16,7 @@ from pathlib import Path
 
 from paracell import speckeys
 from paracell.errors import ParacellError
-from paracell.net import device, discover, guestconfig, mirror, netns
+from paracell.net import device, discover, guestconfig, mirror, netns, tap
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,15 +51,44 @@ def _mirror_onto_spares(record_path: Path) -> list[tuple[str, str]]:
                     f"{len(record.spares)} spare device(s) for them")
             for iface in found:
                 mirror.check_free(ipr, iface.index, iface.name)
+            fetched = bool(record.spares_at)
+            if fetched:
+                _fetch_spares(record)
             record.veths += [i.index for i in found]
             record.write(record_path)
             for iface, spare in zip(found, record.spares, strict=False):
                 tap_index = ipr.link_lookup(ifname=spare.tap)[0]
-                ipr.link("set", index=tap_index, mtu=iface.mtu)
+                if fetched:
+                    # A move takes a link down and gives it the new
+                    # namespace's IPv6 defaults.
+                    tap.disable_ipv6(spare.tap)
+                    ipr.link("set", index=tap_index, mtu=iface.mtu, state="up")
+                else:
+                    ipr.link("set", index=tap_index, mtu=iface.mtu)
                 mirror.connect(ipr, iface.index, tap_index)
     except NetlinkError as err:
         raise device.netlink_error(err) from None
     return guestconfig.records(found, [s.mac for s in record.spares])
+
+
+def _fetch_spares(record: device.Record) -> None:
+    """A pooled VM's spares (docs/pool.md), from its shim's namespace into
+    this one, the container's, where they are mirrored. Only once: the
+    record says they are here from then on."""
+    import os
+
+    from paracell.net import lent
+
+    here = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        moved = netns.run_inside(record.spares_at,
+                                 lambda: lent.move([s.tap for s in record.spares], here),
+                                 record.spares_at_id)
+    finally:
+        os.close(here)
+    if moved is None:
+        raise ParacellError("the pooled VM's network namespace is gone: its VM has ended")
+    record.spares_at, record.spares_at_id = "", None
 
 
 def _only_ours() -> bool:

@@ -40,7 +40,7 @@ def open_vmm_netns() -> int:
     return os.dup(left)
 
 
-def _move(names: list[str], to_fd: int) -> None:
+def move(names: list[str], to_fd: int) -> bool:
     """From the current namespace into to_fd's, those of `names` found here."""
     from pyroute2 import IPRoute
 
@@ -49,18 +49,19 @@ def _move(names: list[str], to_fd: int) -> None:
             found = ipr.link_lookup(ifname=name)
             if found:
                 ipr.link("set", index=found[0], net_ns_fd=to_fd)
+    return True
 
 
 def lend(names: list[str], vmm_fd: int) -> None:
     """From the container's namespace (the current one) to the VMM's."""
-    _move(names, vmm_fd)
+    move(names, vmm_fd)
 
 
 def take_back(names: list[str], vmm_fd: int) -> None:
     """From the VMM's namespace into the current one."""
     here = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        netns.run_inside(f"/proc/self/fd/{vmm_fd}", lambda: _move(names, here))
+        netns.run_inside(f"/proc/self/fd/{vmm_fd}", lambda: move(names, here))
     finally:
         os.close(here)
 

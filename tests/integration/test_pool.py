@@ -343,3 +343,113 @@ def test_a_pool_stopped_while_its_worker_warms_a_vm_up_leaves_nothing(runtime, p
         time.sleep(0.005)
     assert daemon.stop() == 0
     runtime.assert_no_leaks()
+
+
+def _in_netns(path: str = "", annotations: dict | None = None):
+    """The spec's network namespace: the one at path, or a new one."""
+    def mutate(config: dict) -> None:
+        config["linux"]["namespaces"].append({"type": "network", **({"path": path} if path
+                                                                       else {})})
+        if annotations:
+            config["annotations"] = annotations
+    return mutate
+
+
+def _no_mirror_left(ns) -> None:
+    from paracell.net import discover
+
+    assert ns.ingress_qdiscs() == [], "tc qdiscs left behind"
+    assert [n for n in ns.link_names() if n.startswith(discover.TAP_PREFIX)] == []
+
+
+def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it(
+        runtime, make_bundle, pool):
+    """A CRI pod from the pool: the pooled VM takes the pod's interface (its
+    spare, moved into the pod's namespace at the sandbox's start), traffic
+    flows both ways, the pod's containers run and exec in that VM, and
+    nothing is left in the pod's namespace."""
+    from tests.netutil import Server, http_get, netns, route, veth
+
+    daemon = pool("--size", "1")
+    (vm,) = daemon.wait_waiting(1)
+    qemu = qemu_of(runtime, vm)
+    with netns() as ns, netns() as peer:
+        veth(ns, "eth0", peer, "peer0", mtu=1400, a_addrs=("10.78.0.2/24",),
+             b_addrs=("10.78.0.1/24",))
+        route(ns, "0.0.0.0/0", "10.78.0.1")
+        mac = ns.link("eth0")["mac"]
+        server = Server(peer, "10.78.0.1", b"HTTP/1.0 200 OK\r\n\r\nfrom-peer\n")
+
+        def cri(kind: str):
+            return _in_netns(ns.path, {"io.kubernetes.cri.container-type": kind,
+                                       "io.kubernetes.cri.sandbox-id": "pod"})
+        try:
+            runtime("create", "--bundle", str(make_bundle(["sleep", "300"],
+                                                          mutate=cri("sandbox"))),
+                    "pod", check=True)
+            assert pooled_vm(runtime, "pod") == vm
+            runtime("start", "pod", check=True)
+            assert sorted(ns.ingress_qdiscs()) == ["eth0", f"{vm_tap(ns)}"]
+            script = (f"cat /sys/class/net/eth0/address /sys/class/net/eth0/mtu; "
+                      f"wget -q -O - http://10.78.0.1:{server.port}/; mkdir /tmp/www; "
+                      "echo from-pod > /tmp/www/index.html; exec httpd -f -p 80 -h /tmp/www")
+            runtime("run", "--detach", "--bundle",
+                    str(make_bundle(["sh", "-c", script], mutate=cri("container"))),
+                    "member", check=True)
+            assert pooled_vm(runtime, "member") == ""
+            page = http_get(peer, "10.78.0.2", 80)
+            assert page.endswith(b"from-pod\n"), page
+            assert server.received and server.received[0].startswith(b"GET / ")
+            result = runtime("exec", "member", "cat", "/sys/class/net/eth0/address")
+            assert (result.returncode, result.stdout.decode().strip()) == (0, mac)
+            member_vm = json.loads((runtime.root / "member" / "state.json").read_text())["vm"]
+            assert member_vm.get("qemu_pid", 0) == 0, "a pod member runs in its pod's VM"
+            runtime("delete", "--force", "member", check=True)
+            runtime("delete", "--force", "pod", check=True)
+            assert pid_gone(qemu)
+            _no_mirror_left(ns)
+        finally:
+            server.close()
+            for cid in ("member", "pod"):
+                runtime("delete", "--force", cid)
+    assert daemon.stop() == 0
+    runtime.assert_no_leaks()
+
+
+def vm_tap(ns) -> str:
+    from paracell.net import discover
+
+    (tap,) = [n for n in ns.link_names() if n.startswith(discover.TAP_PREFIX)]
+    return tap
+
+
+def test_an_interface_added_to_a_pooled_containers_namespace_before_start_is_its(
+        runtime, make_bundle, pool, tmp_path):
+    """As `ctr run --cni` does: the pid create reports (the proxy) sits in a
+    new namespace of its own, never the host's, and the interface the caller
+    adds there before start reaches the pooled VM."""
+    from tests.netutil import Netns, http_get, netns, veth
+
+    daemon = pool("--size", "1")
+    daemon.wait_waiting(1)
+    host_links = sorted(os.listdir("/sys/class/net"))
+    with netns() as peer:
+        pid_file = tmp_path / "pid"
+        bundle = make_bundle(["sh", "-c", "mkdir /tmp/www; ip addr > /tmp/www/index.html; "
+                              "exec httpd -f -p 80 -h /tmp/www"], mutate=_in_netns())
+        try:
+            runtime("create", "--bundle", str(bundle), "--pid-file", str(pid_file), "late",
+                    check=True)
+            assert pooled_vm(runtime, "late")
+            proxy_ns = Netns("proxy", f"/proc/{pid_file.read_text()}/ns/net")
+            assert proxy_ns.link_names() == ["lo"], "the proxy's namespace is a new one"
+            veth(proxy_ns, "eth0", peer, "peer0", a_addrs=("10.79.0.2/24",),
+                 b_addrs=("10.79.0.1/24",))
+            runtime("start", "late", check=True)
+            page = http_get(peer, "10.79.0.2", 80).decode()
+            assert "inet 10.79.0.2/24" in page, page
+        finally:
+            runtime("delete", "--force", "late")
+    assert sorted(os.listdir("/sys/class/net")) == host_links
+    assert daemon.stop() == 0
+    runtime.assert_no_leaks()

@@ -103,14 +103,19 @@ def _bundle(tmp_path: Path, mutate=None) -> spec.Bundle:
 
 def _namespace(kind: str, path: str = ""):
     def mutate(config: dict) -> None:
-        config["linux"]["namespaces"].append({"type": kind, **({"path": path} if path else {})})
+        others = [n for n in config["linux"]["namespaces"] if n["type"] != kind]
+        config["linux"]["namespaces"] = [*others,
+                                         {"type": kind, **({"path": path} if path else {})}]
     return mutate
 
 
 @pytest.mark.parametrize("mutate, why", [
     (None, ""),
     (_namespace("network"), ""),
-    (_namespace("network", "/proc/1/ns/net"), "a namespace to join"),
+    (_namespace("network", "/proc/self/ns/net"), ""),  # the host's: lo only, as without a pool
+    (_namespace("ipc", "/proc/self/ns/ipc"), "a namespace to join"),
+    (_namespace("network", "/nonexistent/ns"),
+     "network namespace /nonexistent/ns: No such file or directory"),
     (lambda c: c.update(annotations={"io.paracell.memory-manager": "none"}),
      "an io.paracell.* annotation"),
     (lambda c: c["linux"].update(resources={"memory": {"limit": 128 << 20}}),
@@ -124,7 +129,34 @@ def test_which_creates_the_pool_serves(tmp_path, mutate, why):
     assert pooled.why_not_pooled(ctx, bundle, role, forked=False) == why
 
 
-def test_pods_forks_and_no_templates_are_never_served(tmp_path, monkeypatch):
+def test_a_pods_sandbox_is_served_and_its_members_never(tmp_path):
+    ctx = Context(str(tmp_path / "root"), RuntimeLog())
+    sandbox = podrole.PodRole("sandbox")
+    assert pooled.why_not_pooled(ctx, _bundle(tmp_path), sandbox, False) == ""
+    bigger = _bundle(tmp_path, lambda c: c.update(
+        annotations={podrole.SANDBOX_MEMORY: str(4096 << 20)}))
+    assert pooled.why_not_pooled(ctx, bigger, sandbox, False) == \
+        "the pod's memory limit sizes its VM"
+    assert pooled.why_not_pooled(ctx, _bundle(tmp_path), podrole.PodRole("member", "sb"),
+                                 False) == "a pod's container"
+
+
+def test_a_namespace_with_more_interfaces_than_spares_is_not_served(tmp_path):
+    from tests import netutil
+
+    ctx = Context(str(tmp_path / "root"), RuntimeLog())
+    role = podrole.PodRole("sandbox")
+    with netutil.netns() as pod, netutil.netns() as peer:
+        bundle = _bundle(tmp_path, _namespace("network", pod.path))
+        assert pooled.why_not_pooled(ctx, bundle, role, False) == ""  # lo only
+        netutil.veth(pod, "eth0", peer, "p0")
+        assert pooled.why_not_pooled(ctx, bundle, role, False) == ""
+        netutil.veth(pod, "eth1", peer, "p1")
+        assert pooled.why_not_pooled(ctx, bundle, role, False) == \
+            "2 network interfaces, more than a pooled VM's spares"
+
+
+def test_pod_members_forks_and_no_templates_are_never_served(tmp_path, monkeypatch):
     ctx = Context(str(tmp_path / "root"), RuntimeLog())
     bundle = _bundle(tmp_path)
     none = podrole.PodRole("none")

@@ -186,19 +186,24 @@ RELAY_EXEC = Path(__file__).resolve().parents[2] / "paracell-relay"
 
 
 def exec_relay(chan_fd: int, tty_fd: int, control_fd: int = -1,
-               unlink: tuple[Path, ...] = ()) -> None:
+               unlink: tuple[Path, ...] = (), net_record: Path | None = None) -> None:
     """A proxy becomes paracell-relay for the rest of its process's life:
     the same relay (csrc/relay.c) in a process of a few hundred KiB, its pid,
     fds and blocked signals kept, instead of a Python process of tens of
-    MiB per container and per exec. Returns only if the exec failed (OSError)."""
+    MiB per container and per exec. `net_record`: a pooled container's, whose
+    proxy sits in its network namespace and makes its START's payload
+    (csrc/latenet.h). Returns only if the exec failed (OSError)."""
+    import sys
+
+    from paracell.net.discover import TAP_PREFIX
     from paracell.runtime.agent import signals
 
     for fd in (chan_fd, tty_fd, control_fd):
         if fd >= 0:
             os.set_inheritable(fd, True)
     os.execv(RELAY_EXEC, [str(RELAY_EXEC), str(chan_fd), str(tty_fd), str(control_fd),
-                          str(signals.forward_mask()),
-                          *map(str, unlink)])
+                          str(signals.forward_mask()), str(net_record or "-"), TAP_PREFIX,
+                          sys.executable, *map(str, unlink)])
 
 
 def printable(data: bytes, limit: int = 300) -> str:

@@ -41,6 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.runtime.context import Context
     from paracell.runtime.host.cgroups import CgroupDir
+    from paracell.runtime.pod.pooled import PooledNetwork
     from paracell.runtime.vm.placement import Container
 
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
@@ -55,15 +56,19 @@ def member_slot(container_id: str) -> str:
     return hashlib.sha256(container_id.encode()).hexdigest()[:16]
 
 
-def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, Path]:
+def _sandbox(store: StateStore, sandbox_id: str) -> tuple[ContainerState, str]:
+    """The pod's sandbox, and the container whose shim holds the pod's VM:
+    the sandbox's own, or a pooled VM the sandbox took (runtime/pod/pooled.py)."""
     from paracell.runtime.state import status
 
     state = store.load(sandbox_id)
     status.transition("join pod", state.status, sandbox_id)
+    if state.pool_vm and state.annotations.get(CONTAINER_TYPE) == "sandbox":
+        return state, check_id(state.pool_vm)
     if not state.vm.config.pod_share:
         raise ParacellError(f"container {sandbox_id} is not a pod sandbox: "
                             "it was created without the sandbox annotation")
-    return state, Path(state.vm.config.pod_share)
+    return state, sandbox_id
 
 
 def _same_netns(path: str, sandbox: ContainerState) -> bool:
@@ -76,15 +81,17 @@ def _same_netns(path: str, sandbox: ContainerState) -> bool:
     return (given.st_dev, given.st_ino) == (pods.st_dev, pods.st_ino)
 
 
-def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str]
-           ) -> list[tuple[str, str]]:
+def _joins(bundle: Bundle, sandbox: ContainerState, members: dict[int, str],
+           own_network: bool) -> list[tuple[str, str]]:
     """A member's namespace paths, as CRI gives them (/proc/PID/ns/TYPE of the
-    sandbox's pid), mapped to the guest namespaces of that container."""
+    sandbox's pid), mapped to the guest namespaces of that container.
+    own_network: a container in a pooled VM, whose network namespace is its
+    own to bring (runtime/pod/pooled.py)."""
 
     owners = {sandbox.shim_pid: sandbox.id, **members}
     records = []
     for kind, path in bundle.namespaces.items():
-        if not path or kind in (K.MOUNT, "cgroup", "user"):
+        if not path or kind in (K.MOUNT, "cgroup", "user") or (kind == "network" and own_network):
             continue
         if kind == "network":
             # The VM has one network namespace, the pod's: a member can have no other.
@@ -134,10 +141,11 @@ def guest_limits(res: Resources) -> list[tuple[str, str]]:
 
 
 def member_records(container_id: str, bundle: Bundle, sandbox: ContainerState,
-                   members: dict[int, str], res: Resources) -> list[tuple[str, str]]:
+                   members: dict[int, str], res: Resources,
+                   own_network: bool = False) -> list[tuple[str, str]]:
     slot = member_slot(container_id)
-    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"), *_joins(bundle, sandbox, members),
-            *guest_limits(res)]
+    return [(K.ROOTFS, f"{GUEST_POD_DIR}/{slot}/rootfs"),
+            *_joins(bundle, sandbox, members, own_network), *guest_limits(res)]
 
 
 class MemberProxy:
@@ -148,7 +156,8 @@ class MemberProxy:
 
     def __init__(self, sandbox_socket: Path, control_socket: Path, launch: bytes,
                  terminal: bool, console_socket: str | None, cgroup: list[str],
-                 seccomp: bytes | None, lease_fd: int = -1) -> None:
+                 seccomp: bytes | None, lease_fd: int = -1,
+                 network: PooledNetwork | None = None) -> None:
         self.sandbox_socket, self.control_socket, self.launch = (sandbox_socket, control_socket,
                                                                  launch)
         self.terminal, self.console_socket = terminal, console_socket
@@ -156,6 +165,9 @@ class MemberProxy:
         # A pooled VM's lease (runtime/pod/pooled.py), held for the member's
         # life: the VM ends when this process does, however it ends.
         self.lease_fd = lease_fd
+        # A pooled container's network namespace, which this process sits in
+        # as a VM's shim would.
+        self.network = network
         self.listener: Any = None
         self.conn: Any = None
         self.tty_fd = -1
@@ -165,6 +177,8 @@ class MemberProxy:
 
         from paracell.runtime.agent import signals
         from paracell.runtime.host import cgroups
+        if self.network is not None:
+            self.network.enter()
         cgroups.join(self.cgroup)
         self.listener = unixsock.listen(self.control_socket)
         self.conn, self.tty_fd = channel.open_process(
@@ -184,7 +198,8 @@ class MemberProxy:
         try:
             channel.exec_relay(self.conn.fileno(), self.tty_fd,
                                control_fd=self.listener.fileno(),
-                               unlink=(self.control_socket,))
+                               unlink=(self.control_socket,),
+                               net_record=self.network.record if self.network else None)
         except OSError as err:
             channel.say_on_stderr(f"starting the member's relay: {standin.describe(err)}")
         return standin.EXIT_RUNTIME_ERROR
@@ -224,9 +239,17 @@ def vm_owner(state: ContainerState) -> str:
 
 
 def sandbox_socket(store: StateStore, state: ContainerState) -> Path | None:
-    """Where exec requests for this container go: its VM's shim for a member."""
+    """Where exec requests for this container go: its VM's shim for a member,
+    which for a member of a pod whose sandbox took a pooled VM is that VM's."""
     owner = vm_owner(state)
-    return store.dir(owner) / CONTROL_SOCKET if owner else None
+    if not owner:
+        return None
+    if not state.pool_vm:
+        try:
+            owner = store.load(owner).pool_vm or owner
+        except ParacellError:
+            pass  # the sandbox is gone: so is its socket, which says so
+    return store.dir(check_id(owner)) / CONTROL_SOCKET
 
 
 @dataclass
@@ -246,12 +269,15 @@ class PodSlot:
     xgates_support: None = None
 
     @classmethod
-    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str) -> PodSlot:
+    def plan(cls, ctx: Context, container_id: str, bundle: Bundle, sandbox_id: str,
+             own_network: bool = False) -> PodSlot:
         from paracell import settings
         from paracell.runtime.host import cgroups, hostside
 
         store = ctx.store
-        sandbox, share = _sandbox(store, sandbox_id)
+        sandbox, vm_id = _sandbox(store, sandbox_id)
+        holder = sandbox if vm_id == sandbox_id else store.load(vm_id)
+        share = Path(holder.vm.config.pod_share)
         if bundle.config.get("process") is None:
             # Nothing could start it later: its VM is already running.
             raise ParacellError(f"container {container_id}: a pod member needs a process")
@@ -265,9 +291,9 @@ class PodSlot:
         slot = member_slot(container_id)
         bundle.bind_prefix = f"{GUEST_POD_DIR}/{slot}/binds"
         extra = member_records(container_id, bundle, sandbox, member_pids(store, sandbox_id),
-                               host.resources)
+                               host.resources, own_network)
         return cls(sandbox_id, share / slot, cgroup, bundle,
-                   store.dir(sandbox_id) / CONTROL_SOCKET,
+                   store.dir(vm_id) / CONTROL_SOCKET,
                    store.dir(container_id) / CONTROL_SOCKET, extra)
 
     def extra_records(self) -> list[tuple[str, str]]:

@@ -12,24 +12,39 @@ deletes the VM.
 
 The pool serves a create only where a VM of its own would have been the
 pooled VM's kind: the default size and settings, and no namespace of
-another process to join. Its network is the pooled VM's: lo only, as a VM
-of its own has in a new network namespace (or the host's, which no VM can
-share). Anything else makes a VM of its own, as without a pool.
+another process to join but a network namespace. A pod's sandbox is served
+too: the pod's later containers join the pooled VM as they would have
+joined the sandbox's own. Anything else makes a VM of its own, as without a
+pool.
+
+The network. A VM of its own would sit in the container's network
+namespace, the one the spec names or a new one, and mirror its interfaces.
+A pooled VM's shim sits in a namespace of its own, with one spare device
+whose TAP leads nowhere. So the container's proxy takes the shim's place:
+it enters the container's namespace (the pid that CRI, podman and
+`ctr run --cni` look at is the proxy's), and at `start` its relay moves the
+spare's TAP into it and mirrors the interfaces found there onto it, as the
+shim of a VM of its own does for interfaces that appear after create
+(paracell/net/late.py). A namespace with more interfaces than the pooled VM
+has spares gets a VM of its own.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from paracell.runtime import poolwire
 from paracell.runtime.pod.pod import PodSlot
 from paracell.runtime.state.ids import check_id
-from paracell.runtime.state.store import ContainerState, VmRecord
+from paracell.runtime.state.store import ContainerState, StateStore, VmRecord
 from paracell.runtime.vm.spawn import Spawned
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from paracell.net.device import Spare
+    from paracell.net.netns import NetworkPlan
     from paracell.runtime.bundle.podrole import PodRole
     from paracell.runtime.bundle.spec import Bundle
     from paracell.runtime.context import Context
@@ -52,9 +67,9 @@ def kind_of(ctx: Context) -> str:
 def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool) -> str:
     """Why this create cannot take a pooled VM ("" where it can)."""
     from paracell import settings
-    from paracell.runtime.bundle import resources
+    from paracell.runtime.bundle import podrole, resources
 
-    if pod_role.kind != "none" or pod_role.in_pods_network:
+    if pod_role.kind == "member" or pod_role.in_pods_network:
         return "a pod's container"
     if forked:
         return "a fork"
@@ -66,15 +81,92 @@ def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool
         return f"an {OWN_VM_ANNOTATION_PREFIX}* annotation"
     if bundle.config.get("process") is None:
         return "no process"
-    if any(bundle.namespaces.values()):
+    if any(path for kind, path in bundle.namespaces.items() if kind != "network"):
         return "a namespace to join"
-    linux = bundle.config.get("linux") or {}
+    too_many = _too_many_interfaces(bundle.namespaces)
+    if too_many:
+        return too_many
     default_mib, cpus = settings.guest_memory_mib(), os.cpu_count() or 1
+    if pod_role.kind == "sandbox" and \
+            podrole.pod_memory_mib(bundle.annotations, default_mib) != default_mib:
+        return "the pod's memory limit sizes its VM"
+    linux = bundle.config.get("linux") or {}
     wanted = resources.guest_size(resources.parse(linux.get("resources")), default_mib, cpus)
     pooled = resources.guest_size(resources.parse(None), default_mib, cpus)
     if (wanted.memory_mib, wanted.vcpus) != (pooled.memory_mib, pooled.vcpus):
         return "linux.resources size its VM"
     return ""
+
+
+def _too_many_interfaces(namespaces: dict[str, str]) -> str:
+    """Why a network namespace the spec names cannot be a pooled VM's: more
+    Ethernet interfaces than its spares ("" where it can)."""
+    from paracell._native import lib
+    from paracell.errors import ParacellError
+    from paracell.net import discover, netns
+
+    try:
+        plan = netns.plan(namespaces, False)
+    except ParacellError as err:
+        return str(err)
+    if plan.mode != netns.JOIN:
+        return ""
+    found = netns.run_inside(plan.path, discover.ethernet_count)
+    if found is None:
+        return f"network namespace {plan.path[:200]} could not be entered"
+    if found > lib.PC_NET_MAX_SPARES:
+        return f"{found} network interfaces, more than a pooled VM's spares"
+    return ""
+
+
+@dataclass
+class PooledNetwork:
+    """A pooled container's network namespace (the module's docstring), in
+    which its proxy sits, and the record that lends it the pooled VM's
+    spares at `start`."""
+
+    plan: NetworkPlan
+    record: Path
+    # The pooled VM's spares, where its shim holds them.
+    spares: list[Spare]
+    spares_at: str
+    spares_at_id: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, store: StateStore, container_id: str, bundle: Bundle,
+           vm_id: str) -> PooledNetwork | None:
+        """None for a container that has no network namespace of its own
+        (the host's, which no VM shares: lo only, as for a VM of its own)."""
+        from paracell.net import device, netns
+
+        plan = netns.plan(bundle.namespaces, False)
+        if plan.mode == netns.HOST:
+            return None
+        vm = store.load(vm_id)
+        spares = device.Record.read(Path(vm.vm.config.net_record)).spares \
+            if vm.vm.config.net_record else []
+        where = f"/proc/{vm.shim_pid}/ns/net"
+        return cls(plan, store.dir(container_id) / device.RECORD_FILE, spares, where,
+                   netns.identity_of(where))
+
+    def enter(self) -> None:
+        """In the proxy, while it is the only thread: into the namespace, and
+        the record written there, which says which one it is."""
+        from paracell.net import device, netns
+
+        netns.enter(self.plan)
+        device.Record(spares=self.spares,
+                      netns=netns.identity_of("/proc/thread-self/ns/net"),
+                      spares_at=self.spares_at, spares_at_id=self.spares_at_id
+                      ).write(self.record)
+
+    def reclaim_record(self) -> dict[str, str]:
+        """For `delete`: the mirrors on the namespace's interfaces, taken off
+        (a namespace of the proxy's own went with it)."""
+        from paracell.net import device, netns
+
+        where = self.plan.path if self.plan.mode == netns.JOIN else ""
+        return {"kind": device.NetworkInterfaces.kind, "netns": where, "record": str(self.record)}
 
 
 @dataclass
@@ -84,12 +176,14 @@ class PooledSlot:
 
     slot: PodSlot
     claim: poolwire.Claim
+    network: PooledNetwork | None
 
     @classmethod
     def plan(cls, ctx: Context, container_id: str, bundle: Bundle,
              claim: poolwire.Claim) -> PooledSlot:
         check_id(claim.vm_id)
-        return cls(PodSlot.plan(ctx, container_id, bundle, claim.vm_id), claim)
+        return cls(PodSlot.plan(ctx, container_id, bundle, claim.vm_id, own_network=True), claim,
+                   PooledNetwork.of(ctx.store, container_id, bundle, claim.vm_id))
 
     @property
     def xgates_support(self) -> None:
@@ -99,7 +193,10 @@ class PooledSlot:
         return self.slot.extra_records()
 
     def record(self) -> VmRecord:
-        return self.slot.record()
+        record = self.slot.record()
+        if self.network is not None:
+            record.reclaim.append(self.network.reclaim_record())
+        return record
 
     def provision(self, ctx: Context) -> None:
         self.slot.provision(ctx)
@@ -115,7 +212,7 @@ class PooledSlot:
         proxy = MemberProxy(slot.sandbox_socket, slot.control_socket, container.launch_spec,
                             container.terminal, container.console_socket,
                             [d.path for d in slot.cgroup], slot.bundle.seccomp,
-                            lease_fd=self.claim.lease_fd)
+                            lease_fd=self.claim.lease_fd, network=self.network)
         try:
             return spawn.spawn(lambda handshake: standin.serve(handshake, proxy), detach,
                                ctx.log.background_error, stdio=ctx.stdio,
@@ -130,4 +227,4 @@ class PooledSlot:
     def notices(self) -> list[str]:
         from paracell.net import netns
 
-        return [] if "network" in self.slot.bundle.namespaces else [netns.NOTICES[netns.HOST]]
+        return [] if self.network is not None else [netns.NOTICES[netns.HOST]]
