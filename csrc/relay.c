@@ -85,6 +85,9 @@ struct relay {
     int chan_owner[PC_MAX_CHAN + 1]; /* client index, -1 free, -2 busy without client */
     int done;
     struct fwd *fwd;          /* port forwarding, or NULL */
+    /* Port forwarding's listeners that a pooled VM's lease brought, which
+     * the relay owns; -1s for none. */
+    struct pc_fwd_listeners leased_fwd;
     const char *violation;    /* what was wrong with the guest's last frame */
     int started;  /* stdin waits for START: before it nobody reads, and the
                    * agent would stop reading the port with START queued behind */
@@ -331,6 +334,51 @@ static int client_parse(struct relay *r, int idx)
     int rc = parse_frames(r, (void *)(intptr_t)idx, &c->in, on_client_frame);
     c->stalled = rc == FRAME_WAIT;
     return rc < 0 ? -1 : 0;
+}
+
+static int is_socket(int fd)
+{
+    struct stat st;
+    return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* What the lease brought (relay.h: PC_LEASE_FORWARD_*): 1 when its holder
+ * is gone, so the VM ends; 0 otherwise. Listeners are taken once, by a shim
+ * without its own; anything else that comes with a message is closed. */
+static int lease_event(struct relay *r)
+{
+    unsigned char count = 0;
+    int fds[PC_LEASE_FORWARD_MAX_FDS + 1];
+    int got = 0;
+    union {
+        char buf[CMSG_SPACE(sizeof fds)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {&count, 1};
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf,
+                       .msg_controllen = sizeof ctl.buf};
+    ssize_t n = recvmsg(r->cfg->lease_fd, &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) return errno != EAGAIN && errno != EINTR;
+    if (n == 0) return 1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        for (int i = 0; i < k && got < (int)(sizeof fds / sizeof fds[0]); i++)
+            memcpy(&fds[got++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    int usable = r->shim && !r->fwd && !(m.msg_flags & MSG_CTRUNC) && got == count &&
+                 count >= PC_LEASE_FORWARD_MIN_FDS && count <= PC_LEASE_FORWARD_MAX_FDS;
+    for (int i = 0; usable && i < got; i++) usable = is_socket(fds[i]) || i == got - 1;
+    if (usable) {
+        struct pc_fwd_listeners l = {fds[0], count == 3 ? fds[1] : -1, fds[got - 1]};
+        r->fwd = fwd_new(&l, &r->to_chan);
+        if (r->fwd) {
+            r->leased_fwd = l;
+            return 0;
+        }
+    }
+    for (int i = 0; i < got; i++) close(fds[i]);
+    return 0;
 }
 
 static void accept_client(struct relay *r)
@@ -607,7 +655,6 @@ static void run_loop(struct relay *r)
         add_pollfd(pfd, P_ERR, r->err.fd,
                    sink_pending(&r->err) && r->err.kind == SINK_NONBLOCK ? POLLOUT : 0);
         add_pollfd(pfd, P_ABORT, r->cfg->abort_fd, r->cfg->abort_fd >= 0 ? POLLIN : 0);
-        /* Nothing is ever sent on a lease: any event is its holder's end. */
         add_pollfd(pfd, P_LEASE, r->cfg->lease_fd, r->cfg->lease_fd >= 0 ? POLLIN | POLLRDHUP : 0);
         for (int i = 0; i < MAX_CLIENTS; i++) {
             struct client *c = r->clients[i];
@@ -632,7 +679,7 @@ static void run_loop(struct relay *r)
             end_with(r, PC_END_ERROR, "%s", "a VM service failed");
             break;
         }
-        if (pfd[P_LEASE].revents) {
+        if (pfd[P_LEASE].revents && lease_event(r)) {
             end_with(r, PC_END_RELEASED, "%s", "the VM's lease ended");
             break;
         }
@@ -727,6 +774,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
         r->stdin_credit[ch] = PC_STDIN_WINDOW;
     }
     r->quiesce_client = -1;
+    r->leased_fwd = (struct pc_fwd_listeners){-1, -1, -1};
     r->chan_in.buf = malloc(INBUF_CAP);
     fcntl(r->chan_fd, F_SETFL, fcntl(r->chan_fd, F_GETFL) | O_NONBLOCK);
     sink_init_socket(&r->to_chan, r->chan_fd);
@@ -750,6 +798,7 @@ int pc_relay(const struct pc_relay_cfg *cfg, struct pc_relay_result *res)
     }
     for (int i = 0; i < MAX_CLIENTS; i++) client_drop(r, i);
     fwd_free(r->fwd);
+    pc_fwd_detach(&r->leased_fwd);
     if (r->sig_fd >= 0) close(r->sig_fd);
     sigprocmask(SIG_SETMASK, &r->old_mask, NULL);
     if (r->in_owned) close(r->in_fd);

@@ -17,6 +17,14 @@
  * that took the VM) is gone. */
 #define PC_END_RELEASED 4
 
+/* The one message a lease carries, from its holder to the pooled VM's shim,
+ * at most once: the port forwarding listeners (csrc/portfwd.h) of the
+ * network namespace the container that took the VM sits in (docs/pool.md).
+ * One byte, the count of fds that SCM_RIGHTS carries with it: listen4,
+ * listen6 when the namespace has IPv6, then the link. */
+#define PC_LEASE_FORWARD_MIN_FDS 2
+#define PC_LEASE_FORWARD_MAX_FDS 3
+
 struct pc_relay_cfg {
     int chan_fd;    /* guest port (shim mode) or shim socket (proxy mode) */
     int listen_fd;  /* shim mode: exec/control socket; -1 in proxy mode */
@@ -26,8 +34,10 @@ struct pc_relay_cfg {
     int err_fd;     /* process stderr sink, -1 to discard */
     int tty_fd;     /* host pty slave whose size follows SIGWINCH, -1 for none */
     int abort_fd;   /* readable: a VM service (the Pager) failed; end at once. -1 for none */
-    /* A pooled VM's lease (docs/pool.md): readable or hung up once its
-     * holder is gone, and the VM ends. -1 for none. */
+    /* A pooled VM's lease (docs/pool.md): hung up once its holder is gone,
+     * and the VM ends; before that it may bring port forwarding's listeners
+     * (PC_LEASE_FORWARD_*), which a shim without its own then serves.
+     * -1 for none. */
     int lease_fd;
     unsigned long long forward_mask;  /* bit n: relay signal n to the process */
     /* shim mode: port forwarding's listeners (csrc/portfwd.h), or NULL for none */

@@ -47,6 +47,12 @@ class PortForward:
             raise ParacellError(ffi.string(err).decode("utf-8", "replace"))
         return cls(listeners)
 
+    def fds(self) -> list[int]:
+        """listen4, listen6 where the namespace has IPv6, then the link: as a
+        pooled VM's lease carries them (csrc/relay.h, PC_LEASE_FORWARD_*)."""
+        listeners = self.listeners
+        return [fd for fd in (listeners.listen4, listeners.listen6, listeners.link) if fd >= 0]
+
     def detach(self) -> None:
         """Idempotent: connections are refused again from here on."""
         from paracell._native import lib

@@ -88,6 +88,18 @@ def take_lease(root: str, vm_id: str) -> socket.socket:
     return sock
 
 
+def lend_port_forwarding(lease_fd: int, fds: list[int]) -> None:
+    """The one message on a lease (csrc/relay.h, PC_LEASE_FORWARD_*), from
+    the container that holds it: its namespace's port forwarding listeners,
+    which the pooled VM's shim serves from then on."""
+    from paracell._native import lib
+
+    if not lib.PC_LEASE_FORWARD_MIN_FDS <= len(fds) <= lib.PC_LEASE_FORWARD_MAX_FDS:
+        raise ParacellError(f"internal: {len(fds)} port forwarding fds for a lease")
+    with socket.socket(fileno=os.dup(lease_fd)) as sock:
+        socket.send_fds(sock, [bytes([len(fds)])], fds)
+
+
 @dataclass
 class Claim:
     """A pooled VM taken for a container, and its lease: holding the fd keeps

@@ -366,8 +366,9 @@ def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it
         runtime, make_bundle, pool):
     """A CRI pod from the pool: the pooled VM takes the pod's interface (its
     spare, moved into the pod's namespace at the sandbox's start), traffic
-    flows both ways, the pod's containers run and exec in that VM, and
-    nothing is left in the pod's namespace."""
+    flows both ways, port forwarding reaches it, the pod's containers run and
+    exec in that VM, and nothing is left in the pod's namespace."""
+    from tests import fwdutil
     from tests.netutil import Server, http_get, netns, route, veth
 
     daemon = pool("--size", "1")
@@ -377,6 +378,7 @@ def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it
         veth(ns, "eth0", peer, "peer0", mtu=1400, a_addrs=("10.78.0.2/24",),
              b_addrs=("10.78.0.1/24",))
         route(ns, "0.0.0.0/0", "10.78.0.1")
+        fwdutil.lo_up(ns)
         mac = ns.link("eth0")["mac"]
         server = Server(peer, "10.78.0.1", b"HTTP/1.0 200 OK\r\n\r\nfrom-peer\n")
 
@@ -399,6 +401,8 @@ def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it
             assert pooled_vm(runtime, "member") == ""
             page = http_get(peer, "10.78.0.2", 80)
             assert page.endswith(b"from-pod\n"), page
+            # kubectl port-forward's way in: loopback in the pod's namespace.
+            assert http_get(ns, "127.0.0.1", 80).endswith(b"from-pod\n")
             assert server.received and server.received[0].startswith(b"GET / ")
             result = runtime("exec", "member", "cat", "/sys/class/net/eth0/address")
             assert (result.returncode, result.stdout.decode().strip()) == (0, mac)

@@ -41,7 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from paracell.runtime.context import Context
     from paracell.runtime.host.cgroups import CgroupDir
-    from paracell.runtime.pod.pooled import PooledNetwork
+    from paracell.runtime.pod.poolednet import PooledNetwork
     from paracell.runtime.vm.placement import Container
 
 GUEST_POD_DIR = wire.text("PC_PODSHARE_DIR")
@@ -178,7 +178,7 @@ class MemberProxy:
         from paracell.runtime.agent import signals
         from paracell.runtime.host import cgroups
         if self.network is not None:
-            self.network.enter()
+            self.network.enter(self.lease_fd)
         cgroups.join(self.cgroup)
         self.listener = unixsock.listen(self.control_socket)
         self.conn, self.tty_fd = channel.open_process(

@@ -33,18 +33,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from paracell.runtime import poolwire
 from paracell.runtime.pod.pod import PodSlot
+from paracell.runtime.pod.poolednet import PooledNetwork
 from paracell.runtime.state.ids import check_id
-from paracell.runtime.state.store import ContainerState, StateStore, VmRecord
+from paracell.runtime.state.store import ContainerState, VmRecord
 from paracell.runtime.vm.spawn import Spawned
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from paracell.net.device import Spare
-    from paracell.net.netns import NetworkPlan
     from paracell.runtime.bundle.podrole import PodRole
     from paracell.runtime.bundle.spec import Bundle
     from paracell.runtime.context import Context
@@ -120,56 +118,6 @@ def _too_many_interfaces(namespaces: dict[str, str]) -> str:
 
 
 @dataclass
-class PooledNetwork:
-    """A pooled container's network namespace (the module's docstring), in
-    which its proxy sits, and the record that lends it the pooled VM's
-    spares at `start`."""
-
-    plan: NetworkPlan
-    record: Path
-    # The pooled VM's spares, where its shim holds them.
-    spares: list[Spare]
-    spares_at: str
-    spares_at_id: tuple[int, int] | None
-
-    @classmethod
-    def of(cls, store: StateStore, container_id: str, bundle: Bundle,
-           vm_id: str) -> PooledNetwork | None:
-        """None for a container that has no network namespace of its own
-        (the host's, which no VM shares: lo only, as for a VM of its own)."""
-        from paracell.net import device, netns
-
-        plan = netns.plan(bundle.namespaces, False)
-        if plan.mode == netns.HOST:
-            return None
-        vm = store.load(vm_id)
-        spares = device.Record.read(Path(vm.vm.config.net_record)).spares \
-            if vm.vm.config.net_record else []
-        where = f"/proc/{vm.shim_pid}/ns/net"
-        return cls(plan, store.dir(container_id) / device.RECORD_FILE, spares, where,
-                   netns.identity_of(where))
-
-    def enter(self) -> None:
-        """In the proxy, while it is the only thread: into the namespace, and
-        the record written there, which says which one it is."""
-        from paracell.net import device, netns
-
-        netns.enter(self.plan)
-        device.Record(spares=self.spares,
-                      netns=netns.identity_of("/proc/thread-self/ns/net"),
-                      spares_at=self.spares_at, spares_at_id=self.spares_at_id
-                      ).write(self.record)
-
-    def reclaim_record(self) -> dict[str, str]:
-        """For `delete`: the mirrors on the namespace's interfaces, taken off
-        (a namespace of the proxy's own went with it)."""
-        from paracell.net import device, netns
-
-        where = self.plan.path if self.plan.mode == netns.JOIN else ""
-        return {"kind": device.NetworkInterfaces.kind, "netns": where, "record": str(self.record)}
-
-
-@dataclass
 class PooledSlot:
     """A Placement (runtime/vm/placement.py): the container in a pooled VM,
     as a member of it, holding its lease."""
@@ -183,7 +131,7 @@ class PooledSlot:
              claim: poolwire.Claim) -> PooledSlot:
         check_id(claim.vm_id)
         return cls(PodSlot.plan(ctx, container_id, bundle, claim.vm_id, own_network=True), claim,
-                   PooledNetwork.of(ctx.store, container_id, bundle, claim.vm_id))
+                   PooledNetwork.of(ctx.store, container_id, bundle, claim.vm_id, ctx.log))
 
     @property
     def xgates_support(self) -> None:

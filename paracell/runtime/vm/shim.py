@@ -170,8 +170,10 @@ class Shim:
             channel.send(fd, lib.PC_SPEC, 0, plan.launch_spec)
             guest_pid = channel.expect_created(fd, BOOT_TIMEOUT_S)
             self._debug(f"container process created, guest pid {guest_pid}")
-        # Still in the container's network namespace, as the shim stays.
-        self.forward = portforward.start(plan.network, plan.log)
+        # Still in the container's network namespace, as the shim stays. A
+        # pooled VM's is its own, whose loopback no one dials: the container
+        # that takes the VM lends it its namespace's listeners on the lease.
+        self.forward = None if plan.pool_root else portforward.start(plan.network, plan.log)
         if self.forward is not None:
             self._debug("port forwarding: 127.0.0.1 and ::1, any TCP port, reach the guest")
         if plan.terminal:
