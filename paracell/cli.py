@@ -246,14 +246,26 @@ def pool() -> None:
               help="the most the waiting VMs may hold (their PSS)")
 @click.option("--min-available-mib", default=512, show_default=True,
               help="below this much available host memory, waiting VMs end")
-def pool_serve(size: int, budget_mib: int, min_available_mib: int) -> None:
+@click.option("--memory-mib", type=int, default=None,
+              help="the VMs' memory: a create is served where its own VM would have had "
+                   "as much  [default: guest_memory_mib, a container's]")
+@click.option("--pods", is_flag=True,
+              help="VMs of a pod's size (pod_memory_mib), for the pods of CRI's root")
+def pool_serve(size: int, budget_mib: int, min_available_mib: int,
+               memory_mib: int | None, pods: bool) -> None:
     """Keep VMs waiting for this --root's creates, until stopped (SIGTERM, ^C)."""
+    from paracell import settings
     from paracell.runtime.pod import pooled
     from paracell.runtime.pool import daemon
 
+    if pods and memory_mib is not None:
+        raise ParacellError("--pods and --memory-mib both size the VMs: give one")
+    if memory_mib is None:
+        memory_mib = settings.pod_memory_mib() if pods else settings.guest_memory_mib()
+    config = daemon.PoolSettings(size, budget_mib, min_available_mib, memory_mib)
+    config.check()  # before the root is made
     ctx = _ctx()
-    daemon.Pool(ctx, daemon.PoolSettings(size, budget_mib, min_available_mib),
-                pooled.kind_of(ctx)).serve()
+    daemon.Pool(ctx, config, pooled.kind_of(ctx, config.memory_mib)).serve()
 
 
 @pool.command("status")

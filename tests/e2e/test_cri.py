@@ -370,3 +370,48 @@ def test_a_pod_on_a_host_namespace_fails_to_start(cri: Cri, namespace: str, name
         cri.client.run_pod(pod_config, cri.handler)
     assert cri.qemu_pids() == []
     assert [p for p in cri.client.pods() if p.metadata.name == f"host-{namespace}"] == []
+
+
+def test_a_pod_takes_a_vm_from_the_warm_pool(cri: Cri):
+    """`paracell pool serve --pods` on the handler's root (docs/pool.md): the
+    pod's sandbox takes a waiting VM, which gets the pod's CNI interface at
+    the sandbox's start; the pod's container joins that VM and serves on the
+    pod IP; the VM and everything of the pod go with the pod."""
+    from tests.e2e.cri import BRIDGE
+    from tests.netutil import http_get, wait_route_via
+
+    root = cri.paracell_root / "k8s.io"
+    root.mkdir(parents=True, exist_ok=True)
+
+    def pool_status() -> dict:
+        found = subprocess.run([PARACELL, "--root", str(root), "pool", "status", "--format",
+                                "json"], capture_output=True, timeout=60)
+        return json.loads(found.stdout)
+
+    pool = subprocess.Popen([PARACELL, "--root", str(root), "pool", "serve", "--pods",
+                             "--size", "1"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not [vm for vm in pool_status().get("vms", []) if vm["state"] == "waiting"]:
+            assert pool.poll() is None and time.monotonic() < deadline, "no VM came to wait"
+            time.sleep(0.3)
+        (waiting,) = [vm["id"] for vm in pool_status()["vms"]]
+        pod_config = cri.pod_config("pooled")
+        pod = cri.client.run_pod(pod_config, cri.handler)
+        state = json.loads((root / pod / "state.json").read_text())
+        assert state["pool_vm"] == waiting
+        cri.running(pod, pod_config, cri.container_config(
+            "web", ["/bin/sh", "-c", "echo from-the-pooled-pod > /tmp/index.html; "
+                    "exec httpd -f -p 8080 -h /tmp"]))
+        pod_ip = cri.client.pod_status(pod).network.ip
+        wait_route_via(pod_ip, BRIDGE)
+        assert http_get(None, pod_ip, 8080).endswith(b"from-the-pooled-pod\n")
+        assert pool_status()["claimed"] == 1
+    finally:
+        pool.terminate()
+        assert pool.wait(timeout=60) == 0
+    # The pool ended the VM it made next; the one the pod took is the pod's.
+    assert (root / waiting).exists()
+    cri.remove_pod_and_wait(pod)
+    assert not [p for p in root.iterdir() if p.name.startswith(("paracell-pool-", "~pool"))]

@@ -371,7 +371,9 @@ def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it
     from tests import fwdutil
     from tests.netutil import Server, http_get, netns, route, veth
 
-    daemon = pool("--size", "1")
+    # A pool serves the creates whose own VM would be its size: here, a pod
+    # whose limit containerd passes (1.7 on), as big as the pool's VMs.
+    daemon = pool("--size", "1", "--memory-mib", "256")
     (vm,) = daemon.wait_waiting(1)
     qemu = qemu_of(runtime, vm)
     with netns() as ns, netns() as peer:
@@ -384,7 +386,8 @@ def test_a_pods_sandbox_takes_a_pooled_vm_with_its_interface_and_members_join_it
 
         def cri(kind: str):
             return _in_netns(ns.path, {"io.kubernetes.cri.container-type": kind,
-                                       "io.kubernetes.cri.sandbox-id": "pod"})
+                                       "io.kubernetes.cri.sandbox-id": "pod",
+                                       "io.kubernetes.cri.sandbox-memory": str(256 << 20)})
         try:
             runtime("create", "--bundle", str(make_bundle(["sleep", "300"],
                                                           mutate=cri("sandbox"))),

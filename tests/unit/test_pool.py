@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from paracell import settings
 from paracell.errors import ParacellError
 from paracell.log import RuntimeLog
 from paracell.runtime import poolwire
@@ -57,7 +58,7 @@ def test_a_message_too_long_to_send_is_refused():
 
 def test_without_a_pool_a_claim_finds_none_at_once(tmp_path):
     began = time.monotonic()
-    assert poolwire.claim(str(tmp_path), "qemu/tcg/default") is None
+    assert poolwire.claim(str(tmp_path), "qemu/tcg/default/256MiB") is None
     assert time.monotonic() - began < 0.5
 
 
@@ -129,15 +130,22 @@ def test_which_creates_the_pool_serves(tmp_path, mutate, why):
     assert pooled.why_not_pooled(ctx, bundle, role, forked=False) == why
 
 
-def test_a_pods_sandbox_is_served_and_its_members_never(tmp_path):
+def test_a_pods_sandbox_is_served_by_a_pool_of_its_size_and_its_members_never(tmp_path):
     ctx = Context(str(tmp_path / "root"), RuntimeLog())
-    sandbox = podrole.PodRole("sandbox")
-    assert pooled.why_not_pooled(ctx, _bundle(tmp_path), sandbox, False) == ""
+    sandbox, none = podrole.PodRole("sandbox"), podrole.PodRole("none")
+    plain = _bundle(tmp_path)
+    assert pooled.why_not_pooled(ctx, plain, sandbox, False) == ""
+    # What its own VM would have had: the pod's memory, not a container's.
+    assert pooled.vm_memory_mib(plain, sandbox) == settings.pod_memory_mib()
+    assert pooled.vm_memory_mib(plain, none) == settings.guest_memory_mib()
     bigger = _bundle(tmp_path, lambda c: c.update(
         annotations={podrole.SANDBOX_MEMORY: str(4096 << 20)}))
-    assert pooled.why_not_pooled(ctx, bigger, sandbox, False) == \
-        "the pod's memory limit sizes its VM"
-    assert pooled.why_not_pooled(ctx, _bundle(tmp_path), podrole.PodRole("member", "sb"),
+    assert pooled.why_not_pooled(ctx, bigger, sandbox, False) == ""
+    assert pooled.vm_memory_mib(bigger, sandbox) == 4096
+    assert pooled.kind_of(ctx, 4096) != pooled.kind_of(ctx, settings.guest_memory_mib())
+    bad = _bundle(tmp_path, lambda c: c.update(annotations={podrole.SANDBOX_MEMORY: "lots"}))
+    assert "not a byte count" in pooled.why_not_pooled(ctx, bad, sandbox, False)
+    assert pooled.why_not_pooled(ctx, plain, podrole.PodRole("member", "sb"),
                                  False) == "a pod's container"
 
 
@@ -171,7 +179,7 @@ def test_pod_members_forks_and_no_templates_are_never_served(tmp_path, monkeypat
     monkeypatch.setenv("PARACELL_CONFIG", str(config))
     assert pooled.why_not_pooled(ctx, bundle, none, False) == "warm_pool is off in the settings"
     with pytest.raises(ParacellError, match="the warm pool is off"):
-        daemon.Pool(ctx, daemon.PoolSettings(1, 256, 0), "k")
+        daemon.Pool(ctx, daemon.PoolSettings(1, 256, 0, 256), "k")
 
 
 def test_the_pools_programs_run_here_as_in_the_guest(tmp_path):
@@ -190,15 +198,16 @@ def test_the_pools_programs_run_here_as_in_the_guest(tmp_path):
         assert status == (None if check == "waits" else 0), name
 
 
-@pytest.mark.parametrize("size, budget, floor, error", [
-    (65, 256, 0, "pool size 65 is outside 0..64"),
-    (-1, 256, 0, "pool size -1"),
-    (1, 15, 0, "budget of 15 MiB"),
-    (1, 256, -1, "minimum available memory"),
+@pytest.mark.parametrize("size, budget, floor, memory, error", [
+    (65, 256, 0, 256, "pool size 65 is outside 0..64"),
+    (-1, 256, 0, 256, "pool size -1"),
+    (1, 15, 0, 256, "budget of 15 MiB"),
+    (1, 256, -1, 256, "minimum available memory"),
+    (1, 256, 0, 63, "pooled VM memory of 63 MiB is outside 64..65536"),
 ])
-def test_bad_pool_settings_are_one_line(size, budget, floor, error):
+def test_bad_pool_settings_are_one_line(size, budget, floor, memory, error):
     with pytest.raises(ParacellError, match=error):
-        daemon.PoolSettings(size, budget, floor).check()
+        daemon.PoolSettings(size, budget, floor, memory).check()
 
 
 def test_a_state_that_names_another_container_as_its_pooled_vm_is_refused(tmp_path):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from paracell.errors import ParacellError
 from paracell.runtime import poolwire
 from paracell.runtime.pod.pod import PodSlot
 from paracell.runtime.pod.poolednet import PooledNetwork
@@ -53,19 +54,31 @@ if TYPE_CHECKING:
 OWN_VM_ANNOTATION_PREFIX = "io.paracell."
 
 
-def kind_of(ctx: Context) -> str:
-    """What the global flags and settings make of a VM, which a pooled VM
-    must match: its backend, engine and memory manager."""
+def kind_of(ctx: Context, memory_mib: int) -> str:
+    """What the global flags and settings make of a VM of memory_mib, which
+    a pooled VM must match: its backend, engine, memory manager and size."""
     from paracell import settings
 
     manager = ctx.memory_manager or settings.memory_manager_override() or "default"
-    return f"{ctx.backend({}).name}/{ctx.engine}/{manager}"
+    return f"{ctx.backend({}).name}/{ctx.engine}/{manager}/{memory_mib}MiB"
+
+
+def vm_memory_mib(bundle: Bundle, pod_role: PodRole) -> int:
+    """The memory of the VM a container of its own would get, where
+    linux.resources do not size it: a pod's (the pod's limit, else
+    pod_memory_mib) or a container's (guest_memory_mib)."""
+    from paracell import settings
+    from paracell.runtime.bundle import podrole
+
+    if pod_role.kind == "sandbox":
+        return podrole.pod_memory_mib(bundle.annotations, settings.pod_memory_mib())
+    return settings.guest_memory_mib()
 
 
 def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool) -> str:
     """Why this create cannot take a pooled VM ("" where it can)."""
     from paracell import settings
-    from paracell.runtime.bundle import podrole, resources
+    from paracell.runtime.bundle import resources
 
     if pod_role.kind == "member" or pod_role.in_pods_network:
         return "a pod's container"
@@ -84,10 +97,10 @@ def why_not_pooled(ctx: Context, bundle: Bundle, pod_role: PodRole, forked: bool
     too_many = _too_many_interfaces(bundle.namespaces)
     if too_many:
         return too_many
-    default_mib, cpus = settings.guest_memory_mib(), os.cpu_count() or 1
-    if pod_role.kind == "sandbox" and \
-            podrole.pod_memory_mib(bundle.annotations, default_mib) != default_mib:
-        return "the pod's memory limit sizes its VM"
+    try:
+        default_mib, cpus = vm_memory_mib(bundle, pod_role), os.cpu_count() or 1
+    except ParacellError as err:
+        return str(err)
     linux = bundle.config.get("linux") or {}
     wanted = resources.guest_size(resources.parse(linux.get("resources")), default_mib, cpus)
     pooled = resources.guest_size(resources.parse(None), default_mib, cpus)
@@ -100,7 +113,6 @@ def _too_many_interfaces(namespaces: dict[str, str]) -> str:
     """Why a network namespace the spec names cannot be a pooled VM's: more
     Ethernet interfaces than its spares ("" where it can)."""
     from paracell._native import lib
-    from paracell.errors import ParacellError
     from paracell.net import discover, netns
 
     try:
@@ -109,7 +121,10 @@ def _too_many_interfaces(namespaces: dict[str, str]) -> str:
         return str(err)
     if plan.mode != netns.JOIN:
         return ""
-    found = netns.run_inside(plan.path, discover.ethernet_count)
+    try:
+        found = netns.run_inside(plan.path, discover.ethernet_count)
+    except ParacellError as err:
+        return str(err)
     if found is None:
         return f"network namespace {plan.path[:200]} could not be entered"
     if found > lib.PC_NET_MAX_SPARES:

@@ -68,10 +68,9 @@ def _config(rootfs: Path, program: str, annotations: dict[str, str],
     return json.dumps(config).encode() + b"\n"
 
 
-def write_vm_bundle(pool_dir: Path) -> Path:
-    """The pooled VM's bundle (a pod sandbox running pause, of the default
-    container's size), and the rootfs it shares with the warm-up."""
-    from paracell import settings
+def write_vm_bundle(pool_dir: Path, memory_mib: int) -> Path:
+    """The pooled VM's bundle (a pod sandbox running pause, of memory_mib),
+    and the rootfs it shares with the warm-up."""
     from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_MEMORY
 
     rootfs = pool_dir / "rootfs"
@@ -82,7 +81,7 @@ def write_vm_bundle(pool_dir: Path) -> Path:
     bundle.mkdir(mode=0o755, exist_ok=True)
     _write(bundle / "config.json", _config(
         rootfs, PAUSE[0], {CONTAINER_TYPE: "sandbox",
-                           SANDBOX_MEMORY: str(settings.guest_memory_mib() << 20)},
+                           SANDBOX_MEMORY: str(memory_mib << 20)},
         ("network",)))
     return bundle
 

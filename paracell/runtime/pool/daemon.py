@@ -49,13 +49,21 @@ ORPHAN_CHECK_S = 2.0
 MEASURE_S = 2.0
 
 
+# A pod VM's bounds (runtime/bundle/podrole.py: pod_memory_mib).
+MEMORY_MIB_MIN, MEMORY_MIB_MAX = 64, 65536
+
+
 @dataclass
 class PoolSettings:
     size: int
     budget_mib: int
     min_available_mib: int
+    memory_mib: int
 
     def check(self) -> None:
+        if not MEMORY_MIB_MIN <= self.memory_mib <= MEMORY_MIB_MAX:
+            raise ParacellError(f"pooled VM memory of {self.memory_mib} MiB is outside "
+                                f"{MEMORY_MIB_MIN}..{MEMORY_MIB_MAX}")
         if not 0 <= self.size <= 64:
             raise ParacellError(f"pool size {self.size} is outside 0..64")
         if not 16 <= self.budget_mib <= 1 << 20:
@@ -151,7 +159,7 @@ class Pool:
             raise ParacellError(f"a pool already serves {self.ctx.root}") from None
         listener = None
         try:
-            bundles.write_vm_bundle(self.dir)
+            bundles.write_vm_bundle(self.dir, self.settings.memory_mib)
             self._sweep()
             self._start_janitor()
             path = poolwire.socket_path(self.ctx.root)

@@ -95,11 +95,14 @@ def create(
     if fork is not None and pod_role.kind == "member":
         raise ParacellError("a pod member cannot be forked or restored: its VM is its pod's")
     xgates_plan = admission.plan(bundle.annotations)
-    why_not = "the pool's own VM" if pool_vm else \
-        pooled.why_not_pooled(ctx, bundle, pod_role, fork is not None)
-    claim = poolwire.claim(ctx.root, pooled.kind_of(ctx)) if not why_not else None
-    if why_not and not pool_vm and poolwire.socket_path(ctx.root).exists():
-        ctx.log.info(f"create {container_id}: not from the warm pool: {why_not}")
+    claim = None
+    if not pool_vm and poolwire.socket_path(ctx.root).exists():
+        why_not = pooled.why_not_pooled(ctx, bundle, pod_role, fork is not None)
+        kind = "" if why_not else pooled.kind_of(ctx, pooled.vm_memory_mib(bundle, pod_role))
+        claim = poolwire.claim(ctx.root, kind) if kind else None
+        if claim is None:
+            ctx.log.info(f"create {container_id}: not from the warm pool: "
+                         f"{why_not or f'no VM of its kind ({kind}) waiting'}")
     try:
         placement: Placement
         if claim is not None:
