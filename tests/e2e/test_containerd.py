@@ -75,38 +75,18 @@ def test_a_task_takes_a_vm_from_the_warm_pool(containerd):
     """`paracell pool serve` on the root containerd's shim gives paracell
     (docs/pool.md): a task takes a waiting VM, runs with its stdio and exit
     status as any, and neither it nor its VM is left after `run --rm`."""
-    import json
-    import subprocess
-
-    from tests.conftest import PARACELL
+    from tests import poolutil
 
     if containerd.libvirtd is not None:
         pytest.skip("the warm pool keeps VMs restored from templates, which only direct "
                     "QEMU saves (docs/pool.md)")
     root = containerd.runc_root / "default"
-    root.mkdir(parents=True, exist_ok=True)
-
-    def pool_status() -> dict:
-        found = subprocess.run([PARACELL, "--root", str(root), "pool", "status", "--format",
-                                "json"], capture_output=True, env=containerd.env)
-        return json.loads(found.stdout)
-
-    pool = subprocess.Popen([PARACELL, "--root", str(root), "pool", "serve", "--size", "1"],
-                            env=containerd.env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not any(vm["state"] == "waiting" for vm in pool_status().get("vms", [])):
-            assert pool.poll() is None and time.monotonic() < deadline, "no VM came to wait"
-            time.sleep(0.2)
+    with poolutil.serving(root, env=containerd.env) as pool:
         result = containerd.ctr("run", *containerd.run_args(), "--rm", IMAGE, "ctr-pool",
                                 "sh", "-c", "echo from-the-pool; exit 3")
         assert result.returncode == 3, result.stderr
         assert result.stdout == b"from-the-pool\n"
-        assert pool_status()["claimed"] == 1
-    finally:
-        pool.terminate()
-        assert pool.wait(timeout=60) == 0
+        assert pool.status()["claimed"] == 1
     # Once the pool has ended the VM it made next: no QEMU, state or cgroup.
     assert containerd.leftovers("ctr-pool") == []
     assert not [p for p in root.iterdir() if p.name.startswith(("paracell-pool-", "~pool"))]

@@ -89,7 +89,8 @@ def _run_web(containerd, name: str, address: str, gateway: str, bridge: str,
         state = json.loads(state_file.read_text())
         # What the container's host process runs now: the Python shim, or
         # paracell-vmshim once nothing of the VM needs Python.
-        return {**state["vm"], "shim_exe": os.readlink(f"/proc/{state['shim_pid']}/exe")}
+        return {**state["vm"], "shim_exe": os.readlink(f"/proc/{state['shim_pid']}/exe"),
+                "pool_vm": state["pool_vm"]}
     finally:
         containerd.ctr("task", "kill", "-s", "SIGKILL", name)
         try:
@@ -119,3 +120,18 @@ def test_ctr_run_cni_reaches_a_vm_restored_from_a_template(containerd, cni_netwo
     assert vm["template"].startswith("restored "), vm["template"]
     # Its shim is C by then: the veth was mirrored by paracell.net.latestart.
     assert vm["shim_exe"].endswith("/paracell-vmshim"), vm["shim_exe"]
+
+
+def test_ctr_run_cni_on_a_vm_from_the_warm_pool(containerd, cni_network):
+    """A task that takes a pooled VM (docs/pool.md): CNI works on the
+    namespace its proxy made, never the host's, and at start the pooled VM's
+    spare takes the veth over."""
+    from tests import poolutil
+
+    if containerd.env.get("PARACELL_VMM") == "libvirt":
+        pytest.skip("the warm pool keeps VMs restored from templates, which only direct "
+                    "QEMU saves (docs/pool.md)")
+    with poolutil.serving(containerd.runc_root / "default", env=containerd.env) as pool:
+        (waiting,) = pool.waiting()
+        vm = _run_web(containerd, "ctr-pooled", *cni_network)
+        assert vm["pool_vm"] == waiting

@@ -377,26 +377,13 @@ def test_a_pod_takes_a_vm_from_the_warm_pool(cri: Cri):
     pod's sandbox takes a waiting VM, which gets the pod's CNI interface at
     the sandbox's start; the pod's container joins that VM and serves on the
     pod IP; the VM and everything of the pod go with the pod."""
+    from tests import poolutil
     from tests.e2e.cri import BRIDGE
     from tests.netutil import http_get, wait_route_via
 
     root = cri.paracell_root / "k8s.io"
-    root.mkdir(parents=True, exist_ok=True)
-
-    def pool_status() -> dict:
-        found = subprocess.run([PARACELL, "--root", str(root), "pool", "status", "--format",
-                                "json"], capture_output=True, timeout=60)
-        return json.loads(found.stdout)
-
-    pool = subprocess.Popen([PARACELL, "--root", str(root), "pool", "serve", "--pods",
-                             "--size", "1"], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 180
-        while not [vm for vm in pool_status().get("vms", []) if vm["state"] == "waiting"]:
-            assert pool.poll() is None and time.monotonic() < deadline, "no VM came to wait"
-            time.sleep(0.3)
-        (waiting,) = [vm["id"] for vm in pool_status()["vms"]]
+    with poolutil.serving(root, "--pods") as pool:
+        (waiting,) = pool.waiting()
         pod_config = cri.pod_config("pooled")
         pod = cri.client.run_pod(pod_config, cri.handler)
         state = json.loads((root / pod / "state.json").read_text())
@@ -407,10 +394,7 @@ def test_a_pod_takes_a_vm_from_the_warm_pool(cri: Cri):
         pod_ip = cri.client.pod_status(pod).network.ip
         wait_route_via(pod_ip, BRIDGE)
         assert http_get(None, pod_ip, 8080).endswith(b"from-the-pooled-pod\n")
-        assert pool_status()["claimed"] == 1
-    finally:
-        pool.terminate()
-        assert pool.wait(timeout=60) == 0
+        assert pool.status()["claimed"] == 1
     # The pool ended the VM it made next; the one the pod took is the pod's.
     assert (root / waiting).exists()
     cri.remove_pod_and_wait(pod)
