@@ -3,12 +3,14 @@ guest's side of the agent channel byte by byte, the real C relay reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from paracell._native import ffi, lib
@@ -145,12 +147,10 @@ def test_a_failed_vm_service_ends_the_relay_at_once(tmp_path):
     assert ffi.string(res.message).decode() == "a VM service failed"
 
 
-def test_a_pooled_vms_relay_ends_when_its_lease_holder_is_gone(tmp_path):
-    """A lease (runtime/poolwire.py) carries nothing: while its holder lives
-    the relay runs on; once every copy of the other end is closed, it ends."""
-    import threading
-    import time
-
+@contextlib.contextmanager
+def _leased_relay() -> Iterator[tuple[socket.socket, threading.Event, object]]:
+    """A relay that holds a pooled VM's lease, running in a thread; the test
+    holds the other end (closed at the end, which ends the relay)."""
     ours, guest = socket.socketpair()
     lease, holder = socket.socketpair()
     cfg = ffi.new("struct pc_relay_cfg *")
@@ -161,12 +161,21 @@ def test_a_pooled_vms_relay_ends_when_its_lease_holder_is_gone(tmp_path):
     ended = threading.Event()
     relay = threading.Thread(target=lambda: (lib.pc_relay(cfg, res), ended.set()))
     relay.start()
-    time.sleep(0.3)
-    assert not ended.is_set(), "the relay ended while its lease was held"
-    holder.close()
-    relay.join(10)
-    for fd in (ours, guest, lease):
-        fd.close()
+    try:
+        yield holder, ended, res
+    finally:
+        holder.close()
+        relay.join(10)
+        for fd in (ours, guest, lease):
+            fd.close()
+
+
+def test_a_pooled_vms_relay_ends_when_its_lease_holder_is_gone():
+    """While the lease's holder lives the relay runs on; once every copy of
+    the other end is closed, it ends."""
+    with _leased_relay() as (holder, ended, res):
+        time.sleep(0.3)
+        assert not ended.is_set(), "the relay ended while its lease was held"
     assert ended.is_set()
     assert res.end == lib.PC_END_RELEASED
     assert ffi.string(res.message).decode() == "the VM's lease ended"
@@ -179,29 +188,16 @@ def test_what_a_lease_brings_that_the_relay_cannot_use_is_closed_and_the_vm_goes
     """The one message a lease may carry (csrc/relay.h, PC_LEASE_FORWARD_*):
     a malformed one, or one to a relay that is no VM's shim, changes nothing
     and leaves none of its fds open; only the holder's end ends the VM."""
-    ours, guest = socket.socketpair()
-    lease, holder = socket.socketpair()
-    cfg = ffi.new("struct pc_relay_cfg *")
-    cfg.chan_fd, cfg.listen_fd = ours.fileno(), -1
-    cfg.in_fd, cfg.out_fd, cfg.err_fd, cfg.tty_fd, cfg.abort_fd = -1, -1, -1, -1, -1
-    cfg.lease_fd, cfg.control_fd = lease.fileno(), -1
-    res = ffi.new("struct pc_relay_result *")
-    ended = threading.Event()
-    relay = threading.Thread(target=lambda: (lib.pc_relay(cfg, res), ended.set()))
-    relay.start()
-    pipes = [os.pipe() for _ in range(nfds)]
-    socket.send_fds(holder, [bytes([count])], [w for _, w in pipes])
-    for _, w in pipes:
-        os.close(w)
-    for r, _ in pipes:
-        # EOF once the relay closed the copy it was sent.
-        ready, _, _ = select.select([r], [], [], 10)
-        assert ready and os.read(r, 1) == b"", "the relay kept an fd its lease brought"
-        os.close(r)
-    time.sleep(0.2)
-    assert not ended.is_set(), "a message on the lease ended the VM"
-    holder.close()
-    relay.join(10)
-    for fd in (ours, guest, lease):
-        fd.close()
+    with _leased_relay() as (holder, ended, res):
+        pipes = [os.pipe() for _ in range(nfds)]
+        socket.send_fds(holder, [bytes([count])], [w for _, w in pipes])
+        for _, w in pipes:
+            os.close(w)
+        for r, _ in pipes:
+            # EOF once the relay closed the copy it was sent.
+            ready, _, _ = select.select([r], [], [], 10)
+            assert ready and os.read(r, 1) == b"", "the relay kept an fd its lease brought"
+            os.close(r)
+        time.sleep(0.2)
+        assert not ended.is_set(), "a message on the lease ended the VM"
     assert res.end == lib.PC_END_RELEASED
