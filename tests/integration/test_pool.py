@@ -176,6 +176,12 @@ def test_a_pooled_container_serves_exec_and_signals_and_its_vm_goes_with_it(
     qemu = qemu_of(runtime, vm)
     runtime("create", "--bundle", str(make_bundle(["sleep", "300"])), "c1", check=True)
     assert pooled_vm(runtime, "c1") == vm
+    # The VM is charged where a VM of the container's own would be.
+    state = json.loads((runtime.root / "c1" / "state.json").read_text())
+    shim = json.loads((runtime.root / vm / "state.json").read_text())["shim_pid"]
+    for path in (d["path"] for d in state["vm"]["host"]["cgroups"]):
+        procs = {int(p) for p in Path(path, "cgroup.procs").read_text().split()}
+        assert {qemu, shim, state["shim_pid"]} <= procs, path
     runtime("start", "c1", check=True)
     assert state_of(runtime, "c1")["status"] == "running"
     result = runtime("exec", "c1", "sh", "-c", "echo inside; exit 5")

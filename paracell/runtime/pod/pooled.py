@@ -163,6 +163,24 @@ class PooledSlot:
 
     def provision(self, ctx: Context) -> None:
         self.slot.provision(ctx)
+        self._charge_here(ctx)
+
+    def _charge_here(self, ctx: Context) -> None:
+        """The VM's shim and QEMU join the container's host cgroup, where a
+        VM of its own would be: the CPU and memory they use from now on are
+        the container's (a pod's, under kubelet's limits). What they were
+        charged before stays with the pool's cgroup: cgroup v2 does not move
+        charges. A failed create kills them there with the container's
+        cgroup, as the VM is deleted anyway."""
+        from paracell.procfs import same_process
+        from paracell.runtime.host import cgroups
+
+        vm = ctx.store.load(self.claim.vm_id)
+        paths = [d.path for d in self.slot.cgroup]
+        # The shim holds the VM's lease's other end, which we hold: it lives.
+        for pid, start in ((vm.shim_pid, vm.shim_start), (vm.vm.qemu_pid, vm.vm.qemu_start)):
+            if pid > 0 and same_process(pid, start):
+                cgroups.join(paths, pid)
 
     def describe(self) -> str:
         return f"in VM {self.claim.vm_id} from the pool"
