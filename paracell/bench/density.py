@@ -50,6 +50,9 @@ WRITE_MIB = 32  # what each copy-on-write sandbox writes of its own
 # page cache and allocator move a little either way.
 WRITE_TOLERANCE = 0.10
 WRITE_ARGS = ["dd", "if=/dev/zero", "of=/dev/shm/own", "bs=1M", f"count={WRITE_MIB}"]
+# Run before the write, which is then measured alone: a restored VM's first
+# command pays once for TCG translating the exec path (reported apart).
+FIRST_ARGS = ["true"]
 CURVE_POINTS = (1, 5, 10, 20, 30, 40, 50, 75, 100, 150, 200)
 # After the last start, before the window: the last guest's boot-time work
 # (its first page-reporting passes, the agent's start) is not idling yet.
@@ -135,8 +138,11 @@ class Round:
     pss_mib: list[float]
     wakeups_per_s: list[float]
     memory_manager: str  # ParaCell's, as its VMs ran; "unknown" for runc
-    # Copy-on-write only: each sandbox's PSS after it wrote WRITE_MIB of its
-    # own, and its own guest-RAM pages before and after.
+    # Copy-on-write only: each sandbox's PSS after its first command and
+    # after it wrote WRITE_MIB of its own, and its own guest-RAM pages idle,
+    # before the write and after.
+    first_pss_mib: list[float] = field(default_factory=list)
+    idle_own_ram_mib: list[float] = field(default_factory=list)
     written_pss_mib: list[float] = field(default_factory=list)
     own_ram_mib: list[float] = field(default_factory=list)
     written_own_ram_mib: list[float] = field(default_factory=list)
@@ -211,8 +217,8 @@ class Runner:
         self.env = env
         self.writes = writes  # the round ends with each sandbox writing WRITE_MIB
 
-    def write(self, cid: str) -> None:
-        common.run_checked([*self.cmd, "exec", cid, *WRITE_ARGS], env=self.env,
+    def exec(self, cid: str, args: list[str]) -> None:
+        common.run_checked([*self.cmd, "exec", cid, *args], env=self.env,
                            stdin=subprocess.DEVNULL)
 
     def start(self, cid: str) -> float:
@@ -265,10 +271,19 @@ def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
         if runner.runtime != "runc":
             done.breakdown = [_breakdown(s.pids) for s in sandboxes]
         if runner.writes:
-            _say(f"{runner.runtime}: each sandbox writes {WRITE_MIB} MiB of its own")
+            # The write is measured alone: a restored VM's first command pays
+            # once for TCG translating the exec path, whatever it does.
+            _say(f"{runner.runtime}: each sandbox runs its first command ({FIRST_ARGS[0]}), "
+                 f"then writes {WRITE_MIB} MiB of its own")
+            done.idle_own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
+            for s in sandboxes:
+                runner.exec(s.cid, FIRST_ARGS)
+            time.sleep(SETTLE_S)
+            done.first_pss_mib = [common.pss_of_tree([s.pids[0]]) / (1 << 20)
+                                  for s in sandboxes]
             done.own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
             for s in sandboxes:
-                runner.write(s.cid)
+                runner.exec(s.cid, WRITE_ARGS)
             time.sleep(SETTLE_S)
             done.written_pss_mib = [common.pss_of_tree([s.pids[0]]) / (1 << 20)
                                     for s in sandboxes]
@@ -298,15 +313,19 @@ def _figures(rounds: list[Round]) -> dict[str, Any]:
             "pss_mib": r.pss_mib,
             "wakeups_per_s": r.wakeups_per_s,
             "pids": [s.pids for s in r.sandboxes],
-            **({"written_pss_mib": r.written_pss_mib, "own_ram_mib": r.own_ram_mib,
+            **({"first_pss_mib": r.first_pss_mib, "written_pss_mib": r.written_pss_mib,
+                "idle_own_ram_mib": r.idle_own_ram_mib, "own_ram_mib": r.own_ram_mib,
                 "written_own_ram_mib": r.written_own_ram_mib} if r.written_pss_mib else {}),
         } for r in rounds],
         "pss_breakdown_mib": {part: statistics.median(
             statistics.mean(b.get(part, 0.0) for b in r.breakdown) for r in rounds)
             for part in sorted({k for r in rounds for b in r.breakdown for k in b})},
-        **({"growth_mib_per_writer": _growth(rounds, "pss_mib", "written_pss_mib"),
+        **({"growth_mib_per_writer": _growth(rounds, "first_pss_mib", "written_pss_mib"),
             "own_ram_growth_mib_per_writer": _growth(rounds, "own_ram_mib",
-                                                     "written_own_ram_mib")}
+                                                     "written_own_ram_mib"),
+            "first_command_growth_mib": _growth(rounds, "pss_mib", "first_pss_mib"),
+            "first_command_own_ram_growth_mib": _growth(rounds, "idle_own_ram_mib",
+                                                        "own_ram_mib")}
            if rounds[0].written_pss_mib else {}),
     }
 
@@ -331,12 +350,16 @@ def goals(results: dict[str, Any], template_mib: float, count: int) -> list[tupl
                 f"{with_template:.1f} MiB ({shared:.1f} PSS + {template_mib:.1f} MiB template "
                 f"/ {count}) (goal <= {GOAL_SHARED_MIB:.0f} MiB); copied {copied:.1f}, cold "
                 f"{cold:.1f}", with_template <= GOAL_SHARED_MIB))
-    growth = results[TEMPLATED]["growth_mib_per_writer"]["median_mib"]
-    own = results[TEMPLATED]["own_ram_growth_mib_per_writer"]["median_mib"]
+    templated = results[TEMPLATED]
+    growth = templated["growth_mib_per_writer"]["median_mib"]
+    own = templated["own_ram_growth_mib_per_writer"]["median_mib"]
+    first = templated["first_command_growth_mib"]["median_mib"]
+    first_own = templated["first_command_own_ram_growth_mib"]["median_mib"]
     met.append((f"a copy-on-write sandbox that writes {WRITE_MIB} MiB grows by {growth:.1f} MiB "
                 f"PSS, of which its own guest RAM {own:.1f} MiB (goal: {WRITE_MIB} MiB and no "
-                f"more, within {WRITE_TOLERANCE:.0%})",
-                abs(growth - WRITE_MIB) <= WRITE_MIB * WRITE_TOLERANCE))
+                f"more, within {WRITE_TOLERANCE:.0%}); not counted, its first command "
+                f"({FIRST_ARGS[0]}) before it: {first:.1f} MiB PSS, {first_own:.1f} of it guest "
+                "RAM", abs(growth - WRITE_MIB) <= WRITE_MIB * WRITE_TOLERANCE))
     return met
 
 

@@ -53,8 +53,12 @@ def test_two_sandboxes_per_runtime_give_both_runtimes_figures_and_leave_nothing(
     result = json.loads(out.read_text())
     assert set(result["results"]) == {"paracell", "paracell_template",
                                       "paracell_template_copied", "runc"}
-    # The copy-on-write round also measured its sandboxes after each wrote its own.
-    assert len(result["results"]["paracell_template"]["rounds"][0]["written_pss_mib"]) == 2
+    # The copy-on-write round also measured its sandboxes after their first
+    # command and after each wrote its own; the write is judged alone.
+    templated = result["results"]["paracell_template"]
+    for key in ("first_pss_mib", "written_pss_mib", "idle_own_ram_mib", "written_own_ram_mib"):
+        assert len(templated["rounds"][0][key]) == 2, key
+    assert "first_command_growth_mib" in templated and "growth_mib_per_writer" in templated
     assert [p["count"] for p in result["curve"]] == [1, 2]
     assert result["count"] == 2 and result["memory_manager"] in ("pager", "balloon", "none")
     pids = []

@@ -223,6 +223,30 @@ def test_reporting_backs_off_while_freed_memory_comes_straight_back(runtime, mak
     runtime.assert_no_leaks()
 
 
+PCP_PAGES = "$(( $(grep 'count:' /proc/zoneinfo | tr -s ' ' | cut -d' ' -f3 | tr '\\n' '+') 0 ))"
+PCP_DRAINS = "/sys/kernel/paracell_pager/pcp_drains"
+PCP_DRAIN_MIN_PAGES = 64  # guest/pager/0009: fewer are not worth a drain
+
+
+def test_what_a_process_left_on_the_per_cpu_lists_is_drained_once_the_guest_is_quiet(
+        runtime, make_bundle, pager_rootfs):
+    """dd's 1 MiB buffer, freed at its exit, lands on its CPU's per-CPU
+    free list, which page reporting never walks; once a second passes with
+    little freed, the Pager drains the lists, and the pages can be reported."""
+    script = (f"dd if=/dev/zero of=/dev/null bs=1M count=4 2>/dev/null; "
+              f"echo after {PCP_PAGES} $(cat {PCP_DRAINS}); sleep 4; "
+              f"echo quiet {PCP_PAGES} $(cat {PCP_DRAINS})")
+    bundle = make_bundle(["sh", "-c", script], rootfs=pager_rootfs)
+    result = runtime("run", "--bundle", str(bundle), "pcpdrain", timeout=120)
+    assert result.returncode == 0, result.stderr
+    seen = {line.split()[0]: [int(v) for v in line.split()[1:]]
+            for line in result.stdout.decode().splitlines()}
+    (after_pages, after_drains), (quiet_pages, quiet_drains) = seen["after"], seen["quiet"]
+    assert after_pages >= 200, seen  # dd's buffer, at least most of its 256 pages
+    assert quiet_pages < PCP_DRAIN_MIN_PAGES and quiet_drains > after_drains, seen
+    runtime.assert_no_leaks()
+
+
 def _unbound_while_reusing(runtime, make_bundle, pager_rootfs, cid: str,
                            knobs: dict[str, str]) -> float:
     """MiB the host unbound while the guest freed and took back half of 8 MiB,
