@@ -240,6 +240,17 @@ class Runner:
         return listed.stdout.split()
 
 
+def _after_each(runner: Runner, sandboxes: list[Sandbox], args: list[str]
+                ) -> tuple[list[float], list[float]]:
+    """Each sandbox's PSS and own guest RAM (MiB), once each ran args and
+    the guests settled."""
+    for s in sandboxes:
+        runner.exec(s.cid, args)
+    time.sleep(SETTLE_S)
+    return ([common.pss_of_tree([s.pids[0]]) / (1 << 20) for s in sandboxes],
+            [_own_ram_mib(s.pids) for s in sandboxes])
+
+
 def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
     sandboxes: list[Sandbox] = []
     attempted: list[str] = []
@@ -276,18 +287,9 @@ def _one_round(runner: Runner, count: int, window_s: float, tag: str) -> Round:
             _say(f"{runner.runtime}: each sandbox runs its first command ({FIRST_ARGS[0]}), "
                  f"then writes {WRITE_MIB} MiB of its own")
             done.idle_own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
-            for s in sandboxes:
-                runner.exec(s.cid, FIRST_ARGS)
-            time.sleep(SETTLE_S)
-            done.first_pss_mib = [common.pss_of_tree([s.pids[0]]) / (1 << 20)
-                                  for s in sandboxes]
-            done.own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
-            for s in sandboxes:
-                runner.exec(s.cid, WRITE_ARGS)
-            time.sleep(SETTLE_S)
-            done.written_pss_mib = [common.pss_of_tree([s.pids[0]]) / (1 << 20)
-                                    for s in sandboxes]
-            done.written_own_ram_mib = [_own_ram_mib(s.pids) for s in sandboxes]
+            done.first_pss_mib, done.own_ram_mib = _after_each(runner, sandboxes, FIRST_ARGS)
+            done.written_pss_mib, done.written_own_ram_mib = _after_each(runner, sandboxes,
+                                                                         WRITE_ARGS)
         return done
     finally:
         _say(f"{runner.runtime}: deleting {len(attempted)} sandbox(es)")
