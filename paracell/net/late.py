@@ -57,7 +57,11 @@ def _mirror_onto_spares(record_path: Path) -> list[tuple[str, str]]:
             record.veths += [i.index for i in found]
             record.write(record_path)
             for iface, spare in zip(found, record.spares, strict=False):
-                tap_index = ipr.link_lookup(ifname=spare.tap)[0]
+                indexes = ipr.link_lookup(ifname=spare.tap)
+                if not indexes:
+                    # A pooled VM's TAP goes with its QEMU: the VM has ended.
+                    raise ParacellError(f"the VM's spare network device ({spare.tap}) is gone")
+                tap_index = indexes[0]
                 if fetched:
                     # A move takes a link down and gives it the new
                     # namespace's IPv6 defaults.
