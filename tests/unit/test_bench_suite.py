@@ -117,7 +117,8 @@ def test_plan_refuses_unknown_or_repeated_names_and_bad_rounds():
     assert plan.workloads == list(workloads.WORKLOADS)
     assert make_plan(False, None, ["swe"], None).rounds == 3
     # The diagnostic runtime runs only when named.
-    diagnostic = {"pager_lazy", "pager_no_backoff", "pager_aged"}
+    diagnostic = {"pager_lazy", "pager_no_backoff", "pager_before", "pager_backoff",
+                  "pager_small_aged"}
     assert not diagnostic & set(make_plan(True, None, None, None).runtimes)
     assert make_plan(True, ["pager_lazy", "pager"], None, None).runtimes == ["pager", "pager_lazy"]
     for bad in (dict(runtimes=["kata"]), dict(runtimes=["pager", "pager"]),
@@ -203,6 +204,25 @@ def test_report_from_a_saved_result_has_every_table_and_plot(tmp_path):
     for png in ("latency.png", "coldstart.png", "memory-skills.png"):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
     assert "skipped xgates" in summary_text
+    # redis: the Pager's p50 is half none's, its p99 the same: the server goal is met.
+    assert saved["goals"] == [{"goal": "redis: the Pager's p50 within 5% and p99 within 10% "
+                                       "of none's", "p50_ratio": 0.5, "p99_ratio": 1.0,
+                               "met": True}]
+    assert "goal redis" in summary_text and "## Goals" in text
+
+
+@pytest.mark.parametrize("pager,none,met", [
+    ((1.05, 1.10), (1.0, 1.0), True),
+    ((1.06, 1.0), (1.0, 1.0), False),
+    ((1.0, 1.11), (1.0, 1.0), False),
+])
+def test_server_goal_is_p50_within_5_and_p99_within_10_percent_of_none(pager, none, met):
+    summary = {"memcached": {r: {"get.p50_ms": p50, "get.p99_ms": p99}
+                             for r, (p50, p99) in (("pager", pager), ("none", none))},
+               "sqlite": {"pager": {"run_s": 1.0}, "none": {"run_s": 2.0}}}
+    goals = report.server_goals(summary)
+    assert [g["met"] for g in goals] == [met]
+    assert report.server_goals({"memcached": {"pager": summary["memcached"]["pager"]}}) == []
 
 
 def test_image_key_follows_the_package_set_and_refuses_bad_names():

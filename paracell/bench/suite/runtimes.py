@@ -27,15 +27,25 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
             memory_manager="balloon"),
     Runtime("xgates", "ParaCell + Pager + XGates", vm=True, memory_manager="pager", xgates=True),
     # What a server's cost under the Pager is made of (docs/pager.md,
-    # "Servers"): the Pager as it was before it backed off under churn, with
-    # small blocks left alone until they have stayed free 1 s (opt-in), and
-    # freed pages always reported after 1 s instead of 10 ms.
-    Runtime("pager_no_backoff", "ParaCell + Pager, no back-off under churn", vm=True,
-            memory_manager="pager",
-            pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "0"),), by_default=False),
-    Runtime("pager_aged", "ParaCell + Pager, small blocks reported once free for 1 s",
+    # "Servers"): the Pager as it was before blocks waited to be reported
+    # (every block at once, backing off under churn), as it was before it
+    # backed off, with the back-off on as well as the wait, with only blocks
+    # under a pageblock waiting (whole pageblocks at once), and with freed
+    # pages always reported after 1 s instead of 10 ms.
+    Runtime("pager_before", "ParaCell + Pager, every block at once, backing off under churn",
             vm=True, memory_manager="pager",
-            pager_knobs=(("io.paracell.pager.min-free-age-ms", "1000"),), by_default=False),
+            pager_knobs=(("io.paracell.pager.min-free-age-ms", "0"),
+                         ("io.paracell.pager.churn-max-delay-ms", "1000")), by_default=False),
+    Runtime("pager_no_backoff", "ParaCell + Pager, every block at once, no back-off under churn",
+            vm=True, memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.min-free-age-ms", "0"),
+                         ("io.paracell.pager.churn-max-delay-ms", "0")), by_default=False),
+    Runtime("pager_backoff", "ParaCell + Pager, backing off under churn too", vm=True,
+            memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "1000"),), by_default=False),
+    Runtime("pager_small_aged", "ParaCell + Pager, only blocks under a pageblock wait",
+            vm=True, memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.min-free-age-batch-kb", "0"),), by_default=False),
     Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
             memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
             by_default=False),
