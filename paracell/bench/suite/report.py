@@ -26,7 +26,8 @@ PRIMARY = {"http": "page.p50_ms", "redis": "get_plain.p50_ms", "memcached": "get
 COLOURS = {"runc": "#6c757d", "none": "#adb5bd", "pager": "#2a9d8f", "balloon": "#e76f51",
            "xgates": "#264653", "pager_lazy": "#8ab17d",
            "pager_no_backoff": "#e9c46a", "pager_before": "#f4a261",
-           "pager_backoff": "#6d597a", "pager_small_aged": "#b5838d"}
+           "pager_backoff": "#6d597a", "pager_small_aged": "#b5838d",
+           "pager_whole_binds": "#52796f"}
 
 
 def flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, float]:

@@ -389,6 +389,12 @@ class Suite:
         keys = ("unbound_total_bytes", "bound_total_bytes", "unbind_batches", "bind_batches",
                 "bind_ms")
         out = {k: float(figures[k]) for k in keys if isinstance(figures.get(k), (int, float))}
+        # The guest's side: what it bound ahead of its allocator, and what
+        # the allocator met unbound (docs/pager.md, "Servers").
+        guest = figures.get("guest") if isinstance(figures.get("guest"), dict) else {}
+        for k in ("bound_ahead_pages", "bound_late_pages"):
+            if isinstance(guest.get(k), int):
+                out[f"guest_{k}"] = float(guest[k])
         state = json.loads((self.base / "paracell" / cid / "state.json").read_text())
         faults = page_faults(state["vm"]["qemu_pid"])
         if faults is not None:

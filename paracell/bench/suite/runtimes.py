@@ -29,20 +29,27 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     # What a server's cost under the Pager is made of (docs/pager.md,
     # "Servers"): the Pager as it was before blocks waited to be reported
     # (every block at once, backing off under churn), as it was before it
-    # backed off, with the back-off on as well as the wait, with only blocks
-    # under a pageblock waiting (whole pageblocks at once), and with freed
-    # pages always reported after 1 s instead of 10 ms.
-    Runtime("pager_before", "ParaCell + Pager, every block at once, backing off under churn",
+    # backed off, with the back-off on as well as the wait, binding the whole
+    # of a reported block an allocation takes from, with only blocks under a
+    # pageblock waiting (whole pageblocks at once), and with freed pages
+    # always reported after 1 s instead of 10 ms.
+    Runtime("pager_before", "ParaCell + Pager as before 2026-12-03: every block at once, "
+            "bound whole, backing off under churn",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-ms", "0"),
-                         ("io.paracell.pager.churn-max-delay-ms", "1000")), by_default=False),
-    Runtime("pager_no_backoff", "ParaCell + Pager, every block at once, no back-off under churn",
+                         ("io.paracell.pager.churn-max-delay-ms", "1000"),
+                         ("io.paracell.pager.split-bind-kb", "0")), by_default=False),
+    Runtime("pager_no_backoff", "ParaCell + Pager, every block at once, bound whole, no back-off",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-ms", "0"),
-                         ("io.paracell.pager.churn-max-delay-ms", "0")), by_default=False),
+                         ("io.paracell.pager.churn-max-delay-ms", "0"),
+                         ("io.paracell.pager.split-bind-kb", "0")), by_default=False),
     Runtime("pager_backoff", "ParaCell + Pager, backing off under churn too", vm=True,
             memory_manager="pager",
             pager_knobs=(("io.paracell.pager.churn-max-delay-ms", "1000"),), by_default=False),
+    Runtime("pager_whole_binds", "ParaCell + Pager, an allocation from a reported block binds "
+            "all of it", vm=True, memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.split-bind-kb", "0"),), by_default=False),
     Runtime("pager_small_aged", "ParaCell + Pager, only blocks under a pageblock wait",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-batch-kb", "0"),), by_default=False),
