@@ -33,8 +33,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     # of a reported block an allocation takes from, with only blocks under a
     # pageblock waiting (whole pageblocks at once), and with freed pages
     # always reported after 1 s instead of 10 ms.
-    Runtime("pager_before", "ParaCell + Pager as before 2026-12-03: every block at once, "
-            "bound whole, backing off under churn",
+    Runtime("pager_before", "ParaCell + Pager, the defaults until 2026-12-03 22:00: every block "
+            "at once, bound whole, backing off under churn",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-ms", "0"),
                          ("io.paracell.pager.churn-max-delay-ms", "1000"),
