@@ -11,6 +11,8 @@
  *   pagerload reuse MIB COUNT              a server's pattern: half of MIB, in 64 KiB
  *                                          pieces among the rest, freed and touched
  *                                          again COUNT times
+ *   pagerload grow MIB PIECE_KB GAP_MS     a server's heap growing: PIECE_KB at a time,
+ *                                          GAP_MS apart, up to MIB, kept
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -307,6 +309,27 @@ static int reuse(size_t mib, long count)
     return 0;
 }
 
+/* A heap that grows slowly, as a server's does under load: each piece is
+ * new memory, most likely reported, taken far slower than a burst takes it. */
+static int grow(size_t mib, size_t piece_kb, long gap_ms)
+{
+    if (mib == 0 || piece_kb == 0 || piece_kb * 1024 > mib * MIB || (piece_kb * 1024) % PAGE)
+        return 2;
+    size_t bytes = mib * MIB, piece = piece_kb * 1024;
+    long before[NCOUNTERS], after[NCOUNTERS];
+    char *p = alloc(bytes);
+    read_counters(before);
+    for (size_t off = 0; off + piece <= bytes; off += piece) {
+        touch_us_per_page(p + off, piece);
+        sleep_ms(gap_ms);
+    }
+    read_counters(after);
+    say_counters(before, after);
+    say("grew %zu MiB", mib);
+    munmap(p, bytes);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 5 && !strcmp(argv[1], "burst"))
@@ -316,6 +339,8 @@ int main(int argc, char **argv)
         return retouch(strtoul(argv[2], 0, 10), atol(argv[3]), argc >= 5 ? atoi(argv[4]) : 1);
     if (argc >= 4 && !strcmp(argv[1], "churn")) return churn(atof(argv[2]), atoi(argv[3]));
     if (argc >= 4 && !strcmp(argv[1], "reuse")) return reuse(strtoul(argv[2], 0, 10), atol(argv[3]));
-    fprintf(stderr, "usage: pagerload burst|trace|retouch|churn|reuse ...\n");
+    if (argc >= 5 && !strcmp(argv[1], "grow"))
+        return grow(strtoul(argv[2], 0, 10), strtoul(argv[3], 0, 10), atol(argv[4]));
+    fprintf(stderr, "usage: pagerload burst|trace|retouch|churn|reuse|grow ...\n");
     return 2;
 }

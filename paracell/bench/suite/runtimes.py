@@ -30,7 +30,8 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     # "Servers"): the Pager as it was before blocks waited to be reported
     # (every block at once, backing off under churn), as it was before it
     # backed off, with the back-off on as well as the wait, binding the whole
-    # of a reported block an allocation takes from, with only blocks under a
+    # of a reported block an allocation takes from, binding ahead of every
+    # late bind rather than of a burst's pace, with only blocks under a
     # pageblock waiting (whole pageblocks at once), and with freed pages
     # always reported after 1 s instead of 10 ms.
     Runtime("pager_before", "ParaCell + Pager, the defaults until 2026-12-03 22:00: every block "
@@ -50,6 +51,9 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("pager_whole_binds", "ParaCell + Pager, an allocation from a reported block binds "
             "all of it", vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.split-bind-kb", "0"),), by_default=False),
+    Runtime("pager_eager_window", "ParaCell + Pager, any late bind opens the bind-ahead window",
+            vm=True, memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.burst-late-kb", "0"),), by_default=False),
     Runtime("pager_small_aged", "ParaCell + Pager, only blocks under a pageblock wait",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-batch-kb", "0"),), by_default=False),

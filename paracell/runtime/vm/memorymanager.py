@@ -26,6 +26,7 @@ KNOB_ANNOTATIONS = {
     "io.paracell.pager.min-free-age-batch-kb": ("paracell_pager.min_free_age_batch_kb", 0,
                                                 1 << 20),
     "io.paracell.pager.split-bind-kb": ("paracell_pager.split_bind_kb", 0, 4096),
+    "io.paracell.pager.burst-late-kb": ("paracell_pager.burst_late_kb", 0, 1 << 20),
     "io.paracell.pager.testing": ("paracell_pager.testing", 0, 1),
 }
 # Reclaim within tens of milliseconds of a free, in 8 KiB blocks, keeping
