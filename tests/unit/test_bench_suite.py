@@ -118,7 +118,8 @@ def test_plan_refuses_unknown_or_repeated_names_and_bad_rounds():
     assert make_plan(False, None, ["swe"], None).rounds == 3
     # The diagnostic runtime runs only when named.
     diagnostic = {"pager_lazy", "pager_no_backoff", "pager_before", "pager_backoff",
-                  "pager_small_aged", "pager_whole_binds", "pager_eager_window"}
+                  "pager_small_aged", "pager_whole_binds", "pager_eager_window",
+                  "pager_idle"}
     assert not diagnostic & set(make_plan(True, None, None, None).runtimes)
     assert make_plan(True, ["pager_lazy", "pager"], None, None).runtimes == ["pager", "pager_lazy"]
     for bad in (dict(runtimes=["kata"]), dict(runtimes=["pager", "pager"]),

@@ -32,8 +32,9 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     # backed off, with the back-off on as well as the wait, binding the whole
     # of a reported block an allocation takes from, binding ahead of every
     # late bind rather than of a burst's pace, with only blocks under a
-    # pageblock waiting (whole pageblocks at once), and with freed pages
-    # always reported after 1 s instead of 10 ms.
+    # pageblock waiting (whole pageblocks at once), with freed pages always
+    # reported after 1 s instead of 10 ms, and after 60 s: nothing during a
+    # load, which leaves the device and the guest's hooks alone.
     Runtime("pager_before", "ParaCell + Pager, the defaults until 2026-12-03 22:00: every block "
             "at once, bound whole, backing off under churn",
             vm=True, memory_manager="pager",
@@ -57,6 +58,9 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("pager_small_aged", "ParaCell + Pager, only blocks under a pageblock wait",
             vm=True, memory_manager="pager",
             pager_knobs=(("io.paracell.pager.min-free-age-batch-kb", "0"),), by_default=False),
+    Runtime("pager_idle", "ParaCell + Pager, reporting after 60 s: its device and hooks, no "
+            "traffic", vm=True, memory_manager="pager",
+            pager_knobs=(("io.paracell.pager.delay-ms", "60000"),), by_default=False),
     Runtime("pager_lazy", "ParaCell + Pager, reporting after 1 s", vm=True,
             memory_manager="pager", pager_knobs=(("io.paracell.pager.delay-ms", "1000"),),
             by_default=False),
