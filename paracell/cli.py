@@ -241,31 +241,36 @@ def pool() -> None:
 
 
 @pool.command("serve")
-@click.option("--size", default=2, show_default=True, help="VMs to keep waiting")
+@click.option("--size", default=2, show_default=True, help="VMs to keep waiting, of each size")
 @click.option("--budget-mib", default=256, show_default=True,
               help="the most the waiting VMs may hold (their PSS)")
 @click.option("--min-available-mib", default=512, show_default=True,
               help="below this much available host memory, waiting VMs end")
-@click.option("--memory-mib", type=int, default=None,
-              help="the VMs' memory: a create is served where its own VM would have had "
-                   "as much  [default: guest_memory_mib, a container's]")
+@click.option("--memory-mib", type=int, multiple=True,
+              help="a size of VM to keep, repeatable: a create is served where its own VM "
+                   "would have had as much  [default: guest_memory_mib, a container's]")
 @click.option("--pods", is_flag=True,
               help="VMs of a pod's size (pod_memory_mib), for the pods of CRI's root")
+@click.option("--containers", is_flag=True,
+              help="VMs of a container's size (guest_memory_mib), with --pods or --memory-mib")
 def pool_serve(size: int, budget_mib: int, min_available_mib: int,
-               memory_mib: int | None, pods: bool) -> None:
+               memory_mib: tuple[int, ...], pods: bool, containers: bool) -> None:
     """Keep VMs waiting for this --root's creates, until stopped (SIGTERM, ^C)."""
     from paracell import settings
     from paracell.runtime.pod import pooled
     from paracell.runtime.pool import daemon
 
-    if pods and memory_mib is not None:
-        raise ParacellError("--pods and --memory-mib both size the VMs: give one")
-    if memory_mib is None:
-        memory_mib = settings.pod_memory_mib() if pods else settings.guest_memory_mib()
-    config = daemon.PoolSettings(size, budget_mib, min_available_mib, memory_mib)
+    shapes = list(memory_mib)
+    if pods:
+        shapes.append(settings.pod_memory_mib())
+    if containers or not shapes:
+        shapes.append(settings.guest_memory_mib())
+    # --pods with a --memory-mib of the same size asks for one kind of VM.
+    config = daemon.PoolSettings(size, budget_mib, min_available_mib,
+                                 tuple(dict.fromkeys(shapes)))
     config.check()  # before the root is made
     ctx = _ctx()
-    daemon.Pool(ctx, config, pooled.kind_of(ctx, config.memory_mib)).serve()
+    daemon.Pool(ctx, config, {pooled.kind_of(ctx, mib): mib for mib in config.shapes}).serve()
 
 
 @pool.command("status")

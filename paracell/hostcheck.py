@@ -58,7 +58,11 @@ def pool_summary(pool: dict[str, object]) -> str:
     vms = pool.get("vms")
     waiting = sum(1 for vm in vms if isinstance(vm, dict) and vm.get("state") == "waiting") \
         if isinstance(vms, list) else 0
-    return (f"{waiting} of {pool.get('size')} VMs waiting for {pool.get('root')}, "
+    kinds = pool.get("kinds")
+    size = pool.get("size")
+    if isinstance(kinds, list) and isinstance(size, int):
+        size *= len(kinds)
+    return (f"{waiting} of {size} VMs waiting for {pool.get('root')}, "
             f"{pool.get('cost_mib')} MiB of a {pool.get('budget_mib')} MiB budget")
 
 

@@ -140,6 +140,47 @@ def test_two_pooled_vms_handed_to_two_containers_share_no_state(runtime, make_bu
     runtime.assert_no_leaks()
 
 
+def _mem_total_mib(runtime, cid: str) -> int:
+    result = runtime("exec", cid, "sh", "-c", "grep MemTotal /proc/meminfo")
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.split()[1]) // 1024
+
+
+def test_one_pool_keeps_vms_of_a_containers_size_and_of_a_pods(runtime, make_bundle, pool):
+    """`--containers --pods`: VMs of both sizes wait, and each create takes
+    one of the size its own VM would have had, a container's
+    (guest_memory_mib) or a pod's sandbox's (pod_memory_mib)."""
+    from paracell import settings
+
+    container_mib, pod_mib = settings.guest_memory_mib(), settings.pod_memory_mib()
+    assert container_mib != pod_mib
+    daemon = pool("--size", "1", "--containers", "--pods")
+    waiting = daemon.wait_waiting(2)
+    kinds = {vm["id"]: vm["kind"] for vm in daemon.status()["vms"]}
+    assert sorted(kinds[vm].rsplit("/", 1)[1] for vm in waiting) == \
+        sorted([f"{container_mib}MiB", f"{pod_mib}MiB"])
+    sandbox = {"io.kubernetes.cri.container-type": "sandbox",
+               "io.kubernetes.cri.sandbox-id": "pod"}
+    runtime("create", "--bundle", str(make_bundle(["sleep", "300"])), "plain", check=True)
+    runtime("create", "--bundle", str(make_bundle(
+        ["sleep", "300"], mutate=lambda c: c.update(annotations=sandbox))), "pod", check=True)
+    assert kinds[pooled_vm(runtime, "plain")].endswith(f"/{container_mib}MiB")
+    assert kinds[pooled_vm(runtime, "pod")].endswith(f"/{pod_mib}MiB")
+    for cid, mib in (("plain", container_mib), ("pod", pod_mib)):
+        runtime("start", cid, check=True)
+        # The guest's own view: its kernel's total, a little under its RAM.
+        assert mib * 0.8 < _mem_total_mib(runtime, cid) <= mib, cid
+    assert "2 claimed" in runtime("pool", "status").stdout.decode()
+    for cid in ("plain", "pod"):
+        runtime("delete", "--force", cid, check=True)
+    # Both sizes are made again.
+    again = daemon.wait_waiting(2)
+    assert not set(again) & set(waiting)
+    assert daemon.stop() == 0
+    assert not (runtime.root / "~pool").exists()
+    runtime.assert_no_leaks()
+
+
 def run_pooled(runtime, bundle: Path, cid: str) -> tuple[int, str, str]:
     log = runtime.root.parent / f"{cid}.log"
     result = runtime("--debug", "--log", str(log), "run", "--bundle", str(bundle), cid)
@@ -327,7 +368,7 @@ def test_a_vm_whose_create_died_before_it_recorded_it_is_deleted(runtime, pool):
     daemon = pool("--size", "1")
     (vm,) = daemon.wait_waiting(1)
     qemu = qemu_of(runtime, vm)
-    kind = report.ask(str(runtime.root))["kind"]
+    (kind,) = report.ask(str(runtime.root))["kinds"]
     claim = poolwire.claim(str(runtime.root), kind)
     assert claim is not None and claim.vm_id == vm
     claim.release()

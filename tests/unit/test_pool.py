@@ -179,7 +179,7 @@ def test_pod_members_forks_and_no_templates_are_never_served(tmp_path, monkeypat
     monkeypatch.setenv("PARACELL_CONFIG", str(config))
     assert pooled.why_not_pooled(ctx, bundle, none, False) == "warm_pool is off in the settings"
     with pytest.raises(ParacellError, match="the warm pool is off"):
-        daemon.Pool(ctx, daemon.PoolSettings(1, 256, 0, 256), "k")
+        daemon.Pool(ctx, daemon.PoolSettings(1, 256, 0, (256,)), {"k": 256})
 
 
 def test_the_pools_programs_run_here_as_in_the_guest(tmp_path):
@@ -198,16 +198,44 @@ def test_the_pools_programs_run_here_as_in_the_guest(tmp_path):
         assert status == (None if check == "waits" else 0), name
 
 
-@pytest.mark.parametrize("size, budget, floor, memory, error", [
-    (65, 256, 0, 256, "pool size 65 is outside 0..64"),
-    (-1, 256, 0, 256, "pool size -1"),
-    (1, 15, 0, 256, "budget of 15 MiB"),
-    (1, 256, -1, 256, "minimum available memory"),
-    (1, 256, 0, 63, "pooled VM memory of 63 MiB is outside 64..65536"),
+@pytest.mark.parametrize("size, budget, floor, shapes, error", [
+    (65, 256, 0, (256,), "pool size 65 is outside 0..64"),
+    (-1, 256, 0, (256,), "pool size -1"),
+    (1, 15, 0, (256,), "budget of 15 MiB"),
+    (1, 256, -1, (256,), "minimum available memory"),
+    (1, 256, 0, (256, 63), "pooled VM memory of 63 MiB is outside 64..65536"),
+    (1, 256, 0, (), "a pool keeps 1 to 8 sizes of VM, not 0"),
+    (1, 256, 0, tuple(range(64, 73)), "a pool keeps 1 to 8 sizes of VM, not 9"),
 ])
-def test_bad_pool_settings_are_one_line(size, budget, floor, memory, error):
+def test_bad_pool_settings_are_one_line(size, budget, floor, shapes, error):
     with pytest.raises(ParacellError, match=error):
-        daemon.PoolSettings(size, budget, floor, memory).check()
+        daemon.PoolSettings(size, budget, floor, shapes).check()
+
+
+def test_the_pool_makes_the_kind_it_holds_fewest_of_and_none_past_its_size():
+    shape = daemon.PoolSettings(2, 256, 0, (256, 512))
+    pool = object.__new__(daemon.Pool)  # its fields alone: no root, no backend
+    pool.settings, pool.kinds, pool.vms = shape, {"small": 256, "pod": 512}, {}
+    for expected in ("small", "pod", "small", "pod"):
+        kind = pool._shortest_kind()
+        assert kind == expected
+        vm_id = f"vm{len(pool.vms)}"
+        pool.vms[vm_id] = daemon.PooledVm(vm_id, kind)
+    assert pool._shortest_kind() is None
+    del pool.vms["vm1"]  # a pod's VM claimed
+    assert pool._shortest_kind() == "pod"
+
+
+def test_a_pools_vm_bundles_are_found_by_size_and_never_through_a_link(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pool_dir = tmp_path / "pool"
+    pool_dir.mkdir()
+    made = {bundles.write_vm_bundle(pool_dir, mib) for mib in (256, 512)}
+    (pool_dir / "bundle-1024").symlink_to(elsewhere)
+    (pool_dir / "bundle-x").mkdir()
+    assert set(bundles.vm_bundles(pool_dir)) == made
+    assert all((d / "config.json").is_file() for d in made)
 
 
 def test_a_state_that_names_another_container_as_its_pooled_vm_is_refused(tmp_path):

@@ -68,16 +68,39 @@ def _config(rootfs: Path, program: str, annotations: dict[str, str],
     return json.dumps(config).encode() + b"\n"
 
 
+VM_BUNDLE_PREFIX = "bundle-"
+
+
+def vm_bundle(pool_dir: Path, memory_mib: int) -> Path:
+    return pool_dir / f"{VM_BUNDLE_PREFIX}{memory_mib}"
+
+
+def vm_bundles(pool_dir: Path) -> list[Path]:
+    """The VM bundles' directories in pool_dir, one per size: directories
+    only, never a link to elsewhere."""
+    try:
+        names = os.listdir(pool_dir)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        size = name.removeprefix(VM_BUNDLE_PREFIX)
+        path = pool_dir / name
+        if size != name and size.isdigit() and path.is_dir() and not path.is_symlink():
+            found.append(path)
+    return found
+
+
 def write_vm_bundle(pool_dir: Path, memory_mib: int) -> Path:
-    """The pooled VM's bundle (a pod sandbox running pause, of memory_mib),
-    and the rootfs it shares with the warm-up."""
+    """A pooled VM's bundle (a pod sandbox running pause, of memory_mib),
+    and the rootfs it shares with the warm-up and the other sizes."""
     from paracell.runtime.bundle.podrole import CONTAINER_TYPE, SANDBOX_MEMORY
 
     rootfs = pool_dir / "rootfs"
     rootfs.mkdir(mode=0o755, exist_ok=True)
     for name, code in (TRUE, PAUSE):
         _write(rootfs / name, static_program(code), 0o755)
-    bundle = pool_dir / "bundle"
+    bundle = vm_bundle(pool_dir, memory_mib)
     bundle.mkdir(mode=0o755, exist_ok=True)
     _write(bundle / "config.json", _config(
         rootfs, PAUSE[0], {CONTAINER_TYPE: "sandbox",

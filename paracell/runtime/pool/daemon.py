@@ -1,5 +1,6 @@
 """`paracell pool serve`: keeps VMs restored and attached for the creates of
-one --root to take (docs/pool.md).
+one --root to take (docs/pool.md), of one kind or several: a kind is what a
+create's own VM would have been (pod/pooled.py: kind_of), here its size.
 
 One process, one thread: a poll loop over the pool's socket and the leases
 of the VMs that wait. A VM is made by a forked worker that runs the one
@@ -8,7 +9,7 @@ a boot. The VM's shim takes its lease on the pool's socket as it starts; the
 VM waits once its worker has recorded it and its lease is here. A claim
 hands that lease to the create that takes the VM.
 
-What bounds the pool: its size; a memory budget, against each waiting VM's
+What bounds the pool: its size, per kind; a memory budget, for all kinds, against each waiting VM's
 measured PSS (its shim and QEMU); and the host's available memory, below
 which waiting VMs are ended, newest first, and none are made.
 
@@ -51,19 +52,24 @@ MEASURE_S = 2.0
 
 # A pod VM's bounds (runtime/bundle/podrole.py: pod_memory_mib).
 MEMORY_MIB_MIN, MEMORY_MIB_MAX = 64, 65536
+MAX_SHAPES = 8
 
 
 @dataclass
 class PoolSettings:
-    size: int
+    size: int  # of each shape
     budget_mib: int
     min_available_mib: int
-    memory_mib: int
+    shapes: tuple[int, ...]  # the VMs' memory sizes, in MiB: one kind each
 
     def check(self) -> None:
-        if not MEMORY_MIB_MIN <= self.memory_mib <= MEMORY_MIB_MAX:
-            raise ParacellError(f"pooled VM memory of {self.memory_mib} MiB is outside "
-                                f"{MEMORY_MIB_MIN}..{MEMORY_MIB_MAX}")
+        if not 1 <= len(self.shapes) <= MAX_SHAPES:
+            raise ParacellError(f"a pool keeps 1 to {MAX_SHAPES} sizes of VM, "
+                                f"not {len(self.shapes)}")
+        for memory_mib in self.shapes:
+            if not MEMORY_MIB_MIN <= memory_mib <= MEMORY_MIB_MAX:
+                raise ParacellError(f"pooled VM memory of {memory_mib} MiB is outside "
+                                    f"{MEMORY_MIB_MIN}..{MEMORY_MIB_MAX}")
         if not 0 <= self.size <= 64:
             raise ParacellError(f"pool size {self.size} is outside 0..64")
         if not 16 <= self.budget_mib <= 1 << 20:
@@ -76,6 +82,7 @@ class PoolSettings:
 @dataclass
 class PooledVm:
     id: str
+    kind: str
     worker: int = 0  # the pid of the create making it; 0 once it is made
     made: bool = False
     lease: socket.socket | None = None
@@ -116,7 +123,8 @@ def peer(sock: socket.socket) -> tuple[int, int]:
 
 
 class Pool:
-    def __init__(self, ctx: Context, settings: PoolSettings, kind: str) -> None:
+    def __init__(self, ctx: Context, settings: PoolSettings, kinds: dict[str, int]) -> None:
+        """kinds: each kind the pool keeps, with its VMs' memory in MiB."""
         from paracell import settings as operator_settings
 
         settings.check()
@@ -130,7 +138,7 @@ class Pool:
         if not backend.capabilities.templates:
             raise ParacellError(f"the warm pool keeps VMs restored from templates, which the "
                                 f"{backend.name} backend does not save (--vmm qemu)")
-        self.ctx, self.settings, self.kind = ctx, settings, kind
+        self.ctx, self.settings, self.kinds = ctx, settings, kinds
         self.dir = poolwire.pool_dir(ctx.root)
         self.vms: dict[str, PooledVm] = {}
         self.claimed = 0
@@ -159,7 +167,8 @@ class Pool:
             raise ParacellError(f"a pool already serves {self.ctx.root}") from None
         listener = None
         try:
-            bundles.write_vm_bundle(self.dir, self.settings.memory_mib)
+            for memory_mib in self.kinds.values():
+                bundles.write_vm_bundle(self.dir, memory_mib)
             self._sweep()
             self._start_janitor()
             path = poolwire.socket_path(self.ctx.root)
@@ -172,7 +181,8 @@ class Pool:
             signal.set_wakeup_fd(wake_w)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._stop)
-            self._say(f"serving {self.ctx.root}: {self.settings.size} VM(s) of {self.kind}, "
+            self._say(f"serving {self.ctx.root}: {self.settings.size} VM(s) of each of "
+                      f"{', '.join(self.kinds)}, "
                       f"budget {self.settings.budget_mib} MiB, ending VMs below "
                       f"{self.settings.min_available_mib} MiB available")
             while not self.stopping:
@@ -221,7 +231,8 @@ class Pool:
     def _refill(self) -> None:
         if self.stopping or any(vm.worker for vm in self.vms.values()):
             return  # one at a time: a boot takes the host's CPUs
-        if len(self.vms) >= self.settings.size or time.monotonic() < self.next_try:
+        kind = self._shortest_kind()
+        if kind is None or time.monotonic() < self.next_try:
             return
         if available_mib() < self.settings.min_available_mib:
             return
@@ -231,10 +242,19 @@ class Pool:
         self._tell_janitor(f"made {vm_id}")
         pid = os.fork()
         if pid == 0:
-            self._worker(vm_id)  # never returns
-        self.vms[vm_id] = PooledVm(vm_id, worker=pid)
+            self._worker(vm_id, self.kinds[kind])  # never returns
+        self.vms[vm_id] = PooledVm(vm_id, kind, worker=pid)
 
-    def _worker(self, vm_id: str) -> None:
+    def _shortest_kind(self) -> str | None:
+        """The kind with the fewest VMs, made or being made, where that is
+        under the size; the first named wins a tie."""
+        held = {kind: 0 for kind in self.kinds}
+        for vm in self.vms.values():
+            held[vm.kind] += 1
+        kind = min(held, key=held.__getitem__)
+        return kind if held[kind] < self.settings.size else None
+
+    def _worker(self, vm_id: str, memory_mib: int) -> None:
         status = 1
         try:
             devnull = os.open(os.devnull, os.O_RDWR)
@@ -246,8 +266,8 @@ class Pool:
                 signal.signal(sig, signal.SIG_DFL)
             from paracell.runtime.verbs import lifecycle
 
-            lifecycle.create(self.ctx, vm_id, str(self.dir / "bundle"), None, None,
-                             detach=True, pool_vm=True)
+            lifecycle.create(self.ctx, vm_id, str(bundles.vm_bundle(self.dir, memory_mib)),
+                             None, None, detach=True, pool_vm=True)
             lifecycle.start(self.ctx, vm_id)
             bundles.warm_up(self.ctx, self.dir, vm_id)
             status = 0
@@ -296,7 +316,7 @@ class Pool:
             self._end(vm)
             return
         self.largest_kib = max(self.largest_kib, vm.cost_kib)
-        self._say(f"{vm.id} waits: {vm.cost_kib / 1024:.1f} MiB, made in {made_in}")
+        self._say(f"{vm.id} waits, {vm.kind}: {vm.cost_kib / 1024:.1f} MiB, made in {made_in}")
 
     def _failed(self, vm: PooledVm, why: str) -> None:
         self.failures += 1
@@ -394,8 +414,8 @@ class Pool:
         return True
 
     def _claim(self, conn: socket.socket, kind: object) -> None:
-        waiting = [vm for vm in self.vms.values() if vm.waiting]
-        if kind != self.kind or not waiting:
+        waiting = [vm for vm in self.vms.values() if vm.waiting and vm.kind == kind]
+        if not waiting:
             poolwire.send(conn, {"id": poolwire.NONE_WAITING})
             return
         vm = min(waiting, key=lambda vm: vm.since)
@@ -418,12 +438,13 @@ class Pool:
     def status(self) -> dict[str, object]:
         now = time.monotonic()
         return {
-            "root": self.ctx.root, "kind": self.kind, "size": self.settings.size,
+            "root": self.ctx.root, "kinds": list(self.kinds), "size": self.settings.size,
             "budget_mib": self.settings.budget_mib,
             "min_available_mib": self.settings.min_available_mib,
             "available_mib": available_mib(), "claimed": self.claimed,
             "cost_mib": round(self._cost_kib() / 1024, 1),
-            "vms": [{"id": vm.id, "state": "waiting" if vm.waiting else "making",
+            "vms": [{"id": vm.id, "kind": vm.kind,
+                     "state": "waiting" if vm.waiting else "making",
                      "cost_mib": round(vm.cost_kib / 1024, 1), "age_s": round(now - vm.since, 1)}
                     for vm in self.vms.values()],
             "last_error": self.last_error,
@@ -549,7 +570,8 @@ def remove_pool_dir(root: str) -> None:
     """The pool's own files, by name only (its lock's holder calls this)."""
     where = poolwire.pool_dir(root)
     rootfs = where / "rootfs"
-    names = [where / d / "config.json" for d in ("bundle", "warm-up")]
+    vm_bundles = bundles.vm_bundles(where)
+    names = [d / "config.json" for d in (*vm_bundles, where / "warm-up")]
     names += [rootfs / name for name, _ in (bundles.TRUE, bundles.PAUSE)]
     for path in (*names, where / poolwire.SOCKET, where / poolwire.LOCK):
         with contextlib.suppress(FileNotFoundError):
@@ -560,6 +582,6 @@ def remove_pool_dir(root: str) -> None:
     for path in sorted((Path(d) for d, _, _ in os.walk(rootfs)), reverse=True):
         with contextlib.suppress(OSError):
             path.rmdir()
-    for path in (where / "bundle", where / "warm-up", where):
+    for path in (*vm_bundles, where / "warm-up", where):
         with contextlib.suppress(OSError):
             path.rmdir()

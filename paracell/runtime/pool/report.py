@@ -26,15 +26,18 @@ def render(status: dict[str, object] | None, root: str, fmt: str) -> str:
         return f"no pool serves {root} (paracell pool serve starts one)"
     vms = status.get("vms")
     vms = vms if isinstance(vms, list) else []
-    lines = [f"pool of {status.get('root')}: {status.get('kind')}, size {status.get('size')}, "
+    kinds = status.get("kinds")
+    kinds = ", ".join(str(k) for k in kinds) if isinstance(kinds, list) else ""
+    lines = [f"pool of {status.get('root')}: {kinds}, {status.get('size')} of each, "
              f"budget {status.get('budget_mib')} MiB, cost {status.get('cost_mib')} MiB, "
              f"{status.get('claimed')} claimed, {status.get('available_mib')} MiB available "
              f"(ends VMs below {status.get('min_available_mib')})"]
-    lines.append(f"{'ID':<28} {'STATE':<8} {'PSS MiB':>8} {'AGE s':>7}")
+    lines.append(f"{'ID':<28} {'KIND':<28} {'STATE':<8} {'PSS MiB':>8} {'AGE s':>7}")
     for vm in vms:
         if isinstance(vm, dict):
-            lines.append(f"{vm.get('id', '')!s:<28} {vm.get('state', '')!s:<8} "
-                         f"{vm.get('cost_mib', 0)!s:>8} {vm.get('age_s', 0)!s:>7}")
+            lines.append(f"{vm.get('id', '')!s:<28} {vm.get('kind', '')!s:<28} "
+                         f"{vm.get('state', '')!s:<8} {vm.get('cost_mib', 0)!s:>8} "
+                         f"{vm.get('age_s', 0)!s:>7}")
     if status.get("last_error"):
         lines.append(f"last failure: {status['last_error']}")
     return "\n".join(lines)
