@@ -208,7 +208,7 @@ def test_report_from_a_saved_result_has_every_table_and_plot(tmp_path):
     # redis: the Pager's p50 is half none's, its p99 the same: the server goal is met.
     assert saved["goals"] == [{"goal": "redis: the Pager's p50 within 5% and p99 within 10% "
                                        "of none's", "p50_ratio": 0.5, "p99_ratio": 1.0,
-                               "met": True}]
+                               "p50_round_ratio": 0.5, "p99_round_ratio": 1.0, "met": True}]
     assert "goal redis" in summary_text and "## Goals" in text
 
 
@@ -221,9 +221,30 @@ def test_server_goal_is_p50_within_5_and_p99_within_10_percent_of_none(pager, no
     summary = {"memcached": {r: {"get.p50_ms": p50, "get.p99_ms": p99}
                              for r, (p50, p99) in (("pager", pager), ("none", none))},
                "sqlite": {"pager": {"run_s": 1.0}, "none": {"run_s": 2.0}}}
-    goals = report.server_goals(summary)
+    goals = report.server_goals(summary, [])
     assert [g["met"] for g in goals] == [met]
-    assert report.server_goals({"memcached": {"pager": summary["memcached"]["pager"]}}) == []
+    assert goals[0]["p50_round_ratio"] is None  # no samples: no rounds to pair
+    assert report.server_goals({"memcached": {"pager": summary["memcached"]["pager"]}},
+                               []) == []
+
+
+def test_each_round_is_paired_with_its_own_none_beside_the_ratio_of_medians():
+    """A machine slow in the second round slows both runtimes there: the
+    rounds' own ratios are 1.0 and 1.1, while the medians' ratio is 1.6 /
+    1.5."""
+    samples = [_sample(r, [], [], workload="memcached", round=i,
+                       metrics={"get": {"p50_ms": base * (1.1 if r == "pager" and i else 1.0),
+                                        "p99_ms": base}})
+               for i, base in enumerate((1.0, 2.0)) for r in ("pager", "none")]
+    samples.append(_sample("pager", [], [], workload="memcached", round=2, error="boom"))
+    summary = {"memcached": {"pager": {"get.p50_ms": 1.6, "get.p99_ms": 1.5},
+                             "none": {"get.p50_ms": 1.5, "get.p99_ms": 1.5}}}
+    (goal,) = report.server_goals(summary, samples)
+    assert goal["p50_round_ratio"] == pytest.approx(1.05)
+    assert goal["p99_round_ratio"] == pytest.approx(1.0)
+    assert goal["p50_ratio"] == pytest.approx(1.6 / 1.5) and not goal["met"]
+    assert "each round against its own none, median: 1.05x, 1.00x): not met" in \
+        report.goal_lines([goal])[0]
 
 
 def test_image_key_follows_the_package_set_and_refuses_bad_names():

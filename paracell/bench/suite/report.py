@@ -100,9 +100,14 @@ SERVER_GOALS = {"http": ("page.p50_ms", "page.p99_ms"),
 GOAL_P50_RATIO, GOAL_P99_RATIO = 1.05, 1.10
 
 
-def server_goals(summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+def server_goals(summary: dict[str, dict[str, dict[str, Any]]],
+                 samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per server workload run under both `pager` and `none`: whether the
-    Pager's p50 and p99 are within the goal's margins of none's."""
+    Pager's p50 and p99 are within the goal's margins of none's, as the
+    issue measures it (the ratio of the medians over the rounds). Beside
+    it, the median of each round's ratio to its own none: a round's runs
+    are minutes apart at most, so a machine that slows for a while slows
+    both, where the medians can each come from a different stretch."""
     out = []
     for w, (p50, p99) in SERVER_GOALS.items():
         per = summary.get(w, {})
@@ -111,15 +116,35 @@ def server_goals(summary: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str
         ratios = {k: _ratio(per["pager"].get(k), per["none"].get(k)) for k in (p50, p99)}
         met = all(r is not None for r in ratios.values()) and \
             ratios[p50] <= GOAL_P50_RATIO and ratios[p99] <= GOAL_P99_RATIO  # type: ignore[operator]
+        rounds = _round_ratios(samples, w, (p50, p99))
         out.append({"goal": f"{w}: the Pager's p50 within {GOAL_P50_RATIO - 1:.0%} and p99 "
                             f"within {GOAL_P99_RATIO - 1:.0%} of none's",
-                    "p50_ratio": ratios[p50], "p99_ratio": ratios[p99], "met": met})
+                    "p50_ratio": ratios[p50], "p99_ratio": ratios[p99],
+                    "p50_round_ratio": rounds[p50], "p99_round_ratio": rounds[p99], "met": met})
+    return out
+
+
+def _round_ratios(samples: list[dict[str, Any]], workload: str,
+                  keys: tuple[str, ...]) -> dict[str, float | None]:
+    """Per key, the median over the rounds of pager's figure over none's in
+    the same round, where both ran without error."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for s in samples:
+        if s["workload"] == workload and s["runtime"] in ("pager", "none") and not s["error"]:
+            by_round.setdefault(s["round"], {})[s["runtime"]] = flatten(s["metrics"])
+    out: dict[str, float | None] = {}
+    for k in keys:
+        each = [_ratio(r["pager"].get(k), r["none"].get(k)) for r in by_round.values()
+                if len(r) == 2]
+        out[k] = _median([x for x in each if x is not None])
     return out
 
 
 def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
-    return [f"goal {g['goal']}: p50 {_fmt(g['p50_ratio'])}x, p99 {_fmt(g['p99_ratio'])}x: "
-            f"{'met' if g['met'] else 'not met'}" for g in goals]
+    return [f"goal {g['goal']}: p50 {_fmt(g['p50_ratio'])}x, p99 {_fmt(g['p99_ratio'])}x "
+            f"(each round against its own none, median: {_fmt(g.get('p50_round_ratio'))}x, "
+            f"{_fmt(g.get('p99_round_ratio'))}x): {'met' if g['met'] else 'not met'}"
+            for g in goals]
 
 
 def _fmt(value: float | None) -> str:
@@ -261,7 +286,7 @@ def markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         "Runtimes: " + "; ".join(f"`{r}` = {label}" for r, label in result["runtimes"].items())
         + ".", "",
     ]
-    goals = goal_lines(server_goals(summary))
+    goals = goal_lines(server_goals(summary, result["samples"]))
     if goals:
         lines += ["## Goals", "", *(f"- {g}" for g in goals), ""]
     for name, why in result["skipped"].items():
@@ -385,7 +410,7 @@ def _plots(result: dict[str, Any], summary: dict[str, Any], out: Path) -> list[P
 def write(result: dict[str, Any], out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(result)
-    goals = server_goals(summary)
+    goals = server_goals(summary, result["samples"])
     result = {**result, "summary": summary, "goals": goals}
     (out / "suite.json").write_text(json.dumps(result, indent=1) + "\n")
     pngs = _plots(result, summary, out)
