@@ -163,7 +163,7 @@ def test_one_pool_keeps_vms_of_a_containers_size_and_of_a_pods(runtime, make_bun
                "io.kubernetes.cri.sandbox-id": "pod"}
     runtime("create", "--bundle", str(make_bundle(["sleep", "300"])), "plain", check=True)
     runtime("create", "--bundle", str(make_bundle(
-        ["sleep", "300"], mutate=lambda c: c.update(annotations=sandbox))), "pod", check=True)
+        ["sleep", "300"], mutate=_in_netns(annotations=sandbox))), "pod", check=True)
     assert kinds[pooled_vm(runtime, "plain")].endswith(f"/{container_mib}MiB")
     assert kinds[pooled_vm(runtime, "pod")].endswith(f"/{pod_mib}MiB")
     for cid, mib in (("plain", container_mib), ("pod", pod_mib)):
