@@ -322,6 +322,10 @@ def _median_of(rounds: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values and None not in values else None
 
 
+def _ms(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f}"
+
+
 def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
     p, b, n = results["pager"], results["balloon"], results["none"]
     t = results["pager_template"]
@@ -333,7 +337,7 @@ def goals(results: dict[str, dict[str, Any]]) -> list[tuple[str, bool]]:
     return [
         (f"pager from a template (copy-on-write) no worse than cold, within {slack}x: "
          f"waste {t['waste_pct']:.2f} vs {p['waste_pct']:.2f} %, reclaim "
-         f"{t['reclaim_ms']} vs {p['reclaim_ms']} ms, re-touch ratio "
+         f"{_ms(t['reclaim_ms'])} vs {_ms(p['reclaim_ms'])} ms, re-touch ratio "
          f"{t['retouch_ratio']:.2f} vs {p['retouch_ratio']:.2f}",
          ok(t["reclaim_ms"], lambda r: p["reclaim_ms"] is not None
             and r <= slack * p["reclaim_ms"])
