@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml setup.py $(wildcard csrc/*.c csrc/*.h csrc/*.py proto/*
 	$(VENV)/bin/python -m paracell.shimv2.generate
 	touch $(STAMP)
 
+# Byte-compiled ahead: an editable install leaves that to each process,
+# and where PYTHONDONTWRITEBYTECODE is set (this project's machines) every
+# paracell process would compile its modules from source again, which
+# doubled the CLI's start-up (docs/benchmarks.md, "bench start").
 venv: deps $(STAMP)
+	$(VENV)/bin/python -m compileall -q paracell
 
 guest: venv
 	$(PARACELL) guest build
