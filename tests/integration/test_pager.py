@@ -215,7 +215,8 @@ def test_a_heap_that_grows_slowly_is_bound_late_not_ahead_of_a_burst(runtime, ma
                            {"io.paracell.pager.burst-late-kb": "0"})
     assert default["bound_late_pages"] > 0, "the heap never met unbound memory"
     assert eager["bound_ahead_pages"] >= 4 * MIB // 4096, eager
-    assert default["bound_ahead_pages"] < eager["bound_ahead_pages"] // 4, (default, eager)
+    # Default: at most the reserve's refill (2 MiB at a time) is bound ahead.
+    assert default["bound_ahead_pages"] <= eager["bound_ahead_pages"] // 2, (default, eager)
     runtime.assert_no_leaks()
 
 
