@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+# A suite started in the background of a script (`make test &`) inherits
+# Ctrl-C ignored, and so would every `paracell` it spawns: the tests that
+# interrupt a bench could then not. Ctrl-C handled here is reset to the default
+# across exec, so the children see it as a terminal's foreground job would.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parents[1]
 PARACELL = str(Path(sys.executable).with_name("paracell"))
