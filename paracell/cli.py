@@ -731,6 +731,30 @@ def bench_xgate(output: str, pvm_switch_ns: float | None, pvm_source: str | None
     click.echo(bench_xgate_mod.run(_ctx(), output, pvm))
 
 
+@bench.command("suite-pool")
+@click.argument("results", nargs=-1, required=True)
+@click.option("--output", "-o", default="bench-results/suite-pool.json", show_default=True)
+def bench_suite_pool(results: tuple[str, ...], output: str) -> None:
+    """The server goals over the rounds of several `bench suite` runs at
+    once, from their suite.json files."""
+    import json
+    from pathlib import Path
+
+    from paracell.bench.suite import report
+
+    if len(results) > 100:
+        raise ParacellError("paracell bench suite-pool: at most 100 results")
+    pooled = report.pooled_goals([report.load_result(Path(r)) for r in results])
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(pooled, indent=1) + "\n")
+    rounds = ", ".join(f"{w} {n}" for w, n in pooled["rounds"].items() if n)
+    click.echo(f"{pooled['runs']} run(s); rounds: {rounds or 'no server workload'}")
+    for line in report.goal_lines(pooled["goals"]):
+        click.echo(line)
+    click.echo(f"-> {out}")
+
+
 def _names(value: str | None) -> list[str] | None:
     """A comma-separated list (repeatable option values are joined first)."""
     if value is None:

@@ -20,6 +20,7 @@ from paracell.bench.suite.run import Plan, Suite, make_plan
 from paracell.cli import main
 from paracell.errors import ParacellError
 from paracell.images import debian, image_key
+from tests.conftest import PARACELL
 
 WRK_OUT = """\
 Running 3s test @ http://10.213.0.2/index.html
@@ -208,7 +209,9 @@ def test_report_from_a_saved_result_has_every_table_and_plot(tmp_path):
     # redis: the Pager's p50 is half none's, its p99 the same: the server goal is met.
     assert saved["goals"] == [{"goal": "redis: the Pager's p50 within 5% and p99 within 10% "
                                        "of none's", "p50_ratio": 0.5, "p99_ratio": 1.0,
-                               "p50_round_ratio": 0.5, "p99_round_ratio": 1.0, "met": True}]
+                               "p50_round_ratio": 0.5, "p99_round_ratio": 1.0,
+                               "p50_round_interval": None, "p99_round_interval": None,
+                               "met": True}]
     assert "goal redis" in summary_text and "## Goals" in text
 
 
@@ -245,6 +248,111 @@ def test_each_round_is_paired_with_its_own_none_beside_the_ratio_of_medians():
     assert goal["p50_ratio"] == pytest.approx(1.6 / 1.5) and not goal["met"]
     assert "each round against its own none, median: 1.05x, 1.00x): not met" in \
         report.goal_lines([goal])[0]
+
+
+def test_the_rounds_median_comes_with_an_interval_that_narrows_with_more_rounds():
+    assert report.median_interval([1.0, 1.1]) is None  # too few rounds to say
+    few = report.median_interval([0.9, 1.0, 1.2, 1.05, 1.1])
+    many = report.median_interval([0.9, 1.0, 1.2, 1.05, 1.1] * 6)
+    assert few is not None and many is not None
+    assert few[0] <= 1.05 <= few[1] and many[0] <= 1.05 <= many[1]
+    assert many[1] - many[0] < few[1] - few[0]
+    # The same rounds always give the same interval (a saved run's report).
+    assert report.median_interval([0.9, 1.0, 1.2, 1.05, 1.1]) == few
+    line = report.goal_lines([{"goal": "redis: g", "p50_ratio": 1.0, "p99_ratio": 1.0,
+                               "p50_round_ratio": 1.05, "p99_round_ratio": 1.0,
+                               "p50_round_interval": few, "p99_round_interval": None,
+                               "met": True}])[0]
+    lo, hi = (report._fmt(x) for x in few)
+    assert f"median: 1.05x [95 %: {lo}-{hi}], 1.00x): met" in line
+
+
+def test_a_round_loaded_in_turns_pairs_each_turn_with_the_same_turn_of_none():
+    """Turn by turn the Pager is 1.2x, 1.0x and 1.1x; a whole-round ratio
+    of the merged figures would hide which turns met the same host."""
+    def turns(p50s):
+        return [{"get": {"p50_ms": v, "p99_ms": 1.0}} for v in p50s]
+
+    samples = [_sample("pager", [], [], workload="memcached", metrics={},
+                       turns=turns([1.2, 3.0, 1.1])),
+               _sample("none", [], [], workload="memcached", metrics={},
+                       turns=turns([1.0, 3.0, 1.0]))]
+    summary = {"memcached": {r: {"get.p50_ms": 1.0, "get.p99_ms": 1.0}
+                             for r in ("pager", "none")}}
+    (goal,) = report.server_goals(summary, samples)
+    assert goal["p50_round_ratio"] == pytest.approx(1.1)
+    assert goal["p99_round_ratio"] == pytest.approx(1.0)
+
+
+def test_a_load_in_turns_keeps_its_size_and_merges_counts_and_medians():
+    turn = workloads.load_slice(workloads.FULL, 4)
+    assert (turn.http_s, turn.redis_n, turn.memcached_n) == (2, 2500, 750)
+    assert turn.sqlite_tx == workloads.FULL.sqlite_tx  # batch work is never cut
+    tiny = workloads.load_slice(workloads.QUICK, 20)
+    assert tiny.http_s >= 1 and tiny.redis_n >= 100 and tiny.memcached_n >= 50
+    merged = workloads.merge_turns([
+        {"page": {"p50_ms": 1.0, "rps": 10.0, "requests": 5, "errors": 0}},
+        {"page": {"p50_ms": 3.0, "rps": 30.0, "requests": 7, "errors": 1}},
+        {"page": {"p50_ms": 2.0, "rps": 20.0, "requests": 9, "errors": 0}}])
+    assert merged == {"page": {"p50_ms": 2.0, "rps": 20.0, "requests": 21, "errors": 1}}
+
+
+def test_a_servers_round_runs_its_runtimes_together_and_a_batch_one_by_one():
+    suite = Suite.__new__(Suite)
+    suite.plan = Plan(False, 2, ["none", "pager"], ["redis", "sqlite"])
+    steps = suite.steps(suite.order(["none", "pager"]))
+    assert [(n, w, sorted(rts)) for n, w, rts in steps] == [
+        (0, "redis", ["none", "pager"]), (0, "sqlite", ["pager"]), (0, "sqlite", ["none"]),
+        (1, "redis", ["none", "pager"]), (1, "sqlite", ["none"]), (1, "sqlite", ["pager"])]
+    # Who is loaded first still rotates from round to round.
+    assert steps[0][2] != steps[3][2]
+
+
+def _saved_run(path: Path, pager_p50s: list[float]) -> Path:
+    samples = [_sample(r, [], [], workload="redis", round=i,
+                       metrics={"get_plain": {"p50_ms": v if r == "pager" else 1.0,
+                                              "p99_ms": 1.0}})
+               for i, v in enumerate(pager_p50s) for r in ("pager", "none")]
+    path.write_text(json.dumps({"benchmark": "paracell bench suite", "started": "t",
+                                "workloads": {"redis": "redis"}, "samples": samples}))
+    return path
+
+
+def test_suite_pool_pairs_every_round_of_several_runs_with_its_own_none(tmp_path):
+    a = _saved_run(tmp_path / "a.json", [1.1, 1.2, 1.0])
+    b = _saved_run(tmp_path / "b.json", [1.1, 1.1, 1.3, 1.1])
+    out = tmp_path / "new" / "pool.json"
+    res = CliRunner().invoke(main, ["bench", "suite-pool", str(a), str(b), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 run(s); rounds: redis 7" in res.output
+    (goal,) = json.loads(out.read_text())["goals"]
+    assert goal["p50_round_ratio"] == pytest.approx(1.1) and not goal["met"]
+    assert goal["p50_round_interval"][0] <= 1.1 <= goal["p50_round_interval"][1]
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"benchmark": "other", "samples": []}',
+                                     b'{"benchmark": "paracell bench suite", "samples": [{}]}',
+                                     b'{"benchmark": "paracell bench suite", "samples": '
+                                     b'[{"workload": "redis", "runtime": "none", "round": "0",'
+                                     b' "metrics": {}}]}'])
+def test_suite_pool_refuses_what_is_not_a_suite_result_in_one_line(tmp_path, content):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(content)
+    out = tmp_path / "pool.json"
+    res = subprocess.run([PARACELL, "bench", "suite-pool", str(bad), "-o", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "not a `paracell bench suite` result" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not out.exists()
+
+
+def test_suite_pool_says_which_file_is_missing(tmp_path):
+    res = subprocess.run([PARACELL, "bench", "suite-pool", str(tmp_path / "none.json"),
+                          "-o", str(tmp_path / "pool.json")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0 and "none.json: No such file" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 def test_image_key_follows_the_package_set_and_refuses_bad_names():

@@ -4,11 +4,13 @@ workload to workload, so that drift on this noisy machine hits all alike.
 
 One run is one container, cold: created with `run` (foreground, its stdout
 read line by line with host timestamps), fed by a host client when it is a
-server, then killed and deleted. Everything a run makes (the container, its
-network namespace) is recorded before it is made and removed in a `finally`,
-and the suite's bridge and state roots go at the end; SIGTERM is turned into
-the same KeyboardInterrupt as Ctrl-C, and both are held off while the
-cleanup runs.
+server, then killed and deleted. A server's round starts its container under
+every runtime, one after another, then loads them in turns, seconds apart:
+their ratios then compare loads that met the same host. Everything a run
+makes (the container, its network namespace) is recorded before it is made
+and removed in a `finally`, and the suite's bridge and state roots go at the
+end; SIGTERM is turned into the same KeyboardInterrupt as Ctrl-C, and both
+are held off while the cleanup runs.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from paracell.bench.suite.workloads import (
     ServerWorkload,
     Size,
     Workload,
+    load_slice,
+    merge_turns,
     wait_listening,
     write_files,
 )
@@ -51,6 +55,8 @@ BATCH_TIMEOUT_S = 600
 QUICK_ROUNDS, FULL_ROUNDS = 1, 3
 # Before the first run has been timed: a guess per run for "time left".
 GUESS_RUN_S = 15.0
+# A server's load under several runtimes at once is cut into this many turns.
+SIDE_BY_SIDE_TURNS = 4
 
 
 @dataclass
@@ -70,6 +76,31 @@ class Sample:
     # A server under the Pager: its host counters and QEMU's page faults over
     # the client's load (the Pager's traffic while it served).
     pager_during_load: dict[str, float] = field(default_factory=dict)
+    # A server loaded side by side with other runtimes: each turn's metrics
+    # (`metrics` merges them), in the order the turns ran.
+    turns: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """One container while it lives: what Suite._end undoes."""
+    wl: Workload
+    rt: Runtime
+    cid: str
+    sample: Sample
+    err: Any  # the `run` process's stderr, a temporary file
+    attachment: network.Attachment | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    reader: threading.Thread | None = None
+    threads: list[threading.Thread] = field(default_factory=list)
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (s since spawn, line)
+    stop: threading.Event = field(default_factory=threading.Event)
+    t0: float = 0.0
+
+    def failed(self, error: ParacellError) -> None:
+        exited = self.proc is not None and self.proc.poll() is not None
+        self.sample.error = str(error) + (f" (the container said{_stderr_tail(self.err)})"
+                                          if exited and "exited" in str(error) else "")
 
 
 @dataclass
@@ -207,15 +238,35 @@ class Suite:
             self.net.open()
         order = self.order(active)
         progress = Progress(len(order))
-        for i, (rnd, w, r) in enumerate(order):
-            progress.start(w, r, rnd, self.plan.rounds, [(x[1], x[2]) for x in order[i:]])
+        for rnd, w, rts in self.steps(order):
+            pending = [(x[1], x[2]) for x in order[progress.done:]]
+            progress.start(w, ", ".join(rts) + (" side by side" if len(rts) > 1 else ""),
+                           rnd, self.plan.rounds, pending)
             t0 = time.monotonic()
-            sample = self.run_one(WORKLOADS[w], RUNTIMES[r], rnd)
-            progress.finish(w, r, time.monotonic() - t0)
-            self.samples.append(sample)
-            if sample.error:
-                _say(f"  {w} on {r} failed: {sample.error}")
+            wl = WORKLOADS[w]
+            samples = (self.run_side_by_side(wl, [RUNTIMES[r] for r in rts], rnd)
+                       if isinstance(wl, ServerWorkload)
+                       else [self._run_batch(wl, RUNTIMES[rts[0]], rnd)])
+            took = (time.monotonic() - t0) / len(rts)
+            for r, sample in zip(rts, samples, strict=True):
+                progress.finish(w, r, took)
+                self.samples.append(sample)
+                if sample.error:
+                    _say(f"  {w} on {r} failed: {sample.error}")
         return self.result(began, active)
+
+    @staticmethod
+    def steps(order: list[tuple[int, str, str]]) -> list[tuple[int, str, list[str]]]:
+        """The order as what runs at once: a server's round under all its
+        runtimes side by side, a batch workload's runs one by one."""
+        out: list[tuple[int, str, list[str]]] = []
+        for rnd, w, r in order:
+            if (out and out[-1][:2] == (rnd, w)
+                    and isinstance(WORKLOADS[w], ServerWorkload)):
+                out[-1][2].append(r)
+            else:
+                out.append((rnd, w, [r]))
+        return out
 
     def order(self, active: list[str]) -> list[tuple[int, str, str]]:
         """(round, workload, runtime): every pair once a round, the runtimes'
@@ -298,82 +349,137 @@ class Suite:
         (bundle / "config.json").write_text(json.dumps(config, indent=2))
         return bundle
 
-    def run_one(self, wl: Workload, rt: Runtime, rnd: int) -> Sample:
-        from paracell.vmm import memory
-
-        sample = Sample(wl.name, rt.name, rnd)
-        cid = self._cid()
-        attachment = self.net.attach() if isinstance(wl, ServerWorkload) else None
-        lines: list[tuple[float, str]] = []
-        ready, ended = threading.Event(), threading.Event()
-        stop = threading.Event()
-        threads: list[threading.Thread] = []
-        proc: subprocess.Popen[bytes] | None = None
-        err = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
-        t0 = time.monotonic()
+    def _run_batch(self, wl: Workload, rt: Runtime, rnd: int) -> Sample:
+        run = self._start(wl, rt, rnd)
         try:
-            bundle = self._bundle(cid, wl.args(self.plan.size),
-                                  attachment.path if attachment else None, rt,
+            if not run.sample.error:
+                self._await_batch(run)
+        except ParacellError as e:
+            run.failed(e)
+        finally:
+            self._end(run)
+        return run.sample
+
+    @staticmethod
+    def _await_batch(run: _Run) -> None:
+        assert run.proc is not None and run.reader is not None
+        try:
+            rc = run.proc.wait(BATCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            raise ParacellError(f"ran past {BATCH_TIMEOUT_S} s") from e
+        run.reader.join(10)
+        if rc != 0:
+            raise ParacellError(f"exited {rc}{_stderr_tail(run.err)}")
+        run.sample.metrics = run.wl.parse(_results(run.lines))
+        run.sample.window, run.sample.run_s = _window(run.lines)
+
+    def run_side_by_side(self, wl: ServerWorkload, rts: list[Runtime],
+                         rnd: int) -> list[Sample]:
+        """A round of a server under several runtimes: each container
+        started in turn (so their cold starts do not overlap), then their
+        loads in SIDE_BY_SIDE_TURNS turns, the order rotated each turn.
+        The runtimes are loaded seconds apart, not minutes, so a slow
+        stretch of this shared host weighs on all of them."""
+        runs: list[_Run] = []
+        try:
+            for rt in rts:
+                runs.append(self._start(wl, rt, rnd))
+            self._load(wl, [r for r in runs if not r.sample.error])
+        finally:
+            for run in runs:
+                self._end(run)
+        return [r.sample for r in runs]
+
+    def _load(self, wl: ServerWorkload, runs: list[_Run]) -> None:
+        turns = SIDE_BY_SIDE_TURNS if len(runs) > 1 else 1
+        size = load_slice(self.plan.size, turns) if turns > 1 else self.plan.size
+        before = {r.cid: self._pager_counters(r.cid, r.rt) for r in runs}
+        for turn in range(turns):
+            k = turn % len(runs)
+            for run in runs[k:] + runs[:k]:
+                if run.sample.error:
+                    continue
+                assert run.attachment is not None
+                try:
+                    run.sample.turns.append(wl.client(run.attachment.address, size))
+                except ParacellError as e:
+                    run.failed(e)
+        for run in runs:
+            if run.sample.error:
+                continue
+            after = self._pager_counters(run.cid, run.rt)
+            run.sample.pager_during_load = {k: after[k] - before[run.cid][k] for k in after
+                                            if k in before[run.cid]}
+            run.sample.metrics = merge_turns(run.sample.turns)
+            if turns == 1:
+                run.sample.turns = []
+
+    def _start(self, wl: Workload, rt: Runtime, rnd: int) -> _Run:
+        """The container spawned and, by return, ready and (a server)
+        listening; or the sample's error says why not. Whatever it made is
+        in the _Run for _end, even when this raises."""
+        run = _Run(wl, rt, self._cid(), Sample(wl.name, rt.name, rnd),
+                   tempfile.TemporaryFile())  # noqa: SIM115 - closed by _end
+        run.attachment = self.net.attach() if isinstance(wl, ServerWorkload) else None
+        try:
+            bundle = self._bundle(run.cid, wl.args(self.plan.size),
+                                  run.attachment.path if run.attachment else None, rt,
                                   self.base / "files" / wl.name)
+            self.live[run.cid] = rt
+            run.t0 = time.monotonic()
             if rt.vm and wl.agent:
-                ram = memory.path_for(str(self.base / "paracell"), cid)
-                threads.append(threading.Thread(target=_sample_ram, daemon=True,
-                                                args=(ram, t0, sample.host_ram, stop)))
-            self.live[cid] = rt
-            t0 = time.monotonic()
+                from paracell.vmm import memory
+
+                ram = memory.path_for(str(self.base / "paracell"), run.cid)
+                run.threads.append(threading.Thread(
+                    target=_sample_ram, daemon=True,
+                    args=(ram, run.t0, run.sample.host_ram, run.stop)))
             with common.interrupts_deferred():  # the run process is always cleaned up
-                proc = subprocess.Popen([*self.invoker.argv(rt), "run", "--bundle",
-                                         str(bundle), cid],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=err, env=self._env(), start_new_session=True)
-                self.procs.append(proc)
-            reader = threading.Thread(target=_read_lines, daemon=True,
-                                      args=(proc, t0, lines, ready, ended))
-            threads.append(reader)
-            for t in threads:
+                run.proc = subprocess.Popen([*self.invoker.argv(rt), "run", "--bundle",
+                                             str(bundle), run.cid],
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                            stderr=run.err, env=self._env(),
+                                            start_new_session=True)
+                self.procs.append(run.proc)
+            ready = threading.Event()
+            run.reader = threading.Thread(target=_read_lines, daemon=True,
+                                          args=(run.proc, run.t0, run.lines, ready))
+            run.threads.append(run.reader)
+            for t in run.threads:
                 t.start()
             ready.wait(READY_TIMEOUT_S)
-            at = next((t for t, line in list(lines) if line == "ready"), None)
+            at = next((t for t, line in list(run.lines) if line == "ready"), None)
             if at is None:
                 raise ParacellError(f"no `ready` from the container in {READY_TIMEOUT_S} s"
-                                    f"{_stderr_tail(err)}")
-            sample.cold_start_s = at
+                                    f"{_stderr_tail(run.err)}")
+            run.sample.cold_start_s = at
             if isinstance(wl, ServerWorkload):
-                assert attachment is not None
-                listening = wait_listening(attachment.address, wl.port, READY_TIMEOUT_S,
-                                           alive=lambda: proc is not None and proc.poll() is None)
-                sample.serving_s = listening - t0
-                before = self._pager_counters(cid, rt)
-                sample.metrics = wl.client(attachment.address, self.plan.size)
-                after = self._pager_counters(cid, rt)
-                sample.pager_during_load = {k: after[k] - before[k] for k in after
-                                            if k in before}
-            else:
-                try:
-                    rc = proc.wait(BATCH_TIMEOUT_S)
-                except subprocess.TimeoutExpired as e:
-                    raise ParacellError(f"ran past {BATCH_TIMEOUT_S} s") from e
-                reader.join(10)
-                if rc != 0:
-                    raise ParacellError(f"exited {rc}{_stderr_tail(err)}")
-                sample.metrics = wl.parse(_results(lines))
-                sample.window, sample.run_s = _window(lines)
-            sample.guest_used = [(t, (GUEST_MIB << 20) - int(words[1]) * 1024)
-                                 for t, words in ((t, line.split()) for t, line in lines)
+                assert run.attachment is not None
+                proc = run.proc
+                listening = wait_listening(run.attachment.address, wl.port, READY_TIMEOUT_S,
+                                           alive=lambda: proc.poll() is None)
+                run.sample.serving_s = listening - run.t0
+        except ParacellError as e:
+            run.failed(e)
+        except BaseException:
+            self._end(run)
+            raise
+        return run
+
+    def _end(self, run: _Run) -> None:
+        """The container gone, its network detached; the sample's last figures."""
+        run.sample.guest_used = [(t, (GUEST_MIB << 20) - int(words[1]) * 1024)
+                                 for t, words in ((t, line.split()) for t, line in run.lines)
                                  if words[:1] == ["mem"] and len(words) == 2
                                  and words[1].isdigit()]
-        except ParacellError as e:
-            exited = proc is not None and proc.poll() is not None
-            sample.error = str(e) + (f" (the container said{_stderr_tail(err)})"
-                                     if exited and "exited" in str(e) else "")
+        run.stop.set()
+        try:
+            self._finish(run.cid, run.rt, run.proc)
         finally:
-            stop.set()
-            self._finish(cid, rt, proc)
-            if attachment is not None:
-                self.net.detach(attachment)
-            err.close()
-            sample.wall_s = time.monotonic() - t0
-        return sample
+            if run.attachment is not None:
+                self.net.detach(run.attachment)
+            run.err.close()
+            run.sample.wall_s = time.monotonic() - (run.t0 or time.monotonic())
 
     def _pager_counters(self, cid: str, rt: Runtime) -> dict[str, float]:
         """The Pager's host counters and QEMU's page faults now; {} without the Pager."""
@@ -456,14 +562,13 @@ def _sample_ram(path: Path, t0: float, out: list[tuple[float, int]],
 
 
 def _read_lines(proc: subprocess.Popen[bytes], t0: float, lines: list[tuple[float, str]],
-                ready: threading.Event, ended: threading.Event) -> None:
+                ready: threading.Event) -> None:
     assert proc.stdout is not None
     for raw in proc.stdout:
         text = raw.decode(errors="replace").rstrip("\n")
         lines.append((time.monotonic() - t0, text))
         if text == "ready":
             ready.set()
-    ended.set()
     ready.set()  # a container that exits before `ready` does not keep the wait
 
 

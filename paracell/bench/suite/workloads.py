@@ -21,7 +21,7 @@ import subprocess
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +64,36 @@ QUICK = Size(http_s=3, redis_n=2000, memcached_n=500, sqlite_tx=200, build_files
              swe_scale=1, skills_rounds=3, skills_items=30000)
 FULL = Size(http_s=8, redis_n=10000, memcached_n=3000, sqlite_tx=1000, build_files=10,
             swe_scale=3, skills_rounds=6, skills_items=60000)
+
+
+def load_slice(size: Size, slices: int) -> Size:
+    """One of `slices` turns of a server's load: servers loaded side by side
+    take turns (paracell/bench/suite/run.py), so that a host that slows for
+    a few seconds slows every runtime's load alike. wrk runs whole seconds."""
+    return replace(size, http_s=max(1, round(size.http_s / slices)),
+                   redis_n=max(100, size.redis_n // slices),
+                   memcached_n=max(50, size.memcached_n // slices))
+
+
+# Client figures that count rather than rate: a load's total is their sum.
+COUNTS = frozenset({"requests", "errors"})
+
+
+def merge_turns(turns: list[dict[str, Any]]) -> dict[str, Any]:
+    """One load's metrics from its turns' (the same shape each): counts
+    summed, rates and percentiles the median over the turns."""
+    import statistics
+
+    out: dict[str, Any] = {}
+    for key, first in turns[0].items():
+        values = [t[key] for t in turns if key in t]
+        if isinstance(first, dict):
+            out[key] = merge_turns([v for v in values if isinstance(v, dict)])
+        elif key in COUNTS:
+            out[key] = sum(values)
+        else:
+            out[key] = statistics.median(values)
+    return out
 
 
 class Workload(ABC):
