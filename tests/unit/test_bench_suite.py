@@ -285,10 +285,10 @@ def test_a_round_loaded_in_turns_pairs_each_turn_with_the_same_turn_of_none():
 
 
 def test_a_load_in_turns_keeps_its_size_and_merges_counts_and_medians():
-    turn = workloads.load_slice(workloads.FULL, 4)
+    turn = workloads.load_turn(workloads.FULL, 4)
     assert (turn.http_s, turn.redis_n, turn.memcached_n) == (2, 2500, 750)
     assert turn.sqlite_tx == workloads.FULL.sqlite_tx  # batch work is never cut
-    tiny = workloads.load_slice(workloads.QUICK, 20)
+    tiny = workloads.load_turn(workloads.QUICK, 20)
     assert tiny.http_s >= 1 and tiny.redis_n >= 100 and tiny.memcached_n >= 50
     merged = workloads.merge_turns([
         {"page": {"p50_ms": 1.0, "rps": 10.0, "requests": 5, "errors": 0}},
@@ -308,8 +308,8 @@ def test_a_servers_round_runs_its_runtimes_together_and_a_batch_one_by_one():
     assert steps[0][2] != steps[3][2]
 
 
-def _saved_run(path: Path, pager_p50s: list[float]) -> Path:
-    samples = [_sample(r, [], [], workload="redis", round=i,
+def _saved_run(path: Path, pager_p50s: list[float], first_round: int = 0) -> Path:
+    samples = [_sample(r, [], [], workload="redis", round=first_round + i,
                        metrics={"get_plain": {"p50_ms": v if r == "pager" else 1.0,
                                               "p99_ms": 1.0}})
                for i, v in enumerate(pager_p50s) for r in ("pager", "none")]
@@ -319,7 +319,8 @@ def _saved_run(path: Path, pager_p50s: list[float]) -> Path:
 
 
 def test_suite_pool_pairs_every_round_of_several_runs_with_its_own_none(tmp_path):
-    a = _saved_run(tmp_path / "a.json", [1.1, 1.2, 1.0])
+    # Round numbers are the file's own: a run's round 1000 is not another's round 0.
+    a = _saved_run(tmp_path / "a.json", [1.1, 1.2, 1.0], first_round=1000)
     b = _saved_run(tmp_path / "b.json", [1.1, 1.1, 1.3, 1.1])
     out = tmp_path / "new" / "pool.json"
     res = CliRunner().invoke(main, ["bench", "suite-pool", str(a), str(b), "-o", str(out)])
@@ -330,11 +331,31 @@ def test_suite_pool_pairs_every_round_of_several_runs_with_its_own_none(tmp_path
     assert goal["p50_round_interval"][0] <= 1.1 <= goal["p50_round_interval"][1]
 
 
+def test_suite_pool_reads_only_the_figures_it_checked(tmp_path):
+    """Memory series and timings are not pooled, so a file whose are junk still pools."""
+    path = _saved_run(tmp_path / "a.json", [1.2, 1.2, 1.2])
+    saved = json.loads(path.read_text())
+    for s in saved["samples"]:
+        s.update(host_ram="junk", guest_used=[[1]], window=[1], cold_start_s="x")
+        s["metrics"]["get_plain"]["p99_ms"] = "not a number"
+    path.write_text(json.dumps(saved))
+    out = tmp_path / "pool.json"
+    res = CliRunner().invoke(main, ["bench", "suite-pool", str(path), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (goal,) = json.loads(out.read_text())["goals"]
+    assert goal["p50_round_ratio"] == pytest.approx(1.2) and goal["p99_round_ratio"] is None
+    assert not goal["met"]
+
+
 @pytest.mark.parametrize("content", [b"not json", b'{"benchmark": "other", "samples": []}',
                                      b'{"benchmark": "paracell bench suite", "samples": [{}]}',
                                      b'{"benchmark": "paracell bench suite", "samples": '
                                      b'[{"workload": "redis", "runtime": "none", "round": "0",'
-                                     b' "metrics": {}}]}'])
+                                     b' "metrics": {}, "error": null}]}',
+                                     b'{"benchmark": "paracell bench suite", "samples": '
+                                     b'[{"workload": "redis", "runtime": "none", "round": 0,'
+                                     b' "metrics": {}}]}',
+                                     b'{"benchmark": "paracell bench suite", "samples": 7}'])
 def test_suite_pool_refuses_what_is_not_a_suite_result_in_one_line(tmp_path, content):
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)

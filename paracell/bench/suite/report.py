@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,13 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def metric_medians(samples: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each client figure (flattened: `get.p50_ms`) -> its median over these samples."""
+    flat = [flatten(s["metrics"]) for s in samples]
+    keys = sorted({k for f in flat for k in f})
+    return {k: _median([f[k] for f in flat if k in f]) for k in keys}
+
+
 def summarize(result: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """workload -> runtime -> medians over the rounds (of runs without error)."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -77,9 +85,7 @@ def summarize(result: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
         for r in result["active"]:
             mine = [s for s in result["samples"] if s["workload"] == w and s["runtime"] == r]
             good = [s for s in mine if not s["error"]]
-            flat = [flatten(s["metrics"]) for s in good]
-            keys = sorted({k for f in flat for k in f})
-            entry: dict[str, Any] = {k: _median([f[k] for f in flat if k in f]) for k in keys}
+            entry: dict[str, Any] = metric_medians(good)
             for k in ("cold_start_s", "serving_s", "run_s"):
                 entry[k] = _median([s[k] for s in good if s[k] is not None])
             mem = [m for m in (memory_figures(s) for s in good) if m]
@@ -133,7 +139,7 @@ def _round_ratios(samples: list[dict[str, Any]], workload: str,
     ran without error. A round loaded in turns (side by side) counts as the
     median of its turns' ratios, turn i of one against turn i of the other:
     seconds apart."""
-    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    by_round: dict[Hashable, dict[str, dict[str, Any]]] = {}
     for s in samples:
         if s["workload"] == workload and s["runtime"] in ("pager", "none") and not s["error"]:
             by_round.setdefault(s["round"], {})[s["runtime"]] = s
@@ -463,7 +469,7 @@ def load_result(path: Path) -> dict[str, Any]:
             raise ValueError("not a suite result")
         for s in result["samples"]:
             for key, kind in (("workload", str), ("runtime", str), ("round", int),
-                              ("metrics", dict)):
+                              ("metrics", dict), ("error", (str, type(None)))):
                 if not isinstance(s[key], kind):
                     raise ValueError(f"a sample's {key}")
             if not isinstance(s.get("turns", []), list) or \
@@ -479,12 +485,15 @@ def load_result(path: Path) -> dict[str, Any]:
 def pooled_goals(results: list[dict[str, Any]]) -> dict[str, Any]:
     """The server goals over the rounds of several runs at once: a round
     stays paired with its own none, and the interval narrows with the
-    rounds that a single run (at most 20) cannot afford."""
-    samples = [{**s, "round": i * 1000 + s["round"]}
+    rounds that a single run (at most 20) cannot afford. It reads only what
+    load_result checked: the samples' names, rounds, errors and metrics."""
+    samples = [{**s, "round": (i, s["round"])}
                for i, r in enumerate(results) for s in r["samples"]]
-    combined = {"workloads": {w: t for r in results for w, t in r.get("workloads", {}).items()},
-                "active": sorted({s["runtime"] for s in samples}), "samples": samples}
-    goals = server_goals(summarize(combined), samples)
+    summary = {w: {r: metric_medians([s for s in samples if s["workload"] == w
+                                      and s["runtime"] == r and not s["error"]])
+                   for r in ("pager", "none")}
+               for w in SERVER_GOALS if any(s["workload"] == w for s in samples)}
+    goals = server_goals(summary, samples)
     rounds = {w: len({s["round"] for s in samples if s["workload"] == w}) for w in SERVER_GOALS}
     return {"benchmark": "paracell bench suite-pool", "runs": len(results),
             "started": [r.get("started") for r in results], "rounds": rounds, "goals": goals}

@@ -41,7 +41,7 @@ from paracell.bench.suite.workloads import (
     ServerWorkload,
     Size,
     Workload,
-    load_slice,
+    load_turn,
     merge_turns,
     wait_listening,
     write_files,
@@ -392,7 +392,7 @@ class Suite:
 
     def _load(self, wl: ServerWorkload, runs: list[_Run]) -> None:
         turns = SIDE_BY_SIDE_TURNS if len(runs) > 1 else 1
-        size = load_slice(self.plan.size, turns) if turns > 1 else self.plan.size
+        size = load_turn(self.plan.size, turns) if turns > 1 else self.plan.size
         before = {r.cid: self._pager_counters(r.cid, r.rt) for r in runs}
         for turn in range(turns):
             k = turn % len(runs)
@@ -420,8 +420,8 @@ class Suite:
         in the _Run for _end, even when this raises."""
         run = _Run(wl, rt, self._cid(), Sample(wl.name, rt.name, rnd),
                    tempfile.TemporaryFile())  # noqa: SIM115 - closed by _end
-        run.attachment = self.net.attach() if isinstance(wl, ServerWorkload) else None
         try:
+            run.attachment = self.net.attach() if isinstance(wl, ServerWorkload) else None
             bundle = self._bundle(run.cid, wl.args(self.plan.size),
                                   run.attachment.path if run.attachment else None, rt,
                                   self.base / "files" / wl.name)

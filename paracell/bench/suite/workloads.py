@@ -17,6 +17,7 @@ import difflib
 import io
 import re
 import socket
+import statistics
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -66,13 +67,13 @@ FULL = Size(http_s=8, redis_n=10000, memcached_n=3000, sqlite_tx=1000, build_fil
             swe_scale=3, skills_rounds=6, skills_items=60000)
 
 
-def load_slice(size: Size, slices: int) -> Size:
-    """One of `slices` turns of a server's load: servers loaded side by side
+def load_turn(size: Size, turns: int) -> Size:
+    """One of `turns` turns of a server's load: servers loaded side by side
     take turns (paracell/bench/suite/run.py), so that a host that slows for
     a few seconds slows every runtime's load alike. wrk runs whole seconds."""
-    return replace(size, http_s=max(1, round(size.http_s / slices)),
-                   redis_n=max(100, size.redis_n // slices),
-                   memcached_n=max(50, size.memcached_n // slices))
+    return replace(size, http_s=max(1, round(size.http_s / turns)),
+                   redis_n=max(100, size.redis_n // turns),
+                   memcached_n=max(50, size.memcached_n // turns))
 
 
 # Client figures that count rather than rate: a load's total is their sum.
@@ -82,8 +83,6 @@ COUNTS = frozenset({"requests", "errors"})
 def merge_turns(turns: list[dict[str, Any]]) -> dict[str, Any]:
     """One load's metrics from its turns' (the same shape each): counts
     summed, rates and percentiles the median over the turns."""
-    import statistics
-
     out: dict[str, Any] = {}
     for key, first in turns[0].items():
         values = [t[key] for t in turns if key in t]
