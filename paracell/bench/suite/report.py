@@ -376,8 +376,9 @@ def markdown(result: dict[str, Any], summary: dict[str, Any]) -> str:
         lines += [*_table(header, rows), ""]
     lines += ["## Start-up", "",
               "Cold start of each workload's container: `run` to its first line of output "
-              "(`serving s` above: to the first TCP connection the server accepts). Template "
-              "starts are not measured: this build has no template start yet.", ""]
+              "(`serving s` above: to the first TCP connection the server accepts). Every VM "
+              "here boots cold (`--no-template`); template and pool starts are "
+              "`paracell bench start`'s.", ""]
     header = ["workload", *active]
     rows = [[w, *(_fmt(summary[w][r]["cold_start_s"]) for r in active)] for w in summary]
     lines += [*_table(header, rows), ""]

@@ -55,8 +55,6 @@ BATCH_TIMEOUT_S = 600
 QUICK_ROUNDS, FULL_ROUNDS = 1, 3
 # Before the first run has been timed: a guess per run for "time left".
 GUESS_RUN_S = 15.0
-# A server's load under several runtimes at once is cut into this many turns.
-SIDE_BY_SIDE_TURNS = 4
 
 
 @dataclass
@@ -377,7 +375,7 @@ class Suite:
                          rnd: int) -> list[Sample]:
         """A round of a server under several runtimes: each container
         started in turn (so their cold starts do not overlap), then their
-        loads in SIDE_BY_SIDE_TURNS turns, the order rotated each turn.
+        loads in turns (Size.turns), the order rotated each turn.
         The runtimes are loaded seconds apart, not minutes, so a slow
         stretch of this shared host weighs on all of them."""
         runs: list[_Run] = []
@@ -391,8 +389,8 @@ class Suite:
         return [r.sample for r in runs]
 
     def _load(self, wl: ServerWorkload, runs: list[_Run]) -> None:
-        turns = SIDE_BY_SIDE_TURNS if len(runs) > 1 else 1
-        size = load_turn(self.plan.size, turns) if turns > 1 else self.plan.size
+        turns = self.plan.size.turns if len(runs) > 1 else 1
+        size = load_turn(self.plan.size) if turns > 1 else self.plan.size
         before = {r.cid: self._pager_counters(r.cid, r.rt) for r in runs}
         for turn in range(turns):
             k = turn % len(runs)

@@ -83,8 +83,9 @@ class Invoker:
                 raise RuntimeError("runc is not installed")
             return [self.runc, "--root", str(self.base / "runc")]
         # Cold boots for every memory manager: a template (docs/templates.md)
-        # would serve none and balloon but never the Pager, and the suite
-        # compares the memory managers, not the start paths.
+        # restores the Pager and none copy-on-write but the balloon copied,
+        # and the suite compares the memory managers, not the start paths
+        # (`paracell bench start` does).
         return [self.paracell, "--root", str(self.base / "paracell"), "--engine", self.engine,
                 "--memory-manager", str(runtime.memory_manager), "--no-template"]
 

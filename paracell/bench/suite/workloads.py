@@ -59,18 +59,26 @@ class Size:
     swe_scale: int
     skills_rounds: int
     skills_items: int
+    # A server's load under several runtimes is cut into this many turns
+    # (paracell/bench/suite/run.py). On this shared host a load's figures
+    # move from second to second by more than the Pager's cost, and each
+    # turn is one draw of that: 16 turns of 1 s or less gave rounds a third
+    # to a half as spread as 4 turns of 2 s (docs/benchmarks.md).
+    turns: int
 
 
-QUICK = Size(http_s=3, redis_n=2000, memcached_n=500, sqlite_tx=200, build_files=4,
-             swe_scale=1, skills_rounds=3, skills_items=30000)
-FULL = Size(http_s=8, redis_n=10000, memcached_n=3000, sqlite_tx=1000, build_files=10,
-            swe_scale=3, skills_rounds=6, skills_items=60000)
+QUICK = Size(http_s=4, redis_n=2000, memcached_n=500, sqlite_tx=200, build_files=4,
+             swe_scale=1, skills_rounds=3, skills_items=30000, turns=4)
+FULL = Size(http_s=16, redis_n=20000, memcached_n=6000, sqlite_tx=1000, build_files=10,
+            swe_scale=3, skills_rounds=6, skills_items=60000, turns=16)
 
 
-def load_turn(size: Size, turns: int) -> Size:
-    """One of `turns` turns of a server's load: servers loaded side by side
-    take turns (paracell/bench/suite/run.py), so that a host that slows for
-    a few seconds slows every runtime's load alike. wrk runs whole seconds."""
+def load_turn(size: Size) -> Size:
+    """One of `size.turns` turns of a server's load: servers loaded side by
+    side take turns (paracell/bench/suite/run.py), so that a host that slows
+    for a few seconds slows every runtime's load alike. wrk runs whole
+    seconds."""
+    turns = size.turns
     return replace(size, http_s=max(1, round(size.http_s / turns)),
                    redis_n=max(100, size.redis_n // turns),
                    memcached_n=max(50, size.memcached_n // turns))
