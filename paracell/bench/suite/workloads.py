@@ -62,8 +62,9 @@ class Size:
     # A server's load under several runtimes is cut into this many turns
     # (paracell/bench/suite/run.py). On this shared host a load's figures
     # move from second to second by more than the Pager's cost, and each
-    # turn is one draw of that: 16 turns of 1 s or less gave rounds a third
-    # to a half as spread as 4 turns of 2 s (docs/benchmarks.md).
+    # turn is close to a fresh draw of that: 16 turns of a second or less
+    # made redis's and nginx's rounds about 1.5 times less spread than 4
+    # turns of 2 s (docs/benchmarks.md, "Why 16 turns").
     turns: int
 
 
