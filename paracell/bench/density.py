@@ -346,12 +346,17 @@ def goals(results: dict[str, Any], template_mib: float, count: int) -> list[tupl
     cold = results["paracell"]["pss_mib_per_sandbox"]["median_mib"]
     copied = results[COPIED]["pss_mib_per_sandbox"]["median_mib"]
     shared = results[TEMPLATED]["pss_mib_per_sandbox"]["median_mib"]
-    # The template's RAM file is paid once, whoever maps it: its share counts.
-    with_template = shared + template_mib / count
+    # The template's RAM file is paid once, whoever maps it, so each sandbox
+    # carries 1/count of it. Its PSS already holds its share of the template's
+    # pages it maps (_breakdown): that share comes out, or those pages would
+    # count twice.
+    mapped = results[TEMPLATED]["pss_breakdown_mib"].get("guest_ram_template_share", 0.0)
+    with_template = shared - mapped + template_mib / count
     met.append((f"host memory per idle sandbox from a template, copy-on-write: "
-                f"{with_template:.1f} MiB ({shared:.1f} PSS + {template_mib:.1f} MiB template "
-                f"/ {count}) (goal <= {GOAL_SHARED_MIB:.0f} MiB); copied {copied:.1f}, cold "
-                f"{cold:.1f}", with_template <= GOAL_SHARED_MIB))
+                f"{with_template:.1f} MiB ({shared:.1f} PSS - {mapped:.1f} of it the template's "
+                f"pages it maps + {template_mib:.1f} MiB template / {count}) (goal <= "
+                f"{GOAL_SHARED_MIB:.0f} MiB); copied {copied:.1f}, cold {cold:.1f}",
+                with_template <= GOAL_SHARED_MIB))
     templated = results[TEMPLATED]
     growth = templated["growth_mib_per_writer"]["median_mib"]
     own = templated["own_ram_growth_mib_per_writer"]["median_mib"]
