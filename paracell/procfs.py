@@ -66,3 +66,34 @@ def kill_same(pid: int, start_time: int, sig: int) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+def wait_gone(pid: int, start_time: int, timeout_s: float) -> bool:
+    """Waits up to timeout_s for the process recorded with that start time to
+    exit (a zombie counts as gone); True once it has. A pidfd wakes at the
+    exit itself, where polling /proc sleeps past it: `delete` waits so for
+    each shim it kills, on the path a pooled create's `run` takes."""
+    import select
+    import time
+
+    if not same_process(pid, start_time):
+        return True
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except OSError:  # a kernel without pidfds: poll /proc instead
+        deadline = time.monotonic() + timeout_s
+        while same_process(pid, start_time) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not same_process(pid, start_time)
+    try:
+        # The pid may have been reused between the check and the open.
+        if same_process(pid, start_time):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            poller.poll(max(0, int(timeout_s * 1000)))
+        return not same_process(pid, start_time)
+    finally:
+        os.close(fd)
+

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 from paracell.errors import NotExistError, ParacellError
 from paracell.log import rfc3339_now
-from paracell.procfs import kill_same, process_start_time
+from paracell.procfs import kill_same, process_start_time, wait_gone
 from paracell.runtime import poolwire
 from paracell.runtime.agent import channel
 from paracell.runtime.agent.console import NEED_CONSOLE_SOCKET
@@ -25,7 +24,6 @@ from paracell.runtime.state.store import (
     ContainerState,
     CorruptStateError,
     oci_state,
-    shim_alive,
 )
 
 TYPE_CHECKING = False
@@ -199,9 +197,7 @@ def _kill_shim(state: ContainerState) -> None:
 
 
 def _wait_shim_gone(state: ContainerState) -> None:
-    deadline = time.monotonic() + SHIM_DEATH_WAIT_S
-    while shim_alive(state) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_gone(state.shim_pid, state.shim_start, SHIM_DEATH_WAIT_S)
 
 
 def delete(ctx: Context, container_id: str, force: bool) -> None:
