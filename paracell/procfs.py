@@ -71,8 +71,8 @@ def kill_same(pid: int, start_time: int, sig: int) -> None:
 def wait_gone(pid: int, start_time: int, timeout_s: float) -> bool:
     """Waits up to timeout_s for the process recorded with that start time to
     exit (a zombie counts as gone); True once it has. A pidfd wakes at the
-    exit itself, where polling /proc sleeps past it: `delete` waits so for
-    each shim it kills, on the path a pooled create's `run` takes."""
+    exit itself, where polling /proc sleeps past it: `delete` waits for each
+    shim it kills, two for a container in a pooled VM."""
     import select
     import time
 
@@ -96,4 +96,3 @@ def wait_gone(pid: int, start_time: int, timeout_s: float) -> bool:
         return not same_process(pid, start_time)
     finally:
         os.close(fd)
-
