@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -413,3 +414,26 @@ def test_time_left_uses_the_same_run_earlier_then_the_workload_then_the_mean():
     progress.finish("swe", "pager", 30.0)
     assert progress.left_s([("http", "pager"), ("http", "balloon"), ("sqlite", "none")]) == (
         pytest.approx(10.0 + 6.0 + 14.0))
+
+
+def test_a_side_by_side_round_ends_every_run_when_one_end_fails():
+    """The teardown of each container runs even when an earlier one's
+    raises, and the failure still reaches the suite's cleanup."""
+    ended: list[str] = []
+
+    class Round(Suite):
+        def _start(self, wl, rt, rnd):
+            return SimpleNamespace(rt=rt, sample=SimpleNamespace(error=None))
+
+        def _load(self, wl, runs):
+            pass
+
+        def _end(self, run):
+            ended.append(run.rt)
+            if run.rt == "first":
+                raise RuntimeError("delete failed")
+
+    suite = Round.__new__(Round)
+    with pytest.raises(RuntimeError, match="delete failed"):
+        suite.run_side_by_side(workloads.WORKLOADS["redis"], ["first", "second", "third"], 0)
+    assert ended == ["first", "second", "third"]

@@ -158,9 +158,9 @@ INTERVAL_RESAMPLES = 4000
 
 def median_interval(values: list[float]) -> list[float] | None:
     """A 95 % bootstrap interval of the median of these rounds' ratios:
-    how far this run pins the Pager's cost down. Each sandbox VM runs at
-    its own speed (docs/benchmarks.md, "bench suite"), so a handful of
-    rounds leaves it wide. None under 3 rounds."""
+    how far this run pins the Pager's cost down. Each turn of a load meets
+    the shared host anew (docs/benchmarks.md, "Why 16 turns"), so a handful
+    of rounds leaves it wide. None under 3 rounds."""
     if len(values) < 3:
         return None
     import numpy as np

@@ -384,8 +384,16 @@ class Suite:
                 runs.append(self._start(wl, rt, rnd))
             self._load(wl, [r for r in runs if not r.sample.error])
         finally:
+            # Every run is ended even when one's end fails; the first failure
+            # then goes on up, to the suite's cleanup.
+            failed: BaseException | None = None
             for run in runs:
-                self._end(run)
+                try:
+                    self._end(run)
+                except BaseException as e:  # noqa: BLE001 - re-raised below
+                    failed = failed or e
+            if failed is not None:
+                raise failed
         return [r.sample for r in runs]
 
     def _load(self, wl: ServerWorkload, runs: list[_Run]) -> None:
